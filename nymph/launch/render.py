@@ -1,0 +1,194 @@
+"""How a launch becomes a Pod (pure and deterministic).
+
+The same :class:`LaunchSpec` (and node / workdir root) always renders byte-identical YAML/JSON.
+
+The Pod:
+
+* ``metadata.name`` is the instance id (``lakeshore-<8 hex>``), fixed per launch, so applying
+  it twice is idempotent;
+* labels: ``lakeshore=true``, ``lakeshore.namespace=<owner ns>``, ``lakeshore.provider=<slug>``
+  plus the launch tags;
+* one container ``user`` running ``/bin/sh -c`` with a script that heredocs the Python launch
+  script into ``/tmp/u.py`` and runs ``python3 /tmp/u.py``;
+* ``restartPolicy: Never``;
+* on the daemon path, a hostPath volume ``<root>/work/<instanceId>`` (``type: Directory``,
+  created by the daemon) mounted at :data:`WORKDIR_MOUNT`, and a required node affinity on
+  ``kubernetes.io/hostname`` so the Pod lands on the node whose disk holds that directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from typing import Any, NotRequired, TypedDict
+
+import yaml
+
+from nymph.errors import ValidationError
+from nymph.launch import names
+from nymph.launch.spec import LaunchSpec
+
+SCRIPT_PATH = "/tmp/u.py"
+WORKDIR_MOUNT = "/workdir"
+WORKDIR_VOLUME = "workdir"
+CONTAINER_NAME = "user"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+ANNOTATION_MANIFEST_SHA = "nymph.io/script-sha256"
+
+
+class ObjectMeta(TypedDict):
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    annotations: NotRequired[dict[str, str]]
+
+
+class PodManifest(TypedDict):
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    spec: dict[str, Any]
+
+
+def heredoc_delimiter(script: str) -> str:
+    """A heredoc delimiter that is not a line of ``script`` (deterministic)."""
+    lines = set(script.split("\n"))
+    base = "NYMPH_" + hashlib.sha256(script.encode("utf-8")).hexdigest()[:16].upper()
+    candidate, n = base, 0
+    while candidate in lines:
+        n += 1
+        candidate = f"{base}_{n}"
+    return candidate
+
+
+def heredoc_command(script: str, *, path: str = SCRIPT_PATH) -> str:
+    """The ``/bin/sh -c`` text that writes ``script`` to ``path`` verbatim and runs it.
+
+    The delimiter is quoted (no expansion of ``$``, backticks or backslashes) and chosen so
+    it is not a line of the script. The file gets a final newline if the script lacks one.
+    """
+    delim = heredoc_delimiter(script)
+    body = script if script.endswith("\n") else script + "\n"
+    return f"cat > {path} <<'{delim}'\n{body}{delim}\nexec python3 {path}\n"
+
+
+def workdir_path(root: str, instance_id: str) -> str:
+    """``<root>/work/<instanceId>``, refusing anything that could escape the root."""
+    names.check_instance_id(instance_id)
+    if not root.startswith("/"):
+        raise ValidationError("workdir_root", f"{root!r} must be an absolute path")
+    norm = posixpath.normpath(root)
+    if norm == "/":
+        raise ValidationError("workdir_root", "must not be '/'")
+    return posixpath.join(norm, "work", instance_id)
+
+
+def render_pod(
+    spec: LaunchSpec, *, node: str | None = None, workdir_root: str | None = None
+) -> PodManifest:
+    labels = names.selector_labels(owner_namespace=spec.owner_namespace, provider=spec.provider)
+    for k, v in spec.labels:
+        if k not in names.RESERVED_LABEL_KEYS:
+            labels[k] = v
+    labels = dict(sorted(labels.items()))
+
+    env: list[dict[str, str]] = [{"name": k, "value": v} for k, v in spec.env]
+    env.append({"name": "NYMPH_INSTANCE_ID", "value": spec.instance_id})
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "command": ["/bin/sh", "-c"],
+        "args": [heredoc_command(spec.script)],
+        "env": env,
+    }
+    if spec.resources:
+        container["resources"] = json.loads(json.dumps(spec.resources))
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+    }
+    if workdir_root is not None:
+        env.append({"name": "NYMPH_WORKDIR", "value": WORKDIR_MOUNT})
+        container["volumeMounts"] = [{"name": WORKDIR_VOLUME, "mountPath": WORKDIR_MOUNT}]
+        container["workingDir"] = WORKDIR_MOUNT
+        pod_spec["volumes"] = [
+            {
+                "name": WORKDIR_VOLUME,
+                "hostPath": {
+                    "path": workdir_path(workdir_root, spec.instance_id),
+                    "type": "Directory",
+                },
+            }
+        ]
+    if node is not None:
+        names.check_dns_subdomain(node, field="node")
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.service_account:
+        pod_spec["serviceAccountName"] = spec.service_account
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+
+    script_sha = hashlib.sha256(spec.script.encode("utf-8")).hexdigest()
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": spec.instance_id,
+            "namespace": spec.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_MANIFEST_SHA: script_sha},
+        },
+        "spec": pod_spec,
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block-style YAML with multi-line strings as literal blocks where YAML allows it."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    if "\n" in data:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def to_yaml(obj: Any) -> str:
+    return yaml.dump(
+        obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096
+    )
+
+
+def to_yaml_stream(objs: list[Any]) -> str:
+    return yaml.dump_all(
+        objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096
+    )
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+
+
+def manifest_sha256(obj: Any) -> str:
+    """sha256 of the canonical JSON of a manifest (what the audit log records)."""
+    canon = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()

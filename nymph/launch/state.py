@@ -1,0 +1,126 @@
+"""Pod -> instance state, and why a Pod stopped (pure)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+
+class InstanceState(str, enum.Enum):
+    QUEUED = "queued"  # on the daemon path, until a daemon has applied the Pod
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+    @property
+    def terminal(self) -> bool:
+        return self is InstanceState.STOPPED
+
+
+class Reason(str, enum.Enum):
+    """Failure taxonomy for a Pod that did not (or will not) complete normally."""
+
+    COMPLETED = "Completed"
+    ERROR = "Error"
+    OOM_KILLED = "OOMKilled"
+    IMAGE_PULL = "ImagePull"
+    UNSCHEDULABLE = "Unschedulable"
+    EVICTED = "Evicted"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    CREATE_CONTAINER = "CreateContainerError"
+    STOPPED = "Stopped"  # stopped on request
+    DELETED = "Deleted"  # the Pod disappeared without a stop request
+    LAUNCH_FAILED = "LaunchFailed"  # the API server refused the Pod
+
+    @property
+    def failed(self) -> bool:
+        return self not in (Reason.COMPLETED, Reason.STOPPED)
+
+
+_PHASE_STATE = {
+    "Pending": InstanceState.STARTING,
+    "Running": InstanceState.RUNNING,
+    "Succeeded": InstanceState.STOPPED,
+    "Failed": InstanceState.STOPPED,
+}
+_IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
+)
+_CREATE_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def pod_state(pod: Mapping[str, Any]) -> InstanceState:
+    """A ``deletionTimestamp`` means ``stopping`` whatever the phase; else map the phase."""
+    if _get(pod, "metadata", "deletionTimestamp"):
+        return InstanceState.STOPPING
+    phase = _get(pod, "status", "phase")
+    return _PHASE_STATE.get(phase, InstanceState.UNKNOWN) if isinstance(phase, str) else InstanceState.UNKNOWN
+
+
+def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        statuses = _get(pod, "status", key)
+        if isinstance(statuses, list):
+            out.extend(s for s in statuses if isinstance(s, Mapping))
+    return out
+
+
+def pod_reason(pod: Mapping[str, Any]) -> tuple[Reason | None, str]:
+    """Why a Pod is (or will end up) stopped, with a human message.
+
+    Returns ``(None, "")`` for a Pod that is healthy so far. Pending Pods report
+    ``Unschedulable`` / ``ImagePull`` / ``CreateContainerError`` as soon as they show, so a user
+    sees why nothing starts.
+    """
+    status_reason = _get(pod, "status", "reason")
+    message = str(_get(pod, "status", "message") or "")
+    if status_reason == "Evicted":
+        return Reason.EVICTED, message
+    if status_reason == "DeadlineExceeded":
+        return Reason.DEADLINE_EXCEEDED, message
+    for cs in _container_statuses(pod):
+        terminated = _get(cs, "state", "terminated") or _get(cs, "lastState", "terminated")
+        if isinstance(terminated, Mapping) and terminated.get("reason") == "OOMKilled":
+            return Reason.OOM_KILLED, str(terminated.get("message") or "container was OOM-killed")
+    for cs in _container_statuses(pod):
+        waiting = _get(cs, "state", "waiting")
+        if isinstance(waiting, Mapping):
+            reason = waiting.get("reason")
+            if reason in _IMAGE_PULL_REASONS:
+                return Reason.IMAGE_PULL, str(waiting.get("message") or reason)
+            if reason in _CREATE_REASONS:
+                return Reason.CREATE_CONTAINER, str(waiting.get("message") or reason)
+    conditions = _get(pod, "status", "conditions")
+    if isinstance(conditions, list):
+        for cond in conditions:
+            if (
+                isinstance(cond, Mapping)
+                and cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
+                return Reason.UNSCHEDULABLE, str(cond.get("message") or "")
+    phase = _get(pod, "status", "phase")
+    if phase == "Succeeded":
+        return Reason.COMPLETED, ""
+    if phase == "Failed":
+        for cs in _container_statuses(pod):
+            terminated = _get(cs, "state", "terminated")
+            if isinstance(terminated, Mapping):
+                code = terminated.get("exitCode")
+                detail = terminated.get("message") or terminated.get("reason") or ""
+                return Reason.ERROR, f"exit code {code}" + (f": {detail}" if detail else "")
+        return Reason.ERROR, message or str(status_reason or "")
+    return None, ""
