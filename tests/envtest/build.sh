@@ -14,7 +14,7 @@ repo="$(cd "$here/../.." && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 
-need=(kube-apiserver kube-scheduler etcd kwok)
+need=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok)
 
 have_all() {
   local d="$1"
@@ -83,6 +83,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 )
 GO
 cat > "$work/cmd/etcd/main.go" <<'GO'
@@ -114,18 +115,25 @@ ldflags="-s -w \
 
 p="${NYMPH_BUILD_PARALLELISM:-$(nproc)}"
 log "[3/5] building kube-apiserver (the long one, several minutes on 2 cores) ($(elapsed))"
-go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-mv "$assets/kube-apiserver.tmp" "$assets/kube-apiserver"
-log "[4/5] building kube-scheduler and etcd ($(elapsed))"
-go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/kube-scheduler.tmp" k8s.io/kubernetes/cmd/kube-scheduler
-mv "$assets/kube-scheduler.tmp" "$assets/kube-scheduler"
-go build -p "$p" -trimpath -ldflags "-s -w" -o "$assets/etcd.tmp" ./cmd/etcd
-mv "$assets/etcd.tmp" "$assets/etcd"
+if [[ ! -x "$assets/kube-apiserver" ]]; then
+  go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+  mv "$assets/kube-apiserver.tmp" "$assets/kube-apiserver"
+fi
+log "[4/5] building kube-scheduler, kube-controller-manager and etcd ($(elapsed))"
+for c in kube-scheduler kube-controller-manager; do
+  [[ -x "$assets/$c" ]] && continue
+  go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+  mv "$assets/$c.tmp" "$assets/$c"
+done
+if [[ ! -x "$assets/etcd" ]]; then
+  go build -p "$p" -trimpath -ldflags "-s -w" -o "$assets/etcd.tmp" ./cmd/etcd
+  mv "$assets/etcd.tmp" "$assets/etcd"
+fi
 
 log "[5/5] building kwok ${KWOK_VERSION} ($(elapsed))"
-GOBIN="$work/kwok-bin" GOFLAGS="-buildvcs=false" go install -trimpath \
+[[ -x "$assets/kwok" ]] || GOBIN="$work/kwok-bin" GOFLAGS="-buildvcs=false" go install -trimpath \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
-mv "$work/kwok-bin/kwok" "$assets/kwok"
+[[ -x "$assets/kwok" ]] || mv "$work/kwok-bin/kwok" "$assets/kwok"
 
 "$assets/kube-apiserver" --version >&2
 log "done in $(elapsed): $assets"

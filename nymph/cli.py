@@ -1,0 +1,79 @@
+"""The ``nymph`` command.
+
+Each area registers its own subcommands (``register(sub)`` in its ``cli`` module); a handler
+takes the parsed ``argparse.Namespace`` and returns an exit code. A :class:`NymphError` becomes
+one clear line on stderr and exit code 2; nothing else is caught here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from nymph import __version__
+from nymph.errors import NymphError
+
+#: Modules that contribute subcommands, in ``--help`` order. Missing ones are skipped so a
+#: partial install still runs.
+_AREAS = (
+    "nymph.launch.cli",
+    "nymph.queue.cli",
+    "nymph.daemon.cli",
+    "nymph.dev",
+    "nymph.dockyard.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nymph",
+        description=(
+            "nymph dispatches jobs into Kubernetes from inside the cluster: a queue of launches, "
+            "a daemon per node that applies them with kubectl, and an audit log of every launch."
+        ),
+        epilog="Run 'nymph COMMAND --help' for the options of one command.",
+    )
+    parser.add_argument("--version", action="version", version=f"nymph {__version__}")
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default="auto",
+        help="log format (default: console on a terminal, JSON otherwise)",
+    )
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _AREAS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from nymph.logs import configure_logging
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    configure_logging(fmt=args.log_format, level=args.log_level)
+    try:
+        code: int = args.func(args)
+    except NymphError as exc:
+        print(f"nymph: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nymph: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

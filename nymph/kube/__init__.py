@@ -1,0 +1,1 @@
+"""The I/O edge to Kubernetes: kubectl runner, credentials staging, pod watch."""

@@ -1,0 +1,12 @@
+"""A real local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager and kwok as local processes (the envtest convention).
+
+Used by the test suite and by ``nymph dev`` when no cluster is reachable. Pods are simulated
+by kwok (see ``stages.yaml``); everything else (validation, RBAC, watches, deletion) is the real
+API server.
+"""
+
+from nymph.localcluster.assets import AssetsMissing, find_assets
+from nymph.localcluster.cluster import LocalCluster
+
+__all__ = ["AssetsMissing", "LocalCluster", "find_assets"]

@@ -1,0 +1,91 @@
+"""structlog set-up: JSON when stderr is not a terminal, console when it is, and redaction.
+
+Redaction is the last line of defence, not the first: secret values are never passed to a
+logger on purpose. Still, any event key that looks like it carries a secret (``token``,
+``password``, ``kubeconfig``, ``secret``, ``authorization``) is replaced by ``"[redacted]"``, and
+every string value registered with :func:`register_secret` is masked wherever it appears.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+REDACTED = "[redacted]"
+_SENSITIVE_KEY = re.compile(r"(token|password|passwd|secret|kubeconfig|authorization|credential)", re.I)
+_lock = threading.Lock()
+_secrets: set[str] = set()
+
+
+def register_secret(value: str) -> None:
+    """Mask ``value`` in every log line from now on (values shorter than 6 chars are ignored)."""
+    if isinstance(value, str) and len(value) >= 6:
+        with _lock:
+            _secrets.add(value)
+
+
+def forget_secret(value: str) -> None:
+    with _lock:
+        _secrets.discard(value)
+
+
+def redact_text(text: str) -> str:
+    with _lock:
+        known = sorted(_secrets, key=len, reverse=True)
+    for s in known:
+        if s in text:
+            text = text.replace(s, REDACTED)
+    return text
+
+
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: (REDACTED if _SENSITIVE_KEY.search(str(k)) else _redact_value(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_redact_value(v) for v in value)
+    return value
+
+
+def redact_processor(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key in list(event_dict):
+        if key != "event" and _SENSITIVE_KEY.search(key) and event_dict[key] is not None:
+            event_dict[key] = REDACTED
+        else:
+            event_dict[key] = _redact_value(event_dict[key])
+    return event_dict
+
+
+def configure_logging(*, fmt: str = "auto", level: str = "info", stream: Any = None) -> None:
+    stream = stream or sys.stderr
+    lvl = logging.getLevelName(level.upper())
+    if not isinstance(lvl, int):
+        lvl = logging.INFO
+    use_console = fmt == "console" or (fmt == "auto" and hasattr(stream, "isatty") and stream.isatty())
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(colors=False) if use_console else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            redact_processor,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(component: str, **bound: Any) -> Any:
+    return structlog.get_logger().bind(component=component, **bound)
