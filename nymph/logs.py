@@ -48,13 +48,17 @@ def _redact_value(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, dict):
-        return {k: (REDACTED if _SENSITIVE_KEY.search(str(k)) else _redact_value(v)) for k, v in value.items()}
+        return {
+            k: (REDACTED if _SENSITIVE_KEY.search(str(k)) else _redact_value(v)) for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return type(value)(_redact_value(v) for v in value)
     return value
 
 
-def redact_processor(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def redact_processor(
+    _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     for key in list(event_dict):
         if key != "event" and _SENSITIVE_KEY.search(key) and event_dict[key] is not None:
             event_dict[key] = REDACTED

@@ -63,15 +63,27 @@ def register(sub: Any) -> None:
             "--script train.py --tag team=ml | kubectl apply --dry-run=server -f -"
         ),
     )
-    p.add_argument("--dreamrc", default=".dreamrc", help="config file with providers: and modes: (default: ./.dreamrc)")
+    p.add_argument(
+        "--dreamrc", default=".dreamrc", help="config file with providers: and modes: (default: ./.dreamrc)"
+    )
     p.add_argument("--mode", required=True, help="mode name (the Pod shape)")
     p.add_argument("--script", required=True, help="Python file to run in the Pod ('-' for stdin)")
     p.add_argument("--provider", help="provider name (default: the mode's provider)")
-    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="extra Pod label (repeatable)")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra env var (repeatable)")
+    p.add_argument(
+        "--tag", action="append", default=[], metavar="KEY=VALUE", help="extra Pod label (repeatable)"
+    )
+    p.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra env var (repeatable)"
+    )
     p.add_argument("--instance-id", help="Pod name lakeshore-XXXXXXXX (default: a fresh one)")
-    p.add_argument("--namespace", default="default", help="control-plane namespace of the launch (label lakeshore.namespace)")
-    p.add_argument("--node", help="pin the Pod to this node (required node affinity on kubernetes.io/hostname)")
+    p.add_argument(
+        "--namespace",
+        default="default",
+        help="control-plane namespace of the launch (label lakeshore.namespace)",
+    )
+    p.add_argument(
+        "--node", help="pin the Pod to this node (required node affinity on kubernetes.io/hostname)"
+    )
     p.add_argument("--workdir-root", help="mount <root>/work/<instanceId> from the node at /workdir")
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     p.set_defaults(func=cmd_render)

@@ -160,7 +160,7 @@ def parse_value(text: str) -> Any:
     """Parse a ``--kwarg``/``--field`` value: JSON or YAML structures become data, else a string.
 
     ``'{"limits":{"cpu":"4"}}'`` -> dict, ``[a, b]`` -> list, ``8`` -> 8, ``true`` -> True,
-    ``hello`` -> ``'hello'``. Text that fails to parse stays a string.
+    ``null`` -> None (unset), ``hello`` -> ``'hello'``. Text that fails to parse stays a string.
     """
     stripped = text.strip()
     if not stripped:
@@ -221,7 +221,7 @@ def _construct_tagged(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> 
     return _Tagged(tag=suffix, value=value)
 
 
-_DreamLoader.add_multi_constructor(PROVIDER_TAG_PREFIX, _construct_tagged)  # type: ignore[no-untyped-call]
+_DreamLoader.add_multi_constructor(PROVIDER_TAG_PREFIX, _construct_tagged)
 
 
 def _provider_entry(name: str | None, entry: Any, where: str) -> Provider:

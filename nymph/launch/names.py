@@ -80,9 +80,8 @@ def is_label_key(key: str) -> bool:
     if not isinstance(key, str) or not key:
         return False
     prefix, sep, name = key.rpartition("/")
-    if sep:
-        if not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix):
-            return False
+    if sep and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix)):
+        return False
     return 0 < len(name) <= 63 and bool(_LABEL_NAME_RE.match(name))
 
 

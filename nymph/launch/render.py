@@ -84,9 +84,7 @@ def workdir_path(root: str, instance_id: str) -> str:
     return posixpath.join(norm, "work", instance_id)
 
 
-def render_pod(
-    spec: LaunchSpec, *, node: str | None = None, workdir_root: str | None = None
-) -> PodManifest:
+def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str | None = None) -> PodManifest:
     labels = names.selector_labels(owner_namespace=spec.owner_namespace, provider=spec.provider)
     for k, v in spec.labels:
         if k not in names.RESERVED_LABEL_KEYS:
@@ -127,11 +125,7 @@ def render_pod(
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
                     "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}
-                            ]
-                        }
+                        {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}
                     ]
                 }
             }

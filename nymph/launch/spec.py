@@ -87,13 +87,17 @@ class LaunchSpec:
                 labels=tuple((str(k), str(v)) for k, v in data.get("labels") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValidationError("spec", f"malformed launch spec ({exc.__class__.__name__}: {exc})") from None
+            raise ValidationError(
+                "spec", f"malformed launch spec ({exc.__class__.__name__}: {exc})"
+            ) from None
         return spec
 
 
 def _check_image(value: object, fld: str) -> str:
     if value is None or value == "":
-        raise ValidationError(fld, "is required: set 'image' on the mode, e.g. --field image=python:3.12-slim")
+        raise ValidationError(
+            fld, "is required: set 'image' on the mode, e.g. --field image=python:3.12-slim"
+        )
     if not isinstance(value, str) or value != value.strip() or any(c.isspace() for c in value):
         raise ValidationError(fld, f"{value!r} is not an image reference (no spaces allowed)")
     return value
@@ -231,7 +235,9 @@ def build_launch_spec(
         raise ValidationError("launch.fields", "must be a mapping of mode fields")
     bad = sorted(set(overrides) - MODE_FIELDS)
     if bad:
-        raise ValidationError(f"launch.fields.{bad[0]}", f"unknown field; use {', '.join(sorted(MODE_FIELDS))}")
+        raise ValidationError(
+            f"launch.fields.{bad[0]}", f"unknown field; use {', '.join(sorted(MODE_FIELDS))}"
+        )
 
     def pick(name: str) -> tuple[Any, str]:
         if name in overrides:

@@ -18,7 +18,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with cluster:
-        print(f"cluster: ready in {cluster.start_seconds:.1f}s; export KUBECONFIG={cluster.kubeconfig}", file=sys.stderr)
+        print(
+            f"cluster: ready in {cluster.start_seconds:.1f}s; export KUBECONFIG={cluster.kubeconfig}",
+            file=sys.stderr,
+        )
         print(cluster.kubeconfig, flush=True)
         stop.wait()
     return 0

@@ -35,11 +35,11 @@ def find_assets() -> Path:
         missing = missing_in(path)
         if not missing:
             return path
-        raise AssetsMissing(
-            f"KUBEBUILDER_ASSETS={env} lacks {', '.join(missing)}; {HOW_TO_GET}"
-        )
+        raise AssetsMissing(f"KUBEBUILDER_ASSETS={env} lacks {', '.join(missing)}; {HOW_TO_GET}")
     cache = Path(os.environ.get("NYMPH_CACHE_DIR") or _repo_root() / ".cache") / "envtest"
-    candidates = sorted(cache.glob("*/bin"), key=lambda p: p.stat().st_mtime, reverse=True) if cache.is_dir() else []
+    candidates = (
+        sorted(cache.glob("*/bin"), key=lambda p: p.stat().st_mtime, reverse=True) if cache.is_dir() else []
+    )
     for path in candidates:
         if not missing_in(path):
             return path

@@ -62,16 +62,24 @@ def make_pki(directory: Path) -> PKI:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
         .sign(ca_key, hashes.SHA256())
     )
 
-    def leaf(cn: str, orgs: list[str], *, server: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    def leaf(
+        cn: str, orgs: list[str], *, server: bool
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         key = _key()
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
         attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]

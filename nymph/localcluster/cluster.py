@@ -250,13 +250,13 @@ class LocalCluster:
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = self.workdir / f"{name}.log"
         fh = log.open("ab")
-        popen = subprocess.Popen(  # noqa: S603
+        popen = subprocess.Popen(
             argv,
             stdout=fh,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=self.workdir,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            preexec_fn=_die_with_parent,
         )
         fh.close()
         self.procs.append(_Proc(name=name, popen=popen, log=log))
@@ -298,15 +298,23 @@ class LocalCluster:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
-                {"name": "nymph-local", "cluster": {"server": self.server, "certificate-authority-data": b64(pki.ca_cert)}}
+                {
+                    "name": "nymph-local",
+                    "cluster": {"server": self.server, "certificate-authority-data": b64(pki.ca_cert)},
+                }
             ],
             "users": [
                 {
                     "name": "nymph-admin",
-                    "user": {"client-certificate-data": b64(pki.admin_cert), "client-key-data": b64(pki.admin_key)},
+                    "user": {
+                        "client-certificate-data": b64(pki.admin_cert),
+                        "client-key-data": b64(pki.admin_key),
+                    },
                 }
             ],
-            "contexts": [{"name": "nymph-local", "context": {"cluster": "nymph-local", "user": "nymph-admin"}}],
+            "contexts": [
+                {"name": "nymph-local", "context": {"cluster": "nymph-local", "user": "nymph-admin"}}
+            ],
             "current-context": "nymph-local",
         }
         self.kubeconfig.write_text(yaml.safe_dump(config))
@@ -323,13 +331,18 @@ class LocalCluster:
                     "name": "nymph-local",
                     "cluster": {
                         "server": self.server,
-                        "certificate-authority-data": base64.b64encode(self.pki.ca_cert.read_bytes()).decode(),
+                        "certificate-authority-data": base64.b64encode(
+                            self.pki.ca_cert.read_bytes()
+                        ).decode(),
                     },
                 }
             ],
             "users": [{"name": "token-user", "user": {"token": token}}],
             "contexts": [
-                {"name": "nymph-local", "context": {"cluster": "nymph-local", "user": "token-user", "namespace": namespace}}
+                {
+                    "name": "nymph-local",
+                    "context": {"cluster": "nymph-local", "user": "token-user", "namespace": namespace},
+                }
             ],
             "current-context": "nymph-local",
         }
@@ -351,8 +364,10 @@ class LocalCluster:
             raise NymphError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
         return json.loads(raw) if raw else None
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(  # noqa: S603
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
             [kubectl_path(), f"--kubeconfig={self.kubeconfig}", *args],
             input=input,
             capture_output=True,
@@ -378,8 +393,20 @@ class LocalCluster:
                 },
             },
             "status": {
-                "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"},
-                "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"},
+                "allocatable": {
+                    "cpu": "32",
+                    "memory": "256Gi",
+                    "pods": "110",
+                    "nvidia.com/gpu": "8",
+                    "ephemeral-storage": "1Ti",
+                },
+                "capacity": {
+                    "cpu": "32",
+                    "memory": "256Gi",
+                    "pods": "110",
+                    "nvidia.com/gpu": "8",
+                    "ephemeral-storage": "1Ti",
+                },
             },
         }
         try:

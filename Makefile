@@ -1,0 +1,72 @@
+# nymph: developer and operator entry points. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+IMAGE ?= nymph:dev
+KIND_CLUSTER ?= nymph
+PYTEST_ARGS ?=
+
+.PHONY: help install envtest test test-unit lint fmt demo bench image kind-up kind-load deploy undeploy clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install nymph with its test tools
+
+envtest: ## build the local control plane (kube-apiserver, etcd, kwok...) into .cache/envtest
+	@if [[ -n "$$KUBEBUILDER_ASSETS" ]] || command -v go >/dev/null; then \
+	  tests/envtest/build.sh >/dev/null; \
+	elif [[ "$$NYMPH_E2E" == "require" ]]; then \
+	  echo "envtest: Go is not installed and KUBEBUILDER_ASSETS is unset; cannot build the control plane" >&2; exit 1; \
+	else \
+	  echo "envtest: no Go and no KUBEBUILDER_ASSETS: real-cluster tests will be skipped" >&2; \
+	fi
+
+test: install envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e)
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-unit: install ## unit tests only (no cluster)
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+
+lint: install ## ruff and mypy --strict
+	$(BIN)/ruff check nymph tests benchmarks
+	$(BIN)/ruff format --check nymph tests benchmarks
+	$(BIN)/mypy
+
+fmt: install ## format the code
+	$(BIN)/ruff format nymph tests benchmarks
+	$(BIN)/ruff check --fix nymph tests benchmarks
+
+demo: install envtest ## the main job: queue + daemon + a sample launch, on the current context or an embedded cluster
+	$(BIN)/nymph dev
+
+bench: install envtest ## benchmarks; figures printed and written to bench-results/
+	$(BIN)/python benchmarks/queue_bench.py
+	$(BIN)/python benchmarks/daemon_bench.py
+
+# --- for users with Docker (not runnable on machines without a Docker engine) --------------
+image: ## build the nymph image
+	docker build -f daemonset/Dockerfile -t $(IMAGE) .
+
+kind-up: ## a kind cluster with the workdir root mounted from the host
+	kind create cluster --name $(KIND_CLUSTER) --config manifests/overlays/kind/kind-cluster.yaml
+
+kind-load: ## load the image into the kind cluster
+	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+
+deploy: ## apply the kind overlay (kubectl apply -k)
+	$(BIN)/kubectl apply -k manifests/overlays/kind
+
+undeploy: ## remove nymph from the cluster
+	$(BIN)/kubectl delete -k manifests/overlays/kind --ignore-not-found
+
+clean: ## remove the venv (the Go cache in .cache/ is kept; rm -rf .cache to drop it)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
