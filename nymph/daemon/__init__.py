@@ -1,0 +1,1 @@
+"""The nymph daemon: claim, render, apply, watch, report, reap."""

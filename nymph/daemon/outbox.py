@@ -1,0 +1,226 @@
+"""A durable, ordered outbox of what the daemon tells the queue.
+
+State reports, task completions and log uploads are appended to ``<state>/outbox.jsonl``
+before anything is sent, and sent strictly in order. If the queue is unreachable, they wait
+(with backoff) and go out in order when it returns; a daemon restart picks up what was not yet
+acknowledged. Reports carry ``(stream, seq)`` so the queue applies each exactly once, however
+often a batch is re-sent. Memory is bounded: at most ``memory_max`` items are held in memory;
+the rest wait on disk and are read back in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import random
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from nymph.logs import get_logger
+
+Sender = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
+
+
+class DropItem(Exception):
+    """Raised by a sender for an item the queue will never accept (e.g. a lost lease)."""
+
+
+class Outbox:
+    def __init__(self, directory: Path, *, memory_max: int = 1000, batch_max: int = 200) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.file = self.dir / "outbox.jsonl"
+        self.ack_file = self.dir / "outbox.ack"
+        self.memory_max = memory_max
+        self.batch_max = batch_max
+        self.stream = uuid.uuid4().hex
+        self.seq = 0
+        self.mem: deque[dict[str, Any]] = deque()
+        self.backlog = 0  # items on disk, not in memory
+        self.acked = 0  # lines of the file already sent
+        self.wake = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.sent_total = 0
+        self.last_error = ""
+        self.log = get_logger("outbox")
+        self._load()
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        if not self.file.exists():
+            return
+        try:
+            self.acked = int(self.ack_file.read_text().strip() or 0)
+        except (OSError, ValueError):
+            self.acked = 0
+        lines = [ln for ln in self.file.read_text().splitlines() if ln.strip()]
+        if self.acked >= len(lines):
+            self._reset()
+            return
+        pending = lines[self.acked :]
+        self.acked = len(lines) - len(pending)
+        for ln in pending:
+            try:
+                item = json.loads(ln)
+            except ValueError:
+                continue
+            if len(self.mem) < self.memory_max:
+                self.mem.append(item)
+            else:
+                self.backlog += 1
+        if self.mem:
+            self.idle.clear()
+            self.log.info("resuming unsent reports", count=len(self.mem) + self.backlog)
+
+    def _reset(self) -> None:
+        with self.file.open("w"):
+            pass
+        self.ack_file.write_text("0")
+        self.acked = 0
+
+    def _append(self, item: dict[str, Any]) -> None:
+        with self.file.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(item, separators=(",", ":")) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def _ack(self, n: int) -> None:
+        self.acked += n
+        self.sent_total += n
+        if not self.mem and self.backlog == 0:
+            self._reset()
+            self.idle.set()
+            return
+        tmp = self.ack_file.with_suffix(".tmp")
+        tmp.write_text(str(self.acked))
+        os.replace(tmp, self.ack_file)
+        if not self.mem and self.backlog:
+            self._refill()
+
+    def _refill(self) -> None:
+        with self.file.open(encoding="utf-8") as fh:
+            for i, ln in enumerate(fh):
+                if i < self.acked or not ln.strip():
+                    continue
+                if len(self.mem) >= self.memory_max:
+                    break
+                self.mem.append(json.loads(ln))
+                self.backlog -= 1
+
+    # -- producers -----------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        return len(self.mem) + self.backlog
+
+    def _put(self, item: dict[str, Any]) -> None:
+        self._append(item)
+        if self.backlog == 0 and len(self.mem) < self.memory_max:
+            self.mem.append(item)
+        else:
+            self.backlog += 1
+        self.idle.clear()
+        self.wake.set()
+
+    def report(
+        self,
+        *,
+        instance_id: str,
+        state: str,
+        reason: str | None = None,
+        message: str | None = None,
+        node: str | None = None,
+    ) -> None:
+        self.seq += 1
+        self._put(
+            {
+                "kind": "report",
+                "stream": self.stream,
+                "seq": self.seq,
+                "instanceId": instance_id,
+                "state": state,
+                "reason": reason,
+                "message": (message or "")[:2000] or None,
+                "node": node,
+                "at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            }
+        )
+
+    def complete(
+        self,
+        *,
+        task_id: str,
+        ok: bool,
+        error: str | None = None,
+        retryable: bool = False,
+        result: dict[str, Any] | None = None,
+    ) -> None:
+        self._put(
+            {
+                "kind": "complete",
+                "taskId": task_id,
+                "ok": ok,
+                "error": error,
+                "retryable": retryable,
+                "result": result,
+            }
+        )
+
+    def logs(self, *, instance_id: str, text: str) -> None:
+        self._put({"kind": "logs", "instanceId": instance_id, "logs": text})
+
+    # -- the sender loop -----------------------------------------------------------------------
+
+    def _next_batch(self) -> tuple[str, list[dict[str, Any]]]:
+        first = self.mem[0]
+        kind = str(first["kind"])
+        if kind != "report":
+            return kind, [first]
+        batch: list[dict[str, Any]] = []
+        for item in self.mem:
+            if item["kind"] != "report" or item["stream"] != first["stream"] or len(batch) >= self.batch_max:
+                break
+            batch.append(item)
+        return kind, batch
+
+    async def run(self, send: Sender) -> None:
+        backoff = 0.5
+        while True:
+            if not self.mem:
+                self.wake.clear()
+                if not self.mem:
+                    await self.wake.wait()
+                continue
+            kind, batch = self._next_batch()
+            try:
+                await send(kind, batch)
+            except asyncio.CancelledError:
+                raise
+            except DropItem as exc:
+                self.log.warning("queue refused an item; dropping it", kind=kind, detail=str(exc)[:300])
+            except Exception as exc:
+                self.last_error = f"{exc.__class__.__name__}: {exc}"[:300]
+                self.log.warning(
+                    "cannot reach the queue; will retry", pending=self.pending, error=self.last_error
+                )
+                await asyncio.sleep(backoff + random.uniform(0, backoff / 2))
+                backoff = min(backoff * 2, 15.0)
+                continue
+            backoff = 0.5
+            self.last_error = ""
+            for _ in batch:
+                self.mem.popleft()
+            self._ack(len(batch))
+
+    async def flush(self, timeout: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle.wait(), timeout)
+        return self.idle.is_set()

@@ -1,0 +1,96 @@
+"""Direct API access with kubernetes_asyncio: client construction and the ``api`` applier."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from nymph.kube.applier import ApplyOutcome, object_key
+from nymph.kube.errors import KubeError, NotFound, Unavailable, from_status
+from nymph.kube.kubectl import FIELD_MANAGER
+
+
+async def make_api_client(*, kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """In-cluster ServiceAccount first (when no kubeconfig is given), then KUBECONFIG / ~/.kube/config."""
+    cfg = client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    return client.ApiClient(configuration=cfg)
+
+
+def api_error(exc: BaseException) -> KubeError:
+    """Classify an exception from kubernetes_asyncio / aiohttp into a KubeError."""
+    if isinstance(exc, ApiException):
+        message = exc.reason or ""
+        try:
+            body = json.loads(exc.body or "{}")
+            message = body.get("message") or message
+        except (ValueError, TypeError):
+            pass
+        return from_status(int(exc.status or 0), message)
+    return Unavailable(f"{exc.__class__.__name__}: {exc}")
+
+
+@dataclass
+class ApiApplier:
+    api: client.ApiClient
+    name: str = "api"
+
+    async def apply(
+        self, manifests: Sequence[Mapping[str, Any]], *, dry_run: bool = False
+    ) -> list[ApplyOutcome]:
+        v1 = client.CoreV1Api(self.api)
+        out: list[ApplyOutcome] = []
+        for m in manifests:
+            ns, name = object_key(m)
+            if m.get("kind") != "Pod":
+                out.append(
+                    ApplyOutcome(
+                        namespace=ns, name=name, error=KubeError("the api applier only applies Pods")
+                    )
+                )
+                continue
+            kwargs: dict[str, Any] = {
+                "field_manager": FIELD_MANAGER,
+                "_content_type": "application/apply-patch+yaml",
+            }
+            if dry_run:
+                kwargs["dry_run"] = "All"
+            try:
+                obj = await v1.patch_namespaced_pod(name, ns, dict(m), **kwargs)
+                out.append(
+                    ApplyOutcome(namespace=ns, name=name, obj=self.api.sanitize_for_serialization(obj))
+                )
+            except Exception as exc:
+                out.append(ApplyOutcome(namespace=ns, name=name, error=api_error(exc)))
+        return out
+
+    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+        v1 = client.CoreV1Api(self.api)
+        try:
+            kwargs: dict[str, Any] = {}
+            if grace_seconds is not None:
+                kwargs["grace_period_seconds"] = grace_seconds
+            await v1.delete_namespaced_pod(name, namespace, **kwargs)
+        except Exception as exc:
+            err = api_error(exc)
+            if isinstance(err, NotFound):
+                return False
+            raise err from exc
+        return True
+
+    async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
+        v1 = client.CoreV1Api(self.api)
+        try:
+            text = await v1.read_namespaced_pod_log(name, namespace, container="user", tail_lines=5000)
+        except Exception as exc:
+            raise api_error(exc) from exc
+        return str(text)[-limit_bytes:]

@@ -1,0 +1,43 @@
+"""The apply path, as a protocol with two implementations: kubectl (default) and the API."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nymph.kube.errors import KubeError
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What happened to one manifest of a batch."""
+
+    namespace: str
+    name: str
+    error: KubeError | None = None
+    obj: Mapping[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Applier(Protocol):
+    name: str
+
+    async def apply(
+        self, manifests: Sequence[Mapping[str, Any]], *, dry_run: bool = False
+    ) -> list[ApplyOutcome]:
+        """Server-side apply (field manager ``nymph``); one outcome per manifest, same order."""
+
+    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+        """Delete a Pod. True if a deletion was issued, False if it was already gone."""
+
+    async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
+        """The last ``limit_bytes`` of the user container's log."""
+
+
+def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or "default"), str(meta.get("name") or "")

@@ -1,0 +1,144 @@
+"""kubectl as the apply path: ``kubectl apply --server-side --field-manager=nymph -f -``.
+
+Several manifests go in one invocation. kubectl keeps going past a bad object and reports it
+on stderr; objects missing from its output are re-applied alone, so each gets its own error
+(the cost is paid only on failure). Errors are classified into :mod:`nymph.kube.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nymph.kube.applier import ApplyOutcome, object_key
+from nymph.kube.errors import KubeError, NotFound, Unavailable, classify_kubectl
+from nymph.launch.render import to_yaml_stream
+from nymph.localcluster.cluster import kubectl_path
+
+FIELD_MANAGER = "nymph"
+
+
+@dataclass(frozen=True)
+class KubectlResult:
+    code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Kubectl:
+    """Runs kubectl with fixed connection flags; never passes secrets on the command line."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    binary: str = field(default_factory=kubectl_path)
+    timeout: float = 60.0
+    name: str = "kubectl"
+
+    def _argv(self, args: Sequence[str]) -> list[str]:
+        argv = [self.binary]
+        if self.kubeconfig:
+            argv.append(f"--kubeconfig={self.kubeconfig}")
+        if self.context:
+            argv.append(f"--context={self.context}")
+        argv.append(f"--request-timeout={int(self.timeout)}s")
+        return argv + list(args)
+
+    async def run(self, args: Sequence[str], *, stdin: str | None = None) -> KubectlResult:
+        env = dict(os.environ)
+        env.pop("KUBECTL_EXTERNAL_DIFF", None)
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv(args),
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(stdin.encode() if stdin is not None else None), self.timeout + 15
+            )
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise Unavailable(f"kubectl {args[0]} timed out after {self.timeout + 15:.0f}s") from None
+        except asyncio.CancelledError:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        return KubectlResult(
+            code=proc.returncode or 0,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+        )
+
+    # -- Applier -----------------------------------------------------------------------------
+
+    async def apply(
+        self, manifests: Sequence[Mapping[str, Any]], *, dry_run: bool = False
+    ) -> list[ApplyOutcome]:
+        if not manifests:
+            return []
+        outcomes = await self._apply_batch(manifests, dry_run=dry_run)
+        if len(manifests) > 1:
+            # Objects kubectl did not return failed: apply them alone to get their own error.
+            retry = [i for i, o in enumerate(outcomes) if not o.ok]
+            for i in retry:
+                (outcomes[i],) = await self._apply_batch([manifests[i]], dry_run=dry_run)
+        return outcomes
+
+    async def _apply_batch(
+        self, manifests: Sequence[Mapping[str, Any]], *, dry_run: bool
+    ) -> list[ApplyOutcome]:
+        args = ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-o", "json", "-f", "-"]
+        if dry_run:
+            args.insert(1, "--dry-run=server")
+        res = await self.run(args, stdin=to_yaml_stream([dict(m) for m in manifests]))
+        applied: dict[tuple[str, str], Mapping[str, Any]] = {}
+        if res.stdout.strip():
+            try:
+                doc = json.loads(res.stdout)
+            except ValueError:
+                doc = {}
+            items = doc.get("items") if doc.get("kind") == "List" else [doc]
+            for item in items or []:
+                if isinstance(item, dict):
+                    applied[object_key(item)] = item
+        outcomes: list[ApplyOutcome] = []
+        for m in manifests:
+            key = object_key(m)
+            if key in applied:
+                outcomes.append(ApplyOutcome(namespace=key[0], name=key[1], obj=applied[key]))
+            else:
+                err: KubeError = (
+                    classify_kubectl(res.stderr) if res.code else KubeError("kubectl returned no object")
+                )
+                outcomes.append(ApplyOutcome(namespace=key[0], name=key[1], error=err))
+        return outcomes
+
+    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+        args = ["delete", "pod", name, "-n", namespace, "--wait=false", "--ignore-not-found", "-o", "name"]
+        if grace_seconds is not None:
+            args.append(f"--grace-period={grace_seconds}")
+        res = await self.run(args)
+        if res.code != 0:
+            err = classify_kubectl(res.stderr)
+            if isinstance(err, NotFound):
+                return False
+            raise err
+        return bool(res.stdout.strip())
+
+    async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
+        res = await self.run(["logs", name, "-n", namespace, "-c", "user", "--tail=5000"])
+        if res.code != 0:
+            raise classify_kubectl(res.stderr)
+        return res.stdout[-limit_bytes:]
+
+    async def can_i(self, *, verb: str, resource: str, namespace: str) -> bool:
+        res = await self.run(["auth", "can-i", verb, resource, "-n", namespace])
+        return res.stdout.strip() == "yes"

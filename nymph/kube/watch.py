@@ -1,0 +1,129 @@
+"""One Pod watch per namespace on the reserved labels, with a cache.
+
+List, then watch from the list's resourceVersion; when a watch ends, resume from the last
+resourceVersion seen; on ``410 Gone`` (or any error) relist and diff against the cache so that
+no change, deletions included, is missed. Every change reaches ``on_event(type, pod)`` with
+``type`` in ADDED / MODIFIED / DELETED and the pod as plain JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from nymph.logs import get_logger
+
+OnEvent = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+class _Gone(Exception):
+    pass
+
+
+class PodWatcher:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        namespace: str,
+        label_selector: str,
+        on_event: OnEvent,
+        on_restart: Callable[[str], None] | None = None,
+        watch_timeout: int = 240,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.selector = label_selector
+        self.on_event = on_event
+        self.on_restart = on_restart
+        self.watch_timeout = watch_timeout
+        self.cache: dict[str, dict[str, Any]] = {}
+        self.synced = asyncio.Event()
+        self.connected = False
+        self.log = get_logger("watcher", namespace=namespace)
+
+    async def run(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                rv = await self._relist()
+                backoff = 0.5
+                while True:
+                    rv = await self._watch(rv)
+            except asyncio.CancelledError:
+                raise
+            except _Gone:
+                self.log.info("watch expired (410 Gone); relisting")
+                self._restarted("gone")
+            except Exception as exc:
+                self.connected = False
+                self.log.warning("watch failed; relisting", error=f"{exc.__class__.__name__}: {exc}"[:300])
+                self._restarted("error")
+                await asyncio.sleep(backoff + random.uniform(0, backoff / 2))
+                backoff = min(backoff * 2, 15.0)
+
+    def _restarted(self, why: str) -> None:
+        if self.on_restart:
+            self.on_restart(why)
+
+    async def _relist(self) -> str:
+        v1 = client.CoreV1Api(self.api)
+        resp = await v1.list_namespaced_pod(self.namespace, label_selector=self.selector)
+        data = self.api.sanitize_for_serialization(resp)
+        self.connected = True
+        fresh = {p["metadata"]["name"]: p for p in data.get("items") or []}
+        for name, pod in fresh.items():
+            pod.setdefault("apiVersion", "v1")
+            pod.setdefault("kind", "Pod")
+            old = self.cache.get(name)
+            if old is None or old["metadata"].get("resourceVersion") != pod["metadata"].get(
+                "resourceVersion"
+            ):
+                self.cache[name] = pod
+                await self.on_event("ADDED" if old is None else "MODIFIED", pod)
+        for name in [n for n in self.cache if n not in fresh]:
+            gone = self.cache.pop(name)
+            await self.on_event("DELETED", gone)
+        self.synced.set()
+        return str(data["metadata"].get("resourceVersion") or "")
+
+    async def _watch(self, rv: str) -> str:
+        v1 = client.CoreV1Api(self.api)
+        w = watch.Watch()
+        try:
+            async with w:
+                async for ev in w.stream(
+                    v1.list_namespaced_pod,
+                    namespace=self.namespace,
+                    label_selector=self.selector,
+                    resource_version=rv,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=self.watch_timeout,
+                ):
+                    kind = ev.get("type")
+                    obj = ev.get("raw_object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            raise _Gone
+                        raise RuntimeError(f"watch error: {obj.get('message')}")
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        rv = str(new_rv)
+                    if kind == "BOOKMARK":
+                        continue
+                    name = obj["metadata"]["name"]
+                    if kind == "DELETED":
+                        self.cache.pop(name, None)
+                    else:
+                        self.cache[name] = obj
+                    await self.on_event(str(kind), obj)
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Gone from None
+            raise
+        return rv
