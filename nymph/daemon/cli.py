@@ -32,6 +32,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_seconds,
         reap_after=args.reap_after,
         shutdown_grace_seconds=args.grace,
+        batch_max=args.batch_max,
     )
 
     async def main() -> int:
@@ -88,6 +89,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--concurrency", type=int, help="most tasks in flight at once (default 8)")
+    p.add_argument("--batch-max", type=int, help="most launches per kubectl invocation (default 16; 1 disables batching)")
     p.add_argument("--apply-with", choices=("kubectl", "api"), help="apply path (default kubectl)")
     p.add_argument("--listen", help="health/metrics server HOST:PORT (default 127.0.0.1:9700)")
     p.add_argument("--poll-wait", type=float, help="long-poll hold in seconds (default 30)")

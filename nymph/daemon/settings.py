@@ -69,6 +69,8 @@ class DaemonSettings:
             raise ConfigError(f"--apply-with {self.kube.apply_with!r}: use kubectl or api")
         if self.concurrency < 1:
             raise ConfigError("--concurrency must be at least 1")
+        if self.batch_max < 1:
+            raise ConfigError("--batch-max must be at least 1")
         if not self.queue.token:
             raise ConfigError(
                 "no queue token: pass --token or set NYMPH_TOKEN (create one with `nymph queue token create --role daemon`)"
@@ -146,7 +148,7 @@ def load_settings(
     if flags.get("node"):
         node = flags["node"]
     top: dict[str, Any] = {"queue": q, "kube": k, "work": w, "node": node}
-    for name in ("concurrency", "listen", "daemon_id", "shutdown_grace_seconds"):
+    for name in ("concurrency", "listen", "daemon_id", "shutdown_grace_seconds", "batch_max"):
         if flags.get(name) is not None:
             top[name] = flags[name]
     s = replace(s, **top)

@@ -1,0 +1,157 @@
+"""Shared fixtures for the dockyard tests: isolated environments, file writers, and strict
+schema validation of rendered manifests (kubernetes-validate for core kinds, the KubeRay CRD
+openAPIV3Schema for RayJob / RayCluster)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import kubernetes_validate
+import pytest
+import yaml
+
+from nymph.dockyard.kube import Manifest
+from nymph.dockyard.load import Environment
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = ROOT.parent / "shared" / "crds" / "kuberay"
+EXAMPLES = ROOT / "manifests" / "examples"
+K8S_VERSION = "1.37.0"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Environment:
+    """No user defaults, no kubeconfig, no service account: namespace falls to 'default'."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return Environment(
+        env={},
+        home=home,
+        user="tester",
+        kubeconfigs=(),
+        sa_namespace_path=tmp_path / "no-service-account",
+    )
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> Callable[[str, str], Path]:
+    def _write(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+        return path
+
+    return _write
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Make ``Environment.from_process()`` hermetic for CLI tests."""
+    home = tmp_path / "cli-home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    monkeypatch.setenv("DOCKYARD_K8S_USER", "tester")
+    monkeypatch.delenv("DOCKYARD_K8S_DEFAULTS", raising=False)
+
+
+# -- schema validation ---------------------------------------------------------------------
+
+
+def _strict(schema: Any) -> Any:
+    """Reject unknown fields like ``kubectl apply --validate=strict`` does."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if (
+            out.get("type") == "object"
+            and "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def _crd_validator(kind: str) -> Any:
+    path = CRD_DIR / f"ray.io_{kind.lower()}s.yaml"
+    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema = _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    return cls(schema)
+
+
+def _check_metadata(manifest: Manifest) -> None:
+    meta = manifest["metadata"]
+    assert set(meta) <= {"name", "namespace", "labels", "annotations"}, meta
+    for key in ("labels", "annotations"):
+        for k, v in (meta.get(key) or {}).items():  # type: ignore[attr-defined]
+            assert isinstance(k, str) and isinstance(v, str), (key, k, v)
+
+
+def validate_manifest(manifest: Manifest) -> None:
+    """Strict offline validation; raises on any schema violation."""
+    _check_metadata(manifest)
+    if manifest["apiVersion"] == "ray.io/v1":
+        errors = sorted(_crd_validator(manifest["kind"]).iter_errors(manifest), key=lambda e: list(e.path))
+        assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
+    else:
+        kubernetes_validate.validate(dict(manifest), K8S_VERSION, strict=True)
+
+
+@pytest.fixture
+def validate() -> Callable[[Manifest], None]:
+    return validate_manifest
+
+
+def minimal_infra() -> dict[str, Any]:
+    """A small valid infra body: rayjob mode, a trainer + inference cluster, a sandbox."""
+
+    def group(name: str, replicas: int) -> dict[str, Any]:
+        return {
+            "groupName": name,
+            "replicas": replicas,
+            "rayStartParams": {"num-gpus": "8"},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "ray-worker",
+                            "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                        }
+                    ]
+                }
+            },
+        }
+
+    return {
+        "namespace": "team-a",
+        "image": "dockyard/ubuntu-swe:1",
+        "launch": {"mode": "rayjob", "entrypoint": "python3 -u train.py"},
+        "sandbox": {"name": "sbx", "replicas": 2, "port": 9090},
+        "kuberay": {
+            "name": "grpo",
+            "spec": {
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [{"name": "ray-head"}]}},
+                },
+                "workerGroupSpecs": [group("trainer", 2), group("inference", 1)],
+            },
+        },
+    }
+
+
+@pytest.fixture
+def infra_dict() -> dict[str, Any]:
+    return minimal_infra()
