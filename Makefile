@@ -62,11 +62,16 @@ kind-up: ## a kind cluster with the workdir root mounted from the host
 kind-load: ## load the image into the kind cluster
 	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
 
-deploy: ## apply the kind overlay (kubectl apply -k)
-	$(BIN)/kubectl apply -k manifests/overlays/kind
+OVERLAY ?= kind
+deploy: install ## apply an overlay (OVERLAY=kind|k3d), creating the daemon token Secret once
+	$(BIN)/kubectl create namespace nymph-system --dry-run=client -o yaml | $(BIN)/kubectl apply -f -
+	@$(BIN)/kubectl -n nymph-system get secret nymph-daemon-token >/dev/null 2>&1 || \
+	  $(BIN)/kubectl -n nymph-system create secret generic nymph-daemon-token \
+	    --from-literal=token=nyq_$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(32))')
+	$(BIN)/kubectl apply -k manifests/overlays/$(OVERLAY)
 
 undeploy: ## remove nymph from the cluster
-	$(BIN)/kubectl delete -k manifests/overlays/kind --ignore-not-found
+	$(BIN)/kubectl delete -k manifests/overlays/$(OVERLAY) --ignore-not-found
 
 clean: ## remove the venv (the Go cache in .cache/ is kept; rm -rf .cache to drop it)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
