@@ -89,7 +89,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--concurrency", type=int, help="most tasks in flight at once (default 8)")
-    p.add_argument("--batch-max", type=int, help="most launches per kubectl invocation (default 16; 1 disables batching)")
+    p.add_argument(
+        "--batch-max", type=int, help="most launches per kubectl invocation (default 16; 1 disables batching)"
+    )
     p.add_argument("--apply-with", choices=("kubectl", "api"), help="apply path (default kubectl)")
     p.add_argument("--listen", help="health/metrics server HOST:PORT (default 127.0.0.1:9700)")
     p.add_argument("--poll-wait", type=float, help="long-poll hold in seconds (default 30)")

@@ -1,0 +1,341 @@
+"""``nymph dev``: the whole path on one machine, end to end.
+
+Starts the queue service (SQLite under a local state dir) and a daemon; uses the current kube
+context when one is reachable, and otherwise starts the embedded local control plane
+(kube-apiserver + etcd + kwok: Pods are simulated). Creates a provider and a mode, submits a
+sample launch, shows each state change as it happens, lists instances and verifies the audit
+log. Exits 0 when every step passed. With ``--stay`` the queue and daemon keep running for more
+launches until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from nymph.client import QueueClient
+from nymph.daemon.audit import verify
+from nymph.daemon.rbac import DAEMON_ROLE_RULES
+from nymph.errors import NymphError
+from nymph.localcluster.cluster import DEFAULT_NODE, LocalCluster, free_port, kubectl_path
+
+SAMPLE = """\
+import os, platform, time
+print(f"hello from {os.environ.get('NYMPH_INSTANCE_ID')} on {platform.node()}")
+print("workdir:", os.environ.get("NYMPH_WORKDIR"))
+time.sleep(1)
+"""
+
+
+class DevError(NymphError):
+    pass
+
+
+def step(n: int, total: int, text: str) -> None:
+    print(f"[{n}/{total}] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Cluster:
+    kubeconfig: str | None
+    node: str
+    embedded: bool
+    local: LocalCluster | None = None
+
+
+@dataclass
+class Procs:
+    items: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def spawn(
+        self, argv: list[str], *, log: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        fh = log.open("ab")
+        p = subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        fh.close()
+        self.items.append(p)
+        return p
+
+    def stop(self) -> None:
+        for p in reversed(self.items):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.items):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _reachable_context() -> tuple[str | None, str | None]:
+    """(kubeconfig, node) of the current context if an API server answers, else (None, None)."""
+    paths = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if not any(Path(p).exists() for p in paths.split(os.pathsep) if p):
+        return None, None
+    try:
+        res = subprocess.run(
+            [
+                kubectl_path(),
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={.items[*].metadata.name}",
+                "--request-timeout=4s",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    if res.returncode != 0:
+        return None, None
+    nodes = res.stdout.split()
+    return (paths if "KUBECONFIG" in os.environ else None), (nodes[0] if nodes else None)
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DevError(f"{url} process exited; see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):  # noqa: S310 - loopback only
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise DevError(f"{url} did not come up in {timeout:.0f}s; see {log}")
+
+
+def _daemon_kubeconfig(local: LocalCluster, state: Path) -> Path:
+    """A ServiceAccount bound to the daemon's Role: the daemon never runs as admin."""
+    ns = "default"
+    base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
+    with contextlib.suppress(NymphError):
+        local.api("POST", f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "nymph-daemon"}})
+        local.api("POST", f"{base}/roles", {"metadata": {"name": "nymph-daemon"}, "rules": DAEMON_ROLE_RULES})
+        local.api(
+            "POST",
+            f"{base}/rolebindings",
+            {
+                "metadata": {"name": "nymph-daemon"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nymph-daemon"},
+                "subjects": [{"kind": "ServiceAccount", "name": "nymph-daemon", "namespace": ns}],
+            },
+        )
+    tok = local.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/nymph-daemon/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 86400},
+        },
+    )
+    return local.kubeconfig_for_token(tok["status"]["token"], state / "daemon.kubeconfig", namespace=ns)
+
+
+def _token(db: Path, role: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "nymph.cli", "queue", "token", "create", "--db", str(db), "--role", role],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise DevError(f"could not create a {role} token: {out.stderr.strip()}")
+    return out.stdout.strip().splitlines()[-1].split()[-1]
+
+
+@contextlib.contextmanager
+def _cluster(args: argparse.Namespace, state: Path) -> Iterator[Cluster]:
+    if not args.embedded:
+        kubeconfig, node = _reachable_context()
+        if node:
+            print(f"      using the current kube context (node {args.node or node})", file=sys.stderr)
+            yield Cluster(kubeconfig=kubeconfig, node=args.node or node, embedded=False)
+            return
+        print(
+            "      no reachable kube context: starting the embedded cluster (Pods are simulated by kwok)",
+            file=sys.stderr,
+        )
+    cdir = state / "cluster"
+    shutil.rmtree(cdir, ignore_errors=True)
+    local = LocalCluster(cdir, progress=lambda m: print(f"      {m}", file=sys.stderr, flush=True))
+    try:
+        local.start()
+        print(
+            f"      embedded cluster ready in {local.start_seconds:.1f}s (admin kubeconfig: {local.kubeconfig})",
+            file=sys.stderr,
+        )
+        kc = _daemon_kubeconfig(local, state)
+        yield Cluster(kubeconfig=str(kc), node=DEFAULT_NODE, embedded=True, local=local)
+    finally:
+        local.stop()
+
+
+async def _demo(url: str, user_token: str, *, embedded: bool, script: str) -> tuple[str, int]:
+    from nymph.queue.commands import _print_instances, follow
+
+    async with QueueClient(base_url=url, token=user_token) as c:
+        await c.create_provider(name="dev", launcher="Kube", kwargs={"namespace": "default"}, replace=True)
+        await c.create_mode(name="python", provider="dev", fields={"image": "python:3.12-slim"}, replace=True)
+        tags = {"app": "nymph-dev"} | ({"sim.nymph.io/run": "2s"} if embedded else {})
+        accepted = await c.launch(provider="dev", mode="python", script=script, tags=tags)
+        iid = str(accepted["instanceId"])
+        print(f"      launched {iid}; following its state:", file=sys.stderr, flush=True)
+        code = await asyncio.wait_for(follow(c, provider="dev", instance_id=iid, poll_wait=10), 180)
+        print(file=sys.stderr)
+        _print_instances([dict(i) for i in await c.list_instances(provider="dev")])
+        return iid, code
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    state = (
+        Path(args.state_dir).expanduser() if args.state_dir else platformdirs.user_state_path("nymph") / "dev"
+    )
+    state.mkdir(parents=True, exist_ok=True)
+    total = 7
+    procs = Procs()
+    script = Path(args.script).read_text() if args.script else SAMPLE
+    stop_flag = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop_flag.set())
+    try:
+        step(1, total, f"state in {state}")
+        step(2, total, "finding a cluster")
+        with _cluster(args, state) as cluster:
+            step(3, total, "starting the queue service")
+            db = state / "queue.db"
+            user_token, daemon_token = _token(db, "user"), _token(db, "daemon")
+            qport = args.port or free_port()
+            url = f"http://127.0.0.1:{qport}"
+            qlog = state / "queue.log"
+            qp = procs.spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "nymph.cli",
+                    "queue",
+                    "serve",
+                    "--db",
+                    str(db),
+                    "--listen",
+                    f"127.0.0.1:{qport}",
+                ],
+                log=qlog,
+            )
+            _wait_http(f"{url}/healthz", 30, qp, qlog)
+            print(f"      queue at {url} (log {qlog})", file=sys.stderr)
+
+            step(4, total, f"starting the daemon for node {cluster.node}")
+            hport = free_port()
+            dlog = state / "daemon.log"
+            root = state / "root"
+            dargs = [
+                sys.executable,
+                "-m",
+                "nymph.cli",
+                "--log-format",
+                "json",
+                "daemon",
+                "--queue",
+                url,
+                "--node",
+                cluster.node,
+                "--namespace",
+                "default",
+                "--workdir-root",
+                str(root),
+                "--listen",
+                f"127.0.0.1:{hport}",
+                "--poll-wait",
+                "10",
+                "--reap-after",
+                "300",
+            ]
+            if cluster.kubeconfig:
+                dargs += ["--kubeconfig", cluster.kubeconfig]
+            dp = procs.spawn(dargs, log=dlog, env={"NYMPH_TOKEN": daemon_token})
+            _wait_http(f"http://127.0.0.1:{hport}/healthz", 30, dp, dlog)
+            print(f"      daemon health on http://127.0.0.1:{hport}/healthz (log {dlog})", file=sys.stderr)
+
+            step(5, total, "creating provider 'dev' and mode 'python', submitting a sample launch")
+            iid, code = asyncio.run(_demo(url, user_token, embedded=cluster.embedded, script=script))
+
+            step(6, total, "verifying the audit log")
+            result = verify(root / "audit.jsonl")
+            print(
+                f"      {root / 'audit.jsonl'}: {'ok, ' + str(result.records) + ' records' if result.ok else 'FAILED: ' + result.problem}",
+                file=sys.stderr,
+            )
+            ok = code == 0 and result.ok
+            step(
+                7,
+                total,
+                "done: the launch reached stopped and the audit chain is intact"
+                if ok
+                else "FAILED (see above)",
+            )
+            if args.stay:
+                (state / "user.env").write_text(f"export NYMPH_URL={url}\nexport NYMPH_TOKEN={user_token}\n")
+                os.chmod(state / "user.env", 0o600)
+                print(
+                    f"\nnymph is running. In another shell:\n  source {state / 'user.env'}\n"
+                    f"  nymph launch dev --mode python --script job.py --wait\n  nymph instances dev\n"
+                    "Ctrl-C stops everything.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                with contextlib.suppress(KeyboardInterrupt):
+                    while not stop_flag.is_set() and dp.poll() is None and qp.poll() is None:
+                        stop_flag.wait(1)
+                print("stopping ...", file=sys.stderr)
+            return 0 if ok else 1
+    finally:
+        procs.stop()
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "dev",
+        help="run queue + daemon + a sample launch on this machine (the main demo)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--stay", action="store_true", help="keep the queue and daemon running for more launches until Ctrl-C"
+    )
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        help="always use the embedded cluster, even if a kube context is reachable",
+    )
+    p.add_argument("--node", help="node to pin Pods to on a real cluster (default: its first node)")
+    p.add_argument("--script", help="Python file to launch instead of the built-in sample")
+    p.add_argument("--port", type=int, help="queue port (default: a free one)")
+    p.add_argument(
+        "--state-dir",
+        help="where the queue db, logs, workdirs and audit log go (default: the user state dir)",
+    )
+    p.set_defaults(func=cmd_dev)

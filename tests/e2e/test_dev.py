@@ -1,0 +1,71 @@
+"""`nymph dev`, the main job, end to end on the embedded cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp_path: Path) -> None:
+    state = tmp_path / "dev"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nymph.cli", "dev", "--embedded", "--stay", "--state-dir", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
+    )
+    assert proc.stderr is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if "Ctrl-C stops everything" in line:
+            break
+    text = "".join(seen)
+    assert "stopped (Completed)" in text, text
+    assert "audit chain is intact" in text, text
+    env_file = state / "user.env"
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    # More launches work while it stays up.
+    env = dict(os.environ)
+    for line in env_file.read_text().splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value
+    (tmp_path / "job.py").write_text("print(2)\n")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nymph.cli",
+            "launch",
+            "dev",
+            "--mode",
+            "python",
+            "--script",
+            str(tmp_path / "job.py"),
+            "--wait",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "lakeshore-" in out and "Completed" in out
+    left = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"processes left behind: {left.stdout}"
