@@ -281,7 +281,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             print(f"      daemon health on http://127.0.0.1:{hport}/healthz (log {dlog})", file=sys.stderr)
 
             step(5, total, "creating provider 'dev' and mode 'python', submitting a sample launch")
-            iid, code = asyncio.run(_demo(url, user_token, embedded=cluster.embedded, script=script))
+            _, code = asyncio.run(_demo(url, user_token, embedded=cluster.embedded, script=script))
 
             step(6, total, "verifying the audit log")
             result = verify(root / "audit.jsonl")
