@@ -83,7 +83,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], type[KubeError]], ...] = (
     (re.compile(r"\(TooManyRequests\)|too many requests|rate limit", re.I), Throttled),
     (
         re.compile(
-            r"connection refused|unable to connect|i/o timeout|context deadline exceeded|"
+            r"connection refused|was refused|connection reset|unable to connect|i/o timeout|context deadline exceeded|"
             r"Client\.Timeout|no such host|EOF|ServiceUnavailable|InternalError|"
             r"the server is currently unable|TLS handshake timeout",
             re.I,

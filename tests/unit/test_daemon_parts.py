@@ -1,0 +1,259 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nymph.daemon.audit import AuditLog, verify
+from nymph.daemon.core import pod_node
+from nymph.daemon.outbox import DropItem, Outbox
+from nymph.daemon.settings import load_settings
+from nymph.daemon.workdirs import WorkdirError, Workdirs
+from nymph.errors import ConfigError, ValidationError
+from nymph.kube import errors as ke
+
+IID = "lakeshore-0123abcd"
+
+
+# --- outbox ----------------------------------------------------------------------------------
+
+
+async def test_outbox_sends_in_order_and_retries_until_the_queue_answers(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    sent: list[tuple[str, list[Any]]] = []
+    fail = {"n": 3}
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        if fail["n"] > 0:
+            fail["n"] -= 1
+            raise ConnectionError("queue down")
+        sent.append((kind, [b.get("seq") or b.get("taskId") for b in batch]))
+
+    for i in range(5):
+        box.report(instance_id=IID, state="running" if i % 2 else "starting")
+    box.complete(task_id="t1", ok=True)
+    box.report(instance_id=IID, state="stopped", reason="Completed")
+    task = asyncio.create_task(box.run(send))
+    assert await box.flush(timeout=20)
+    task.cancel()
+    assert sent == [("report", [1, 2, 3, 4, 5]), ("complete", ["t1"]), ("report", [6])]
+    assert box.pending == 0
+
+
+async def test_outbox_survives_a_restart_without_resending_acknowledged_items(tmp_path: Path) -> None:
+    first = Outbox(tmp_path)
+    got: list[int] = []
+
+    async def send_one_batch(kind: str, batch: list[dict[str, Any]]) -> None:
+        got.extend(b["seq"] for b in batch)
+
+    first.batch_max = 2
+    for _ in range(5):
+        first.report(instance_id=IID, state="running")
+    # Send exactly one batch, then "crash".
+    kind, batch = first._next_batch()
+    await send_one_batch(kind, batch)
+    for _ in batch:
+        first.mem.popleft()
+    first._ack(len(batch))
+    second = Outbox(tmp_path)
+    assert [i["seq"] for i in second.mem] == [3, 4, 5]
+    assert {i["stream"] for i in second.mem} == {first.stream}
+
+
+async def test_outbox_memory_is_bounded_and_overflow_comes_back_from_disk_in_order(tmp_path: Path) -> None:
+    box = Outbox(tmp_path, memory_max=3, batch_max=2)
+    for _ in range(10):
+        box.report(instance_id=IID, state="running")
+    assert len(box.mem) == 3 and box.backlog == 7
+    seen: list[int] = []
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        seen.extend(b["seq"] for b in batch)
+
+    task = asyncio.create_task(box.run(send))
+    assert await box.flush(timeout=10)
+    task.cancel()
+    assert seen == list(range(1, 11))
+
+
+async def test_outbox_drops_items_the_queue_refuses_for_good(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    box.complete(task_id="lost-lease", ok=True)
+    box.complete(task_id="fine", ok=True)
+    done: list[str] = []
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        if batch[0]["taskId"] == "lost-lease":
+            raise DropItem("409")
+        done.append(batch[0]["taskId"])
+
+    task = asyncio.create_task(box.run(send))
+    assert await box.flush(timeout=10)
+    task.cancel()
+    assert done == ["fine"]
+
+
+# --- audit -----------------------------------------------------------------------------------
+
+
+def test_audit_chain_and_head(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl")
+    for i in range(4):
+        log.append("apply", instance=IID, task=f"t{i}", manifest_sha256="a" * 64, result="ok")
+    assert verify(tmp_path / "audit.jsonl").ok
+    again = AuditLog(tmp_path / "audit.jsonl")  # reopening continues the chain
+    again.append("reap", instance=IID, result="reaped")
+    res = verify(tmp_path / "audit.jsonl")
+    assert res.ok and res.records == 5
+    with pytest.raises(Exception, match="unknown audit action"):
+        log.append("rm -rf", instance=IID)
+
+
+def test_audit_never_stores_registered_secrets(tmp_path: Path) -> None:
+    from nymph.logs import forget_secret, register_secret
+
+    register_secret("super-secret-token-value")
+    try:
+        rec = AuditLog(tmp_path / "a.jsonl").append("apply", error="denied for super-secret-token-value")
+    finally:
+        forget_secret("super-secret-token-value")
+    assert "super-secret" not in json.dumps(rec)
+    assert verify(tmp_path / "a.jsonl").ok
+
+
+# --- workdirs --------------------------------------------------------------------------------
+
+
+def test_workdirs_created_with_mode_and_removed(tmp_path: Path) -> None:
+    w = Workdirs(root=tmp_path, mode=0o770)
+    p = w.create(IID)
+    assert p == tmp_path / "work" / IID and p.is_dir()
+    assert oct(p.stat().st_mode & 0o777) == "0o770"
+    assert w.create(IID) == p  # idempotent for a redelivered launch
+    assert w.remove(IID) and not p.exists()
+    assert not w.remove(IID)
+
+
+@pytest.mark.parametrize("bad", ["../etc", "lakeshore-../../x", "/abs", "lakeshore-0123abcg"])
+def test_workdirs_refuse_unchecked_ids(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ValidationError):
+        Workdirs(root=tmp_path).create(bad)
+
+
+def test_workdirs_refuse_a_symlink_escaping_the_root(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    w = Workdirs(root=tmp_path / "root")
+    w.base.mkdir(parents=True)
+    os.symlink(outside, w.base / IID)
+    with pytest.raises(WorkdirError, match="outside"):
+        w.create(IID)
+    assert w.remove(IID)  # removes the link, never the target
+    assert outside.exists()
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+def test_settings_precedence_file_env_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("concurrency: 3\nqueue: {url: http://file:1, poll_wait: 7}\nkube: {namespaces: [a, b]}\n")
+    s = load_settings(
+        config_file=str(cfg), environ={"NYMPH_TOKEN": "tok", "NODE_NAME": "n1", "NYMPH_URL": "http://env:2"}
+    )
+    assert (s.concurrency, s.queue.url, s.queue.poll_wait, s.kube.namespaces, s.node) == (
+        3,
+        "http://env:2",
+        7.0,
+        ("a", "b"),
+        "n1",
+    )
+    s = load_settings(
+        config_file=str(cfg),
+        environ={"NYMPH_TOKEN": "tok"},
+        queue="http://flag:3",
+        concurrency=5,
+        namespaces=["c"],
+    )
+    assert (s.queue.url, s.concurrency, s.kube.namespaces) == ("http://flag:3", 5, ("c",))
+    assert "tok" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "message"),
+    [
+        ({}, {}, "no queue token"),
+        ({"NYMPH_TOKEN": "t"}, {"apply_with": "helm"}, "use kubectl or api"),
+        ({"NYMPH_TOKEN": "t"}, {"concurrency": 0}, "at least 1"),
+        ({"NYMPH_TOKEN": "t"}, {"workdir_root": "rel/path"}, "absolute"),
+    ],
+)
+def test_settings_errors(env: dict[str, str], flags: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(config_file=None, environ=env, **flags)
+
+
+def test_settings_file_unknown_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("queue: {urll: x}\n")
+    with pytest.raises(ConfigError, match="unknown setting 'urll'"):
+        load_settings(config_file=str(cfg), environ={"NYMPH_TOKEN": "t"})
+
+
+# --- classification and node ownership ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stderr", "cls", "transient"),
+    [
+        ('Error from server (Forbidden): pods "x" is forbidden: User "u" cannot create', ke.Forbidden, False),
+        ('The Pod "x" is invalid: spec.containers[0].image: Required value', ke.Invalid, False),
+        ('Error from server (AlreadyExists): pods "x" already exists', ke.AlreadyExists, False),
+        ("Error from server (Conflict): Operation cannot be fulfilled", ke.Conflict, True),
+        (
+            "Error from server (TooManyRequests): the server has received too many requests",
+            ke.Throttled,
+            True,
+        ),
+        (
+            "The connection to the server 127.0.0.1:6443 was refused - did you specify the right host or port?",
+            ke.Unavailable,
+            True,
+        ),
+        ("Unable to connect to the server: dial tcp: i/o timeout", ke.Unavailable, True),
+        ("error: You must be logged in to the server (Unauthorized)", ke.Unauthorized, False),
+    ],
+)
+def test_kubectl_errors_are_classified(stderr: str, cls: type[ke.KubeError], transient: bool) -> None:
+    err = ke.classify_kubectl(stderr)
+    assert type(err) is cls and err.transient is transient and err.message == stderr
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [(403, ke.Forbidden), (404, ke.NotFound), (422, ke.Invalid), (429, ke.Throttled), (503, ke.Unavailable)],
+)
+def test_api_status_classification(status: int, cls: type[ke.KubeError]) -> None:
+    assert type(ke.from_status(status, "m")) is cls
+
+
+def test_pod_node_prefers_the_affinity_pin() -> None:
+    from nymph.launch.config import Mode, Provider
+    from nymph.launch.render import render_pod
+    from nymph.launch.spec import build_launch_spec
+
+    spec = build_launch_spec(
+        provider=Provider(name="p"),
+        mode=Mode(name="m", fields={"image": "x"}),
+        body={"script": "1"},
+        instance_id=IID,
+    )
+    pod: dict[str, Any] = dict(render_pod(spec, node="node-a"))
+    assert pod_node(pod) == "node-a"
+    assert pod_node({"spec": {"nodeName": "node-b"}}) == "node-b"
+    assert pod_node({"spec": {}}) is None
