@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import string
 from typing import Any, NotRequired, TypedDict
 
 import yaml
@@ -51,14 +52,30 @@ class PodManifest(TypedDict):
     spec: dict[str, Any]
 
 
+# Delimiter lead characters, tried in order. dash (Debian's /bin/sh) and busybox ash lose the
+# first byte of a non-ASCII character that directly follows a partial match of the delimiter
+# at the start of a heredoc line ("N\u00e9" read against delimiter "NYMPH..." yields "N\xa9").
+# A delimiter whose first byte starts no line of the script can never partly match, so the
+# lead is chosen among bytes that start no line.
+_LEADS = [c for c in string.ascii_uppercase + string.ascii_lowercase + string.digits + "_%@+=,.:^~-!#&*"] + [
+    chr(b) for b in range(1, 32) if chr(b) not in "\t\n\r\x0b\x0c"
+]
+
+
 def heredoc_delimiter(script: str) -> str:
-    """A heredoc delimiter that is not a line of ``script`` (deterministic)."""
-    lines = set(script.split("\n"))
-    base = "NYMPH_" + hashlib.sha256(script.encode("utf-8")).hexdigest()[:16].upper()
-    candidate, n = base, 0
-    while candidate in lines:
+    """A heredoc delimiter that is not a line of ``script`` and whose first byte starts none
+    of its lines (deterministic for a given script)."""
+    lines = script.split("\n")
+    starts = {ln.encode("utf-8")[:1] for ln in lines}
+    digest = hashlib.sha256(script.encode("utf-8")).hexdigest()[:16].upper()
+    lead = next((c for c in _LEADS if c.encode() not in starts), None)
+    if lead is None:  # every candidate byte starts a line: the script is hundreds of odd lines
+        raise ValidationError("script", "too many distinct line-leading characters to embed safely")
+    candidate = f"{lead}NYMPH_{digest}"
+    n = 0
+    while candidate in lines:  # cannot happen (no line starts with lead), kept as a guard
         n += 1
-        candidate = f"{base}_{n}"
+        candidate = f"{lead}NYMPH_{digest}_{n}"
     return candidate
 
 

@@ -111,6 +111,9 @@ ADVERSARIAL = [
     "print(1)\r\nprint(2)\r\n",
     "s = '''\n\tindented\n  '''\n",
     "print('ünïcödé ✓ 漢字')\n",
+    # dash drops the first byte of a non-ASCII character right after a partial delimiter match
+    "N\u00e9 = 1\nNYMPH\u00e9\nA\u20ac\nANYMPH_\u00ff\nB\u00e9\n",
+    "\x80\n\x81\n\x88 \x89\n",
 ]
 
 
@@ -126,14 +129,24 @@ def test_script_holding_the_delimiter_line_still_round_trips(tmp_path: Path) -> 
     script = script + heredoc_delimiter(script) + "\n"
     assert heredoc_delimiter(script) not in script.split("\n")
     assert roundtrip(script, tmp_path) == script
-    assert first.startswith("NYMPH_")
+    assert "NYMPH_" in first
 
 
-def roundtrip(script: str, tmp_path: Path) -> str:
+SHELLS = [sh for sh in ("/bin/sh", "/bin/dash", "/bin/bash", "/bin/busybox") if Path(sh).exists()]
+
+
+def roundtrip(script: str, tmp_path: Path, shell: str = "/bin/sh") -> str:
     target = tmp_path / "u.py"
     cmd = heredoc_command(script, path=str(target)).replace(f"exec python3 {target}\n", "")
-    subprocess.run(["/bin/sh", "-c", cmd], check=True, env={"PATH": os.environ["PATH"]})
+    argv = [shell, "sh", "-c", cmd] if shell.endswith("busybox") else [shell, "-c", cmd]
+    subprocess.run(argv, check=True, env={"PATH": os.environ["PATH"]})
     return target.read_bytes().decode("utf-8")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("script", ADVERSARIAL)
+def test_heredoc_is_verbatim_in_every_shell_here(tmp_path: Path, script: str, shell: str) -> None:
+    assert roundtrip(script, tmp_path, shell) == (script if script.endswith("\n") else script + "\n")
 
 
 scripts = st.text(
@@ -141,7 +154,7 @@ scripts = st.text(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=scripts)
 def test_any_script_round_trips_through_the_heredoc(tmp_path: Path, script: str) -> None:
     expected = script if script.endswith("\n") or script == "" else script + "\n"
