@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -39,7 +38,9 @@ def pct(values: list[float], p: float) -> float:
     return s[k]
 
 
-async def watch_added(api: client.ApiClient, namespace: str, want: int, seen: dict[str, float], ready: asyncio.Event) -> None:
+async def watch_added(
+    api: client.ApiClient, namespace: str, want: int, seen: dict[str, float], ready: asyncio.Event
+) -> None:
     v1 = client.CoreV1Api(api)
     w = watch.Watch()
     first = True
@@ -55,7 +56,9 @@ async def watch_added(api: client.ApiClient, namespace: str, want: int, seen: di
                 return
 
 
-async def start_watch(api: client.ApiClient, namespace: str, n: int, seen: dict[str, float]) -> asyncio.Task[None]:
+async def start_watch(
+    api: client.ApiClient, namespace: str, n: int, seen: dict[str, float]
+) -> asyncio.Task[None]:
     ready = asyncio.Event()
     task = asyncio.create_task(watch_added(api, namespace, n, seen, ready))
     # The watch starts with ADDED events for existing Pods (none); give it a moment to connect.
@@ -63,7 +66,9 @@ async def start_watch(api: client.ApiClient, namespace: str, n: int, seen: dict[
     return task
 
 
-async def run_daemon_case(kube: LocalCluster, tmp: Path, name: str, n: int, extra: tuple[str, ...]) -> dict[str, Any]:
+async def run_daemon_case(
+    kube: LocalCluster, tmp: Path, name: str, n: int, extra: tuple[str, ...]
+) -> dict[str, Any]:
     ns = f"bench-{name}"
     kube.api("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
     kube.wait_default_sa(ns)
@@ -82,7 +87,9 @@ async def run_daemon_case(kube: LocalCluster, tmp: Path, name: str, n: int, extr
         t0 = time.monotonic()
         async with q.client() as c:
             for _ in range(n):
-                acc = await c.launch(provider="local", mode="py", script="print(1)\n", tags={"sim.nymph.io/run": "1h"})
+                acc = await c.launch(
+                    provider="local", mode="py", script="print(1)\n", tags={"sim.nymph.io/run": "1h"}
+                )
                 posted[str(acc["instanceId"])] = time.monotonic()
         await asyncio.wait_for(task, 300)
         t_end = max(seen.values())
@@ -121,11 +128,19 @@ async def run_raw(kube: LocalCluster, n: int) -> dict[str, Any]:
         lat.append((time.monotonic() - s) * 1000)
     total = time.monotonic() - t0
     await api.close()
-    return {"case": "raw-api-create", "launches": n, "p50_ms": round(pct(lat, 50), 1), "p95_ms": round(pct(lat, 95), 1), "launches_per_s": round(n / total, 2)}
+    return {
+        "case": "raw-api-create",
+        "launches": n,
+        "p50_ms": round(pct(lat, 50), 1),
+        "p95_ms": round(pct(lat, 95), 1),
+        "launches_per_s": round(n / total, 2),
+    }
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("-n", type=int, default=60, help="launches per case (default 60)")
     parser.add_argument("--out", default=str(REPO / "bench-results" / "daemon.json"))
     args = parser.parse_args()
@@ -146,10 +161,14 @@ async def main() -> int:
     print(f"\n{'case':<20} {'n':>4} {'p50 ms':>9} {'p95 ms':>9} {'launch/s':>9} {'vs raw':>7}")
     for r in results:
         r["ratio_vs_raw"] = round(r["launches_per_s"] / raw, 3) if raw else None
-        print(f"{r['case']:<20} {r['launches']:>4} {r['p50_ms']:>9} {r['p95_ms']:>9} {r['launches_per_s']:>9} {r['ratio_vs_raw']:>7}")
+        print(
+            f"{r['case']:<20} {r['launches']:>4} {r['p50_ms']:>9} {r['p95_ms']:>9} {r['launches_per_s']:>9} {r['ratio_vs_raw']:>7}"
+        )
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, at the end
+    out.write_text(
+        json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}, indent=2)
+    )
     print(f"\nwritten to {out}")
     return 0
 

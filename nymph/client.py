@@ -1,0 +1,419 @@
+"""The queue API client, used by the CLI and by the daemon.
+
+:class:`QueueClient` has one typed async method per route of ``nymph queue`` (see
+``nymph/queue/openapi.yaml``). Failures raise :class:`QueueError` subclasses carrying the HTTP
+status and the server's ``detail``; the token is never part of an error message or a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json as jsonlib
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, cast
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import aiohttp
+
+from nymph.errors import NymphError
+from nymph.queue.models import (
+    ActiveJSON,
+    DaemonJSON,
+    InstanceJSON,
+    LaunchAccepted,
+    TaskJSON,
+    TaskStatusJSON,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8700"
+
+
+class QueueError(NymphError):
+    """A queue call failed. ``status`` is the HTTP status (None when no answer came)."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, code: str | None = None, detail: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
+class QueueUnavailable(QueueError):
+    """No answer: connection refused or reset, a timeout, or a 5xx."""
+
+
+class QueueAuthError(QueueError):
+    """401 (missing or unknown token) or 403 (wrong role or namespace)."""
+
+
+class QueueNotFound(QueueError):
+    """404."""
+
+
+class QueueConflict(QueueError):
+    """409: already exists, a reused idempotency key, or a lost lease."""
+
+
+class QueueBadRequest(QueueError):
+    """400, 413 or 422: the request was refused as invalid."""
+
+
+_BY_STATUS: dict[int, type[QueueError]] = {
+    400: QueueBadRequest,
+    401: QueueAuthError,
+    403: QueueAuthError,
+    404: QueueNotFound,
+    409: QueueConflict,
+    413: QueueBadRequest,
+    422: QueueBadRequest,
+}
+
+
+def safe_url(url: str) -> str:
+    """``url`` without any user:password part, for messages."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    netloc = parts.hostname or ""
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+class QueueClient:
+    """Async client of the queue API. Use as ``async with QueueClient(...) as client:``."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str = DEFAULT_URL,
+        token: str | None = None,
+        namespace: str = "default",
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.namespace = namespace
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._token = token
+        self._session = session
+        self._own_session = session is None
+
+    def __repr__(self) -> str:
+        return f"QueueClient(base_url={safe_url(self.base_url)!r}, namespace={self.namespace!r})"
+
+    async def __aenter__(self) -> QueueClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None and self._own_session:
+            await self._session.close()
+        self._session = None
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+            self._own_session = True
+        return self._session
+
+    def _ns(self, namespace: str | None) -> str:
+        return f"/v1/namespaces/{_seg(namespace or self.namespace)}"
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """One call; returns the decoded JSON body (None for 204) or raises a QueueError."""
+        session = self._ensure_session()
+        hdrs = dict(headers or {})
+        if self._token:
+            hdrs["Authorization"] = f"Bearer {self._token}"
+        total = self.timeout if timeout is None else timeout
+        client_timeout = aiohttp.ClientTimeout(total=total, connect=self.connect_timeout)
+        where = safe_url(self.base_url)
+        try:
+            async with session.request(
+                method, self.base_url + path, json=json, params=params, headers=hdrs, timeout=client_timeout
+            ) as resp:
+                status = resp.status
+                raw = await resp.read()
+        except aiohttp.ClientConnectorError:
+            raise QueueUnavailable(
+                f"cannot reach the queue at {where}: is `nymph queue serve` running?"
+            ) from None
+        except TimeoutError:
+            raise QueueUnavailable(f"the queue at {where} did not answer within {total:g}s") from None
+        except aiohttp.ClientError as exc:
+            raise QueueUnavailable(
+                f"lost the connection to the queue at {where} ({exc.__class__.__name__})"
+            ) from None
+        body: Any = None
+        if raw:
+            try:
+                body = jsonlib.loads(raw)
+            except ValueError:
+                body = None
+        if status < 300:
+            return body
+        code = body.get("error") if isinstance(body, dict) else None
+        detail = body.get("detail") if isinstance(body, dict) else None
+        detail = str(detail) if detail else f"HTTP {status}"
+        if status >= 500:
+            raise QueueUnavailable(
+                f"the queue at {where} failed on {method} {path}: {detail} (HTTP {status})",
+                status=status,
+                code=code,
+                detail=detail,
+            )
+        cls = _BY_STATUS.get(status, QueueError)
+        raise cls(f"{detail} (HTTP {status})", status=status, code=code, detail=detail)
+
+    # --- health ---------------------------------------------------------------------------
+
+    async def healthz(self) -> dict[str, Any]:
+        return cast(dict[str, Any], await self.request("GET", "/healthz"))
+
+    async def openapi(self) -> str:
+        session = self._ensure_session()
+        try:
+            async with session.get(self.base_url + "/openapi.yaml") as resp:
+                return await resp.text()
+        except aiohttp.ClientError:
+            raise QueueUnavailable(
+                f"cannot reach the queue at {safe_url(self.base_url)}: is `nymph queue serve` running?"
+            ) from None
+
+    # --- providers and modes --------------------------------------------------------------
+
+    async def create_provider(
+        self,
+        *,
+        name: str,
+        kwargs: Mapping[str, Any],
+        launcher: str = "Kube",
+        dispatch: str = "daemon",
+        replace: bool = False,
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        body = {"name": name, "launcher": launcher, "kwargs": dict(kwargs), "dispatch": dispatch}
+        if replace:
+            path = f"{self._ns(namespace)}/providers/{_seg(name)}"
+            return cast(dict[str, Any], await self.request("PUT", path, json=body))
+        return cast(dict[str, Any], await self.request("POST", f"{self._ns(namespace)}/providers", json=body))
+
+    async def list_providers(self, *, namespace: str | None = None) -> list[dict[str, Any]]:
+        body = await self.request("GET", f"{self._ns(namespace)}/providers")
+        return cast(list[dict[str, Any]], body["items"])
+
+    async def get_provider(self, *, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return cast(
+            dict[str, Any], await self.request("GET", f"{self._ns(namespace)}/providers/{_seg(name)}")
+        )
+
+    async def delete_provider(self, *, name: str, namespace: str | None = None) -> None:
+        await self.request("DELETE", f"{self._ns(namespace)}/providers/{_seg(name)}")
+
+    async def create_mode(
+        self,
+        *,
+        name: str,
+        provider: str | None,
+        fields: Mapping[str, Any],
+        replace: bool = False,
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        body = {"name": name, "provider": provider, "fields": dict(fields)}
+        if replace:
+            path = f"{self._ns(namespace)}/modes/{_seg(name)}"
+            return cast(dict[str, Any], await self.request("PUT", path, json=body))
+        return cast(dict[str, Any], await self.request("POST", f"{self._ns(namespace)}/modes", json=body))
+
+    async def list_modes(self, *, namespace: str | None = None) -> list[dict[str, Any]]:
+        body = await self.request("GET", f"{self._ns(namespace)}/modes")
+        return cast(list[dict[str, Any]], body["items"])
+
+    async def get_mode(self, *, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return cast(dict[str, Any], await self.request("GET", f"{self._ns(namespace)}/modes/{_seg(name)}"))
+
+    async def delete_mode(self, *, name: str, namespace: str | None = None) -> None:
+        await self.request("DELETE", f"{self._ns(namespace)}/modes/{_seg(name)}")
+
+    # --- launches and instances -----------------------------------------------------------
+
+    async def launch(
+        self,
+        *,
+        provider: str,
+        mode: str,
+        script: str,
+        tags: Mapping[str, Any] | None = None,
+        env: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        retries: int = 0,
+        namespace: str | None = None,
+    ) -> LaunchAccepted:
+        """Queue a launch. With an ``idempotency_key``, ``retries`` re-sends it after a lost answer."""
+        body: dict[str, Any] = {"mode": mode, "script": script}
+        for key, value in (("tags", tags), ("env", env), ("fields", fields)):
+            if value:
+                body[key] = dict(value)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        path = f"{self._ns(namespace)}/providers/{_seg(provider)}/launch"
+        attempt = 0
+        while True:
+            try:
+                return cast(LaunchAccepted, await self.request("POST", path, json=body, headers=headers))
+            except QueueUnavailable:
+                attempt += 1
+                if idempotency_key is None or attempt > retries:
+                    raise
+                await asyncio.sleep(min(5.0, 0.5 * 2**attempt))
+
+    async def list_instances(
+        self, *, provider: str, state: str | None = None, namespace: str | None = None
+    ) -> list[InstanceJSON]:
+        params = {"state": state} if state else None
+        body = await self.request(
+            "GET", f"{self._ns(namespace)}/providers/{_seg(provider)}/instances", params=params
+        )
+        return cast(list[InstanceJSON], body["items"])
+
+    async def get_instance(
+        self,
+        *,
+        provider: str,
+        instance_id: str,
+        after: int | None = None,
+        wait: float | None = None,
+        namespace: str | None = None,
+    ) -> InstanceJSON:
+        """The instance; with ``after`` and ``wait``, held until its version exceeds ``after``."""
+        params: dict[str, str] = {}
+        if after is not None:
+            params["after"] = str(after)
+        if wait is not None:
+            params["wait"] = f"{wait:g}"
+        path = f"{self._ns(namespace)}/providers/{_seg(provider)}/instances/{_seg(instance_id)}"
+        timeout = self.timeout + (wait or 0.0)
+        return cast(InstanceJSON, await self.request("GET", path, params=params or None, timeout=timeout))
+
+    async def stop(
+        self,
+        *,
+        provider: str,
+        instance_id: str,
+        grace_period_seconds: int | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        params = None if grace_period_seconds is None else {"gracePeriodSeconds": str(grace_period_seconds)}
+        path = f"{self._ns(namespace)}/providers/{_seg(provider)}/instances/{_seg(instance_id)}"
+        await self.request("DELETE", path, params=params)
+
+    async def get_logs(self, *, provider: str, instance_id: str, namespace: str | None = None) -> str | None:
+        path = f"{self._ns(namespace)}/providers/{_seg(provider)}/instances/{_seg(instance_id)}/logs"
+        body = await self.request("GET", path)
+        logs = body.get("logs")
+        return None if logs is None else str(logs)
+
+    async def test_provider(
+        self, *, provider: str, mode: str | None = None, namespace: str | None = None
+    ) -> str:
+        """Queue a probe task; returns its task id (poll it with :meth:`get_task`)."""
+        body = {"mode": mode} if mode else {}
+        path = f"{self._ns(namespace)}/providers/{_seg(provider)}/test"
+        return str((await self.request("POST", path, json=body))["taskId"])
+
+    async def get_task(self, *, task_id: str, namespace: str | None = None) -> TaskStatusJSON:
+        return cast(TaskStatusJSON, await self.request("GET", f"{self._ns(namespace)}/tasks/{_seg(task_id)}"))
+
+    async def list_daemons(self, *, namespace: str | None = None) -> list[DaemonJSON]:
+        body = await self.request("GET", f"{self._ns(namespace)}/daemons")
+        return cast(list[DaemonJSON], body["items"])
+
+    # --- dispatch (daemon tokens) ---------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        daemon_id: str,
+        node: str,
+        namespaces: Sequence[str] = (),
+        capacity: int,
+        wait: float = 30.0,
+        lease_seconds: int | None = None,
+    ) -> list[TaskJSON]:
+        body: dict[str, Any] = {
+            "daemonId": daemon_id,
+            "node": node,
+            "namespaces": list(namespaces),
+            "capacity": capacity,
+            "wait": wait,
+        }
+        if lease_seconds is not None:
+            body["leaseSeconds"] = lease_seconds
+        answer = await self.request("POST", "/v1/dispatch/claim", json=body, timeout=self.timeout + wait)
+        return cast(list[TaskJSON], answer["tasks"])
+
+    async def renew(
+        self, *, daemon_id: str, task_ids: Sequence[str], lease_seconds: int | None = None
+    ) -> dict[str, list[str]]:
+        body: dict[str, Any] = {"daemonId": daemon_id, "taskIds": list(task_ids)}
+        if lease_seconds is not None:
+            body["leaseSeconds"] = lease_seconds
+        return cast(dict[str, list[str]], await self.request("POST", "/v1/dispatch/renew", json=body))
+
+    async def release(self, *, daemon_id: str, task_ids: Sequence[str]) -> list[str]:
+        body = {"daemonId": daemon_id, "taskIds": list(task_ids)}
+        return cast(list[str], (await self.request("POST", "/v1/dispatch/release", json=body))["released"])
+
+    async def complete(
+        self,
+        *,
+        daemon_id: str,
+        task_id: str,
+        ok: bool,
+        error: str | None = None,
+        retryable: bool = False,
+        result: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"daemonId": daemon_id, "taskId": task_id, "ok": ok, "retryable": retryable}
+        if error is not None:
+            body["error"] = error
+        if result is not None:
+            body["result"] = dict(result)
+        return cast(dict[str, Any], await self.request("POST", "/v1/dispatch/complete", json=body))
+
+    async def report(
+        self, *, daemon_id: str, stream: str, reports: Sequence[Mapping[str, Any]]
+    ) -> dict[str, int]:
+        body = {"daemonId": daemon_id, "stream": stream, "reports": [dict(r) for r in reports]}
+        return cast(dict[str, int], await self.request("POST", "/v1/dispatch/report", json=body))
+
+    async def upload_logs(self, *, daemon_id: str, instance_id: str, logs: str) -> None:
+        body = {"daemonId": daemon_id, "instanceId": instance_id, "logs": logs}
+        await self.request("POST", "/v1/dispatch/logs", json=body)
+
+    async def active(self, *, node: str) -> list[ActiveJSON]:
+        body = await self.request("GET", "/v1/dispatch/active", params={"node": node})
+        return cast(list[ActiveJSON], body["items"])

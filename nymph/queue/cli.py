@@ -1,0 +1,98 @@
+"""``nymph queue serve`` and ``nymph queue token create``; the user verbs over the API live in
+:mod:`nymph.queue.commands` and are registered from here."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from nymph.queue import commands
+from nymph.queue.auth import create_token
+from nymph.queue.db import connect, transaction
+from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
+from nymph.queue.serve import DEFAULT_LISTEN, default_db_path, parse_listen, serve
+
+
+def _db_path(args: argparse.Namespace) -> Path:
+    return Path(args.db).expanduser() if args.db else default_db_path()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    host, port = parse_listen(args.listen)
+    settings = QueueSettings(
+        lease=LeaseSettings(sweep_interval=args.sweep_interval, stop_node_fallback=args.stop_node_fallback),
+        retry=RetrySettings(max_attempts=args.max_attempts, backoff_base=args.backoff_base),
+    )
+    asyncio.run(serve(db_path=_db_path(args), host=host, port=port, settings=settings))
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    path = _db_path(args)
+    conn = connect(path)
+    try:
+        with transaction(conn, write=True):
+            created = create_token(conn, role=Role(args.role), namespace=args.namespace, name=args.name)
+    finally:
+        conn.close()
+    scope = f"namespace {created.namespace}" if created.namespace else "all namespaces"
+    print(f"created {created.role.value} token {created.token_id} for {scope} in {path}")
+    print("it is shown only this once; the queue stores only its hash")
+    print(f"token: {created.token}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    queue = sub.add_parser(
+        "queue",
+        help="run the control-plane queue, manage its tokens",
+        description="The control-plane queue: users send launches, daemons claim them.",
+    )
+    qsub = queue.add_subparsers(dest="queue_command", metavar="COMMAND", required=True)
+
+    db_help = f"SQLite file (default: {default_db_path()})"
+    p = qsub.add_parser(
+        "serve",
+        help="serve the queue API",
+        description="Serve the queue API until SIGTERM or SIGINT. Example: "
+        "nymph queue serve --db /var/lib/nymph/queue.db --listen 0.0.0.0:8700",
+    )
+    p.add_argument("--db", help=db_help)
+    p.add_argument(
+        "--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN}; port 0 picks one)"
+    )
+    p.add_argument("--max-attempts", type=int, default=5, help="tries per task before it fails (default 5)")
+    p.add_argument(
+        "--backoff-base",
+        type=float,
+        default=2.0,
+        help="first retry delay in seconds, doubled per try (default 2)",
+    )
+    p.add_argument(
+        "--sweep-interval", type=float, default=5.0, help="seconds between expired-lease sweeps (default 5)"
+    )
+    p.add_argument(
+        "--stop-node-fallback",
+        type=float,
+        default=30.0,
+        help="seconds a stop task waits for the instance's node before any daemon may take it (default 30)",
+    )
+    p.set_defaults(func=cmd_serve)
+
+    token = qsub.add_parser("token", help="manage API tokens")
+    tsub = token.add_subparsers(dest="token_command", metavar="COMMAND", required=True)
+    p = tsub.add_parser(
+        "create",
+        help="create a bearer token (printed once, as the last word)",
+        description="Create a token for users (providers, modes, launches) or daemons (the "
+        "dispatch API). Example: nymph queue token create --role daemon --namespace team-a",
+    )
+    p.add_argument("--db", help=db_help)
+    p.add_argument("--role", required=True, choices=[r.value for r in Role])
+    p.add_argument("--namespace", help="limit the token to this namespace (default: all)")
+    p.add_argument("--name", help="a label recorded as the requester of launches")
+    p.set_defaults(func=cmd_token_create)
+
+    commands.register(sub)

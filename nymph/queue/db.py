@@ -1,0 +1,127 @@
+"""The SQLite file: connection settings, migrations and transactions.
+
+Every database call runs on **one dedicated thread that owns the only connection** of the
+service (``Database.write`` / ``Database.read`` hand a function to that thread and await it).
+Why not inline on the event loop: with ``synchronous=FULL`` each commit waits for an fsync,
+which takes milliseconds on a quiet disk and far longer on a busy one; inline, that would stall
+every held long-poll, the sweeper and all other requests. Why one thread and not a pool:
+SQLite admits one writer at a time anyway, a single owner thread never shares a connection
+across threads, and it serialises the service's own transactions so they never wait on each
+other's locks (``busy_timeout`` only matters for another process, e.g. ``token create``). Every
+transaction is short, so the queue in front of that thread stays short.
+
+Durability: WAL journal, ``synchronous=FULL`` (a committed transaction survives a ``kill -9``
+and a power cut), and each state change is one transaction (``BEGIN IMMEDIATE`` for writes, so
+a claim reads and updates the tasks it hands out with the write lock held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+from nymph.errors import NymphError
+from nymph.queue.schema import MIGRATIONS
+
+T = TypeVar("T")
+log = structlog.get_logger(__name__, component="queue.db")
+
+
+class DatabaseError(NymphError):
+    """The database file cannot be opened or has a schema this version does not know."""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open ``path`` with the service's pragmas and bring its schema up to date."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
+    except (OSError, sqlite3.Error) as exc:
+        raise DatabaseError(f"cannot open the queue database {path}: {exc}") from exc
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=10000")
+        migrate(conn)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise DatabaseError(f"{path} is not a usable queue database: {exc}") from exc
+    return conn
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply the migrations the file has not had yet; returns the schema version."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise DatabaseError(
+            f"the queue database has schema version {version} but this nymph knows only "
+            f"{len(MIGRATIONS)}: upgrade nymph or use another --db"
+        )
+    for index in range(version, len(MIGRATIONS)):
+        conn.executescript(
+            f"BEGIN IMMEDIATE;\n{MIGRATIONS[index]}\nPRAGMA user_version = {index + 1};\nCOMMIT;"
+        )
+        log.info("migrated", version=index + 1)
+    return len(MIGRATIONS)
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection, *, write: bool) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+class Database:
+    """The service's connection, owned by one thread; see the module docstring."""
+
+    def __init__(self, *, path: Path) -> None:
+        self.path = path
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    async def open(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nymph-queue-db")
+        loop = asyncio.get_running_loop()
+        self._conn = await loop.run_in_executor(self._executor, connect, self.path)
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction on the database thread."""
+        return await self._run(fn, write=True)
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one read transaction (a consistent snapshot) on the database thread."""
+        return await self._run(fn, write=False)
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        if self._executor is None or self._conn is None:
+            raise DatabaseError("the queue database is not open")
+        conn = self._conn
+
+        def job() -> T:
+            with transaction(conn, write=write):
+                return fn(conn)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)

@@ -1,0 +1,197 @@
+"""Dispatch routes, for nymph daemons (daemon tokens only; the auth middleware checks).
+
+A daemon claims tasks by long-poll, renews its leases while it works, hands back what it did
+not start, completes each task, streams state reports, uploads logs before reaping, and asks
+which instances it should be running after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from nymph.errors import ValidationError
+from nymph.launch.names import check_namespace
+from nymph.launch.state import InstanceState, Reason
+from nymph.queue.bodies import Fields, read_object
+from nymph.queue.errors import BadRequest, Unprocessable
+from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
+from nymph.queue.models import ClaimRequest, ClaimResult, Report, parse_iso
+from nymph.queue.notify import wait_for_event
+
+routes = web.RouteTableDef()
+log = structlog.get_logger(__name__, component="queue.dispatch")
+
+_STATES = frozenset(s.value for s in InstanceState)
+_REASONS = frozenset(r.value for r in Reason)
+_MAX_IDS = 1000
+_LATEST = 7_258_118_400.0  # 2200-01-01: report times must lie between 1970 and 2200
+
+
+def _scope(request: web.Request) -> str | None:
+    return request[PRINCIPAL].namespace
+
+
+def _disconnected(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+@routes.post("/v1/dispatch/claim")
+async def claim(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    store = request.app[STORE]
+    f = Fields(await read_object(request))
+    namespaces = f.strings("namespaces", required=False, max_items=1000)
+    for i, ns in enumerate(namespaces):
+        try:
+            check_namespace(ns, field=f"body.namespaces[{i}]")
+        except ValidationError as exc:
+            raise Unprocessable(str(exc)) from None
+    req = ClaimRequest(
+        daemon_id=f.req_string("daemonId"),
+        # Empty when the daemon does not know its node (a local process without NODE_NAME).
+        node=f.string("node", required=False) or "",
+        namespaces=tuple(namespaces),
+        capacity=f.integer("capacity", minimum=0, maximum=1000),
+        lease_seconds=f.integer(
+            "leaseSeconds",
+            default=settings.lease.default_seconds,
+            minimum=1,
+            maximum=settings.lease.max_seconds,
+        ),
+    )
+    wait = f.number(
+        "wait", default=settings.poll.claim_default_wait, minimum=0, maximum=settings.poll.max_wait
+    )
+    scope = _scope(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    signal = store.tasks_changed
+    result = ClaimResult(tasks=[], next_due=None)
+    while not _disconnected(request):
+        event = signal.current()
+        result = await store.claim(req=req, scope=scope)
+        remaining = deadline - loop.time()
+        if result.tasks or signal.closed or remaining <= 0:
+            break
+        timeout = remaining
+        if result.next_due is not None and req.capacity > 0:
+            timeout = min(timeout, max(0.005, result.next_due - time.time()))
+        await wait_for_event(event, timeout)
+    if result.tasks:
+        log.info(
+            "claimed",
+            daemon=req.daemon_id,
+            node=req.node,
+            count=len(result.tasks),
+            tasks=[t["taskId"] for t in result.tasks[:20]],
+        )
+    return web.json_response({"tasks": result.tasks})
+
+
+@routes.post("/v1/dispatch/renew")
+async def renew(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    f = Fields(await read_object(request))
+    renewed, lost = await request.app[STORE].renew(
+        daemon_id=f.req_string("daemonId"),
+        task_ids=f.strings("taskIds", max_items=_MAX_IDS),
+        lease_seconds=f.integer(
+            "leaseSeconds",
+            default=settings.lease.default_seconds,
+            minimum=1,
+            maximum=settings.lease.max_seconds,
+        ),
+    )
+    return web.json_response({"renewed": renewed, "lost": lost})
+
+
+@routes.post("/v1/dispatch/release")
+async def release(request: web.Request) -> web.Response:
+    f = Fields(await read_object(request))
+    released = await request.app[STORE].release(
+        daemon_id=f.req_string("daemonId"), task_ids=f.strings("taskIds", max_items=_MAX_IDS)
+    )
+    return web.json_response({"released": released})
+
+
+@routes.post("/v1/dispatch/complete")
+async def complete(request: web.Request) -> web.Response:
+    f = Fields(await read_object(request))
+    body = await request.app[STORE].complete(
+        daemon_id=f.req_string("daemonId"),
+        task_id=f.req_string("taskId"),
+        ok=f.boolean("ok"),
+        error=f.text("error", required=False),
+        retryable=f.boolean("retryable", default=False),
+        result=f.mapping("result"),
+        scope=_scope(request),
+    )
+    return web.json_response(body)
+
+
+def _report(raw: dict[str, Any], index: int) -> Report:
+    f = Fields(raw, where=f"body.reports[{index}]")
+    state = f.req_string("state")
+    if state not in _STATES:
+        raise Unprocessable(
+            f"body.reports[{index}].state {state!r} is not an instance state; use one of "
+            f"{', '.join(sorted(_STATES))}"
+        )
+    reason = f.string("reason", required=False)
+    if reason is not None and reason not in _REASONS:
+        raise Unprocessable(
+            f"body.reports[{index}].reason {reason!r} is not a known reason; use one of "
+            f"{', '.join(sorted(_REASONS))} or null"
+        )
+    at_text = f.string("at", required=False, max_len=64)
+    try:
+        at = time.time() if at_text is None else parse_iso(at_text)
+        if not 0 <= at < _LATEST:
+            raise ValueError(at_text)
+    except (ValueError, OverflowError):
+        raise Unprocessable(f"body.reports[{index}].at {at_text!r} is not an ISO 8601 time") from None
+    return Report(
+        seq=f.integer("seq", minimum=0, maximum=2**62),
+        instance_id=f.req_string("instanceId"),
+        state=state,
+        reason=reason,
+        message=f.text("message", required=False),
+        node=f.string("node", required=False) or None,
+        at=at,
+    )
+
+
+@routes.post("/v1/dispatch/report")
+async def report(request: web.Request) -> web.Response:
+    f = Fields(await read_object(request))
+    f.req_string("daemonId")
+    stream = f.req_string("stream")
+    reports = [_report(r, i) for i, r in enumerate(f.objects("reports", max_items=10_000))]
+    accepted, last = await request.app[STORE].report(stream=stream, reports=reports, scope=_scope(request))
+    return web.json_response({"accepted": accepted, "lastSeq": last})
+
+
+@routes.post("/v1/dispatch/logs")
+async def upload_logs(request: web.Request) -> web.Response:
+    f = Fields(await read_object(request))
+    f.req_string("daemonId")
+    logs = f.text("logs", required=False) or ""
+    await request.app[STORE].upload_logs(
+        instance_id=f.req_string("instanceId"), logs=logs, scope=_scope(request)
+    )
+    return web.Response(status=204)
+
+
+@routes.get("/v1/dispatch/active")
+async def active(request: web.Request) -> web.Response:
+    node = request.query.get("node")
+    if not node:
+        raise BadRequest("pass ?node=NODE_NAME, the node whose instances you run", code="invalid_query")
+    items = await request.app[STORE].active(node=node, scope=_scope(request))
+    return web.json_response({"items": items})

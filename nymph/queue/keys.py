@@ -1,0 +1,20 @@
+"""Typed application and request keys shared by the app factory, middlewares and routes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from nymph.queue.models import Principal
+
+if TYPE_CHECKING:
+    from nymph.queue.auth import Authenticator
+    from nymph.queue.models import QueueSettings
+    from nymph.queue.store import Store
+
+SETTINGS: web.AppKey[QueueSettings] = web.AppKey("nymph.settings")
+STORE: web.AppKey[Store] = web.AppKey("nymph.store")
+AUTH: web.AppKey[Authenticator] = web.AppKey("nymph.auth")
+#: The authenticated caller of a request.
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("nymph.principal", Principal)

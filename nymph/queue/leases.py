@@ -1,0 +1,346 @@
+"""The dispatch side of the store: claim, renew, release, complete, report (synchronous SQL,
+each function called inside one write transaction on the database thread).
+
+A task is claimable when it is ``pending`` (or ``leased`` with an expired lease), its
+``not_before`` has passed, the task it is ordered after (a stop after its launch) has
+finished, its kube namespace is one the daemon serves, the daemon's token scope covers its
+owner namespace, and, for a stop task, the daemon is on the instance's node, the instance has
+no node yet, or the stop has waited longer than the node fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from nymph.launch.state import InstanceState, Reason
+from nymph.queue.errors import Conflict, NotFound
+from nymph.queue.models import (
+    FINISHED_STATUSES,
+    ActiveJSON,
+    ClaimRequest,
+    ClaimResult,
+    LeaseSettings,
+    Report,
+    RetrySettings,
+    iso,
+)
+from nymph.queue.rows import fetch_instance, task_json, transition
+
+_FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
+#: When a stop task became claimable at all: its creation, or the end of the task it waits on.
+_READY_SINCE = "MAX(t.created_at, COALESCE(a.finished_at, t.created_at))"
+_MAX_ERROR_CHARS = 4096
+#: How stale a daemon's lastSeen may get before an idle claim refreshes it.
+_SEEN_REFRESH = 5.0
+_SELECT_CLAIMABLE = (
+    "SELECT t.seq FROM tasks t "
+    "LEFT JOIN instances i ON i.instance_id = t.instance_id "
+    "LEFT JOIN tasks a ON a.task_id = t.after_task "
+    "WHERE {where} ORDER BY t.seq LIMIT ?"
+)
+_LEASE = (
+    "UPDATE tasks SET status = 'leased', lease_owner = ?, lease_expires = ?, "
+    "attempts = attempts + 1, updated_at = ? WHERE seq IN ({marks})"
+)
+_FETCH = "SELECT * FROM tasks WHERE seq IN ({marks}) ORDER BY seq"
+
+
+def _claimable(req: ClaimRequest, *, scope: str | None, now: float, fallback: float) -> tuple[str, list[Any]]:
+    clauses = [
+        "t.status IN ('pending', 'leased')",
+        "(t.status = 'pending' OR t.lease_expires <= ?)",
+        "t.not_before <= ?",
+        f"(t.after_task IS NULL OR a.status IN ({_FINISHED_SQL}))",
+        "(t.kind != 'stop' OR i.node IS NULL OR i.node = ? OR " + _READY_SINCE + " <= ?)",
+    ]
+    params: list[Any] = [now, now, req.node, now - fallback]
+    if scope is not None:
+        clauses.append("t.namespace = ?")
+        params.append(scope)
+    if req.namespaces:
+        clauses.append(f"t.kube_namespace IN ({','.join('?' * len(req.namespaces))})")
+        params.extend(req.namespaces)
+    return " AND ".join(clauses), params
+
+
+def _next_due(conn: sqlite3.Connection, *, node: str, now: float, fallback: float) -> float | None:
+    row = conn.execute(
+        f"""
+        SELECT MIN(due) FROM (
+            SELECT not_before AS due FROM tasks WHERE status = 'pending' AND not_before > :now
+            UNION ALL
+            SELECT lease_expires FROM tasks WHERE status = 'leased' AND lease_expires > :now
+            UNION ALL
+            SELECT {_READY_SINCE} + :fallback FROM tasks t
+                JOIN instances i ON i.instance_id = t.instance_id
+                LEFT JOIN tasks a ON a.task_id = t.after_task
+                WHERE t.kind = 'stop' AND t.status = 'pending' AND i.node IS NOT NULL
+                  AND i.node != :node AND {_READY_SINCE} + :fallback > :now
+        )
+        """,  # noqa: S608 - constant fragments only
+        {"now": now, "fallback": fallback, "node": node},
+    ).fetchone()
+    return None if row[0] is None else float(row[0])
+
+
+def _seen(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> None:
+    """Record the daemon. Skipped while nothing changed and the record is fresh, so that a
+    claim that finds no work writes nothing and its commit costs no fsync (many daemons wake
+    on every insert; all but one usually find nothing)."""
+    namespaces = json.dumps(list(req.namespaces))
+    row = conn.execute(
+        "SELECT node, namespaces, capacity, last_seen FROM daemons WHERE daemon_id = ?", (req.daemon_id,)
+    ).fetchone()
+    unchanged = row is not None and (row[0], row[1], row[2]) == (req.node, namespaces, req.capacity)
+    if unchanged and now - row[3] < _SEEN_REFRESH:
+        return
+    conn.execute(
+        "INSERT INTO daemons (daemon_id, node, namespaces, capacity, last_seen) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (daemon_id) DO UPDATE SET node = excluded.node, "
+        "namespaces = excluded.namespaces, capacity = excluded.capacity, "
+        "last_seen = excluded.last_seen",
+        (req.daemon_id, req.node, namespaces, req.capacity, now),
+    )
+
+
+def claim(
+    conn: sqlite3.Connection,
+    *,
+    req: ClaimRequest,
+    scope: str | None,
+    now: float,
+    lease: LeaseSettings,
+) -> ClaimResult:
+    _seen(conn, req=req, now=now)
+    tasks = []
+    if req.capacity > 0:
+        where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
+        # Only constant fragments and "?" placeholders are formatted into these statements.
+        select = _SELECT_CLAIMABLE.format(where=where)
+        seqs = [r[0] for r in conn.execute(select, [*params, req.capacity])]
+        if seqs:
+            marks = ",".join("?" * len(seqs))
+            conn.execute(_LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs])
+            tasks = [task_json(r) for r in conn.execute(_FETCH.format(marks=marks), seqs)]
+    next_due = None
+    if not tasks:
+        next_due = _next_due(conn, node=req.node, now=now, fallback=lease.stop_node_fallback)
+    return ClaimResult(tasks=tasks, next_due=next_due)
+
+
+def renew(
+    conn: sqlite3.Connection,
+    *,
+    daemon_id: str,
+    task_ids: Sequence[str],
+    lease_seconds: int,
+    now: float,
+) -> tuple[list[str], list[str]]:
+    renewed: list[str] = []
+    lost: list[str] = []
+    for task_id in task_ids:
+        cur = conn.execute(
+            "UPDATE tasks SET lease_expires = ?, updated_at = ? WHERE task_id = ? "
+            "AND status = 'leased' AND lease_owner = ? AND lease_expires > ?",
+            (now + lease_seconds, now, task_id, daemon_id, now),
+        )
+        (renewed if cur.rowcount else lost).append(task_id)
+    return renewed, lost
+
+
+def release(conn: sqlite3.Connection, *, daemon_id: str, task_ids: Sequence[str], now: float) -> list[str]:
+    released = []
+    for task_id in task_ids:
+        cur = conn.execute(
+            "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "
+            "attempts = MAX(attempts - 1, 0), updated_at = ? "
+            "WHERE task_id = ? AND status = 'leased' AND lease_owner = ?",
+            (now, task_id, daemon_id),
+        )
+        if cur.rowcount:
+            released.append(task_id)
+    return released
+
+
+def complete(
+    conn: sqlite3.Connection,
+    *,
+    daemon_id: str,
+    task_id: str,
+    ok: bool,
+    error: str | None,
+    retryable: bool,
+    result: dict[str, Any] | None,
+    scope: str | None,
+    now: float,
+    retry: RetrySettings,
+) -> tuple[dict[str, Any], str | None]:
+    """Finish a leased task. Returns the response body and the instance id that changed."""
+    row = conn.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+    if row is None or (scope is not None and row["namespace"] != scope):
+        raise NotFound(
+            f"no task {task_id!r}: complete only task ids returned by claim", code="task_not_found"
+        )
+    if row["status"] in FINISHED_STATUSES and row["lease_owner"] == daemon_id:
+        return {"status": row["status"], "duplicate": True}, None
+    if row["status"] != "leased" or row["lease_owner"] != daemon_id:
+        raise Conflict(
+            f"daemon {daemon_id!r} no longer holds the lease on task {task_id!r} (it expired, was "
+            "released or went to another daemon): drop this result",
+            code="lease_lost",
+        )
+    instance_id: str | None = row["instance_id"]
+    kind = row["kind"]
+    changed = False
+    error_text = (error or "task failed")[:_MAX_ERROR_CHARS]
+    if ok:
+        conn.execute(
+            "UPDATE tasks SET status = 'done', result = ?, error = NULL, finished_at = ?, "
+            "updated_at = ?, lease_expires = NULL WHERE seq = ?",
+            (json.dumps(result) if result is not None else None, now, now, row["seq"]),
+        )
+        if kind == "launch" and instance_id:
+            node = conn.execute("SELECT node FROM daemons WHERE daemon_id = ?", (daemon_id,)).fetchone()
+            inst = fetch_instance(conn, instance_id)
+            if node is not None and inst is not None and inst["node"] is None:
+                changed = transition(conn, instance_id=instance_id, now=now, node=node[0])
+        elif kind == "stop" and instance_id:
+            changed = transition(
+                conn,
+                instance_id=instance_id,
+                now=now,
+                state=InstanceState.STOPPED.value,
+                reason=Reason.STOPPED.value,
+                message="stopped on request",
+            )
+        body: dict[str, Any] = {"status": "done"}
+    elif retryable and row["attempts"] < retry.max_attempts:
+        not_before = now + retry.backoff(row["attempts"])
+        conn.execute(
+            "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "
+            "not_before = ?, error = ?, updated_at = ? WHERE seq = ?",
+            (not_before, error_text, now, row["seq"]),
+        )
+        body = {"status": "requeued", "notBefore": iso(not_before)}
+    else:
+        conn.execute(
+            "UPDATE tasks SET status = 'failed', error = ?, result = ?, finished_at = ?, "
+            "updated_at = ?, lease_expires = NULL WHERE seq = ?",
+            (error_text, json.dumps(result) if result is not None else None, now, now, row["seq"]),
+        )
+        if kind == "launch" and instance_id:
+            changed = transition(
+                conn,
+                instance_id=instance_id,
+                now=now,
+                state=InstanceState.STOPPED.value,
+                reason=Reason.LAUNCH_FAILED.value,
+                message=error_text,
+            )
+        body = {"status": "failed"}
+    return body, instance_id if changed else None
+
+
+def report(
+    conn: sqlite3.Connection,
+    *,
+    stream: str,
+    reports: Sequence[Report],
+    scope: str | None,
+    now: float,
+) -> tuple[int, int, set[str]]:
+    """Apply reports with seq above the stream's mark, in the order given.
+
+    Returns (accepted, last_seq, changed instance ids); ``last_seq`` is -1 for a new stream.
+    """
+    row = conn.execute("SELECT last_seq FROM report_streams WHERE stream = ?", (stream,)).fetchone()
+    last = -1 if row is None else int(row[0])
+    accepted = 0
+    changed: set[str] = set()
+    for r in reports:
+        if r.seq <= last:
+            continue
+        last = r.seq
+        accepted += 1
+        inst = fetch_instance(conn, r.instance_id)
+        if inst is None or (scope is not None and inst["namespace"] != scope):
+            continue
+        if transition(
+            conn,
+            instance_id=r.instance_id,
+            now=now,
+            state=r.state,
+            reason=r.reason,
+            message=r.message or "",
+            node=r.node,
+            at=r.at,
+        ):
+            changed.add(r.instance_id)
+    if accepted:
+        conn.execute(
+            "INSERT INTO report_streams (stream, last_seq, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq, "
+            "updated_at = excluded.updated_at",
+            (stream, last, now),
+        )
+    return accepted, last, changed
+
+
+def store_logs(
+    conn: sqlite3.Connection,
+    *,
+    instance_id: str,
+    logs: str,
+    scope: str | None,
+    max_bytes: int,
+    now: float,
+) -> None:
+    inst = fetch_instance(conn, instance_id)
+    if inst is None or (scope is not None and inst["namespace"] != scope):
+        raise NotFound(
+            f"no instance {instance_id!r}: upload logs only for instances you run", code="instance_not_found"
+        )
+    data = logs.encode("utf-8", errors="replace")
+    if len(data) > max_bytes:
+        dropped = len(data) - max_bytes
+        marker = f"[nymph: first {dropped} bytes of the log dropped]\n".encode()
+        data = marker + data[len(data) - max_bytes + len(marker) :]
+    conn.execute(
+        "INSERT INTO instance_logs (instance_id, text, updated_at) VALUES (?, ?, ?) "
+        "ON CONFLICT (instance_id) DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at",
+        (instance_id, data.decode("utf-8", errors="ignore"), now),
+    )
+
+
+def active(conn: sqlite3.Connection, *, node: str, scope: str | None) -> list[ActiveJSON]:
+    sql = (
+        "SELECT instance_id, namespace, kube_namespace, state, node FROM instances "
+        "WHERE node = ? AND state != 'stopped'"
+    )
+    params: list[Any] = [node]
+    if scope is not None:
+        sql += " AND namespace = ?"
+        params.append(scope)
+    return [
+        ActiveJSON(
+            instanceId=r["instance_id"],
+            namespace=r["namespace"],
+            kubeNamespace=r["kube_namespace"],
+            state=r["state"],
+            node=r["node"],
+        )
+        for r in conn.execute(sql + " ORDER BY launched_at", params)
+    ]
+
+
+def sweep(conn: sqlite3.Connection, *, now: float) -> int:
+    """Hand expired leases back; returns how many."""
+    cur = conn.execute(
+        "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "
+        "updated_at = ? WHERE status = 'leased' AND lease_expires <= ?",
+        (now, now),
+    )
+    return cur.rowcount

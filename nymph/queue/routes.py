@@ -1,0 +1,288 @@
+"""User routes: providers, modes, launches, instances, logs, probes, tasks, daemons.
+
+Every route is under ``/v1/namespaces/{ns}``; the auth middleware has already checked the
+token, its role and its namespace scope, and that ``ns`` is a DNS-1123 label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from nymph.errors import ConfigError
+from nymph.launch.config import LAUNCHER, Mode, Provider, check_launcher
+from nymph.launch.state import InstanceState
+from nymph.queue.bodies import Fields, query_int, query_number, read_object
+from nymph.queue.errors import BadRequest
+from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
+from nymph.queue.models import InstanceJSON
+from nymph.queue.notify import wait_for_event
+
+routes = web.RouteTableDef()
+NS = "/v1/namespaces/{ns}"
+_STATES = frozenset(s.value for s in InstanceState)
+_MAX_KEY_LEN = 255
+
+
+def check_name(name: object, *, what: str) -> str:
+    """Provider and mode names: 1-253 printable characters, no '/', no surrounding spaces."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > 253
+        or "/" in name
+        or not name.isprintable()
+        or name != name.strip()
+    ):
+        raise BadRequest(
+            f"{what} name {name!r} is not valid: use 1-253 printable characters without '/' "
+            "or surrounding spaces",
+            code="invalid_name",
+        )
+    return name
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.startswith(("/", "./", "~")) and "\n" not in value
+
+
+def _check_kubeconfig(kwargs: dict[str, Any]) -> None:
+    value = kwargs.get("kubeconfig")
+    if value is None:
+        return
+    if isinstance(value, str) and _looks_like_path(value):
+        return
+    if isinstance(value, dict) and set(value) == {"$secret"} and isinstance(value["$secret"], str):
+        return
+    raise BadRequest(
+        'kwargs.kubeconfig must be a path on the daemon\'s host or a {"$secret": NAME} '
+        "reference: the queue does not store inline kubeconfig content",
+        code="inline_secret",
+    )
+
+
+def _provider_from(data: dict[str, Any], *, path_name: str | None) -> Provider:
+    f = Fields(data)
+    f.reject_unknown({"name", "launcher", "kwargs", "dispatch"})
+    name = f.string("name", required=path_name is None)
+    if path_name is not None and name is not None and name != path_name:
+        raise BadRequest(f"body name {name!r} differs from the URL's {path_name!r}", code="name_mismatch")
+    name = check_name(name or path_name, what="provider")
+    launcher = data.get("launcher")
+    if launcher != LAUNCHER:
+        try:
+            check_launcher(launcher)
+        except ConfigError as exc:
+            raise BadRequest(str(exc), code="unsupported_launcher") from None
+    kwargs = f.mapping("kwargs") or {}
+    dispatch = f.string("dispatch", required=False) or "daemon"
+    _check_kubeconfig(kwargs)
+    try:
+        return Provider(name=name, kwargs=kwargs, launcher=LAUNCHER, dispatch=dispatch)
+    except ConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_provider") from None
+
+
+def _mode_from(data: dict[str, Any], *, path_name: str | None) -> Mode:
+    f = Fields(data)
+    f.reject_unknown({"name", "provider", "fields"})
+    name = f.string("name", required=path_name is None)
+    if path_name is not None and name is not None and name != path_name:
+        raise BadRequest(f"body name {name!r} differs from the URL's {path_name!r}", code="name_mismatch")
+    name = check_name(name or path_name, what="mode")
+    provider = f.string("provider", required=False)
+    if provider is not None:
+        check_name(provider, what="provider")
+    fields = f.mapping("fields") or {}
+    try:
+        return Mode(name=name, provider=provider, fields=fields)
+    except ConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_mode") from None
+
+
+def _json(data: Any, *, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+# --- providers -----------------------------------------------------------------------------
+
+
+@routes.post(NS + "/providers")
+async def create_provider(request: web.Request) -> web.Response:
+    provider = _provider_from(await read_object(request), path_name=None)
+    body = await request.app[STORE].put_provider(
+        ns=request.match_info["ns"], provider=provider, replace=False
+    )
+    return _json(body, status=201)
+
+
+@routes.put(NS + "/providers/{name}")
+async def replace_provider(request: web.Request) -> web.Response:
+    provider = _provider_from(await read_object(request), path_name=request.match_info["name"])
+    body = await request.app[STORE].put_provider(ns=request.match_info["ns"], provider=provider, replace=True)
+    return _json(body)
+
+
+@routes.get(NS + "/providers")
+async def list_providers(request: web.Request) -> web.Response:
+    items = await request.app[STORE].list_providers(ns=request.match_info["ns"])
+    return _json({"items": items})
+
+
+@routes.get(NS + "/providers/{name}")
+async def get_provider(request: web.Request) -> web.Response:
+    m = request.match_info
+    return _json(await request.app[STORE].get_provider(ns=m["ns"], name=m["name"]))
+
+
+@routes.delete(NS + "/providers/{name}")
+async def delete_provider(request: web.Request) -> web.Response:
+    m = request.match_info
+    await request.app[STORE].delete_provider(ns=m["ns"], name=m["name"])
+    return web.Response(status=204)
+
+
+# --- modes ---------------------------------------------------------------------------------
+
+
+@routes.post(NS + "/modes")
+async def create_mode(request: web.Request) -> web.Response:
+    mode = _mode_from(await read_object(request), path_name=None)
+    body = await request.app[STORE].put_mode(ns=request.match_info["ns"], mode=mode, replace=False)
+    return _json(body, status=201)
+
+
+@routes.put(NS + "/modes/{name}")
+async def replace_mode(request: web.Request) -> web.Response:
+    mode = _mode_from(await read_object(request), path_name=request.match_info["name"])
+    body = await request.app[STORE].put_mode(ns=request.match_info["ns"], mode=mode, replace=True)
+    return _json(body)
+
+
+@routes.get(NS + "/modes")
+async def list_modes(request: web.Request) -> web.Response:
+    return _json({"items": await request.app[STORE].list_modes(ns=request.match_info["ns"])})
+
+
+@routes.get(NS + "/modes/{name}")
+async def get_mode(request: web.Request) -> web.Response:
+    m = request.match_info
+    return _json(await request.app[STORE].get_mode(ns=m["ns"], name=m["name"]))
+
+
+@routes.delete(NS + "/modes/{name}")
+async def delete_mode(request: web.Request) -> web.Response:
+    m = request.match_info
+    await request.app[STORE].delete_mode(ns=m["ns"], name=m["name"])
+    return web.Response(status=204)
+
+
+# --- launches and instances ----------------------------------------------------------------
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not key or len(key) > _MAX_KEY_LEN or not key.isprintable():
+        raise BadRequest(
+            f"Idempotency-Key must be 1-{_MAX_KEY_LEN} printable characters (a UUID is ideal)",
+            code="invalid_idempotency_key",
+        )
+    return key
+
+
+@routes.post(NS + "/providers/{name}/launch")
+async def launch(request: web.Request) -> web.Response:
+    m = request.match_info
+    key = _idempotency_key(request)
+    data = await read_object(request)
+    f = Fields(data)
+    f.req_string("mode")
+    for name in ("tags", "env", "fields"):
+        f.mapping(name)
+    accepted = await request.app[STORE].launch(
+        ns=m["ns"], provider=m["name"], body=data, idempotency_key=key, principal=request[PRINCIPAL]
+    )
+    return _json(accepted, status=202)
+
+
+@routes.get(NS + "/providers/{name}/instances")
+async def list_instances(request: web.Request) -> web.Response:
+    m = request.match_info
+    state = request.query.get("state") or None
+    if state is not None and state not in _STATES:
+        raise BadRequest(
+            f"state {state!r} is not an instance state; use one of {', '.join(sorted(_STATES))}",
+            code="invalid_query",
+        )
+    items = await request.app[STORE].list_instances(ns=m["ns"], provider=m["name"], state=state)
+    return _json({"items": items})
+
+
+@routes.get(NS + "/providers/{name}/instances/{id}")
+async def get_instance(request: web.Request) -> web.Response:
+    """The instance; with ``?after=V&wait=S`` held until its version exceeds V (long-poll)."""
+    m = request.match_info
+    store = request.app[STORE]
+    after = query_int(request, "after", minimum=-1, maximum=2**62)
+    wait = query_number(request, "wait", default=0.0, minimum=0, maximum=request.app[SETTINGS].poll.max_wait)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (wait or 0.0)
+    signal = store.instance_changed
+    while True:
+        event = signal.current(m["id"])
+        try:
+            inst: InstanceJSON = await store.get_instance(ns=m["ns"], provider=m["name"], instance_id=m["id"])
+            remaining = deadline - loop.time()
+            if after is None or inst["version"] > after or signal.closed or remaining <= 0:
+                return _json(inst)
+            await wait_for_event(event, remaining)
+        finally:
+            signal.release(m["id"], event)
+
+
+@routes.delete(NS + "/providers/{name}/instances/{id}")
+async def stop_instance(request: web.Request) -> web.Response:
+    m = request.match_info
+    grace = query_int(request, "gracePeriodSeconds", minimum=0, maximum=86_400)
+    await request.app[STORE].stop_instance(
+        ns=m["ns"], provider=m["name"], instance_id=m["id"], grace=grace, principal=request[PRINCIPAL]
+    )
+    return web.Response(status=204)
+
+
+@routes.get(NS + "/providers/{name}/instances/{id}/logs")
+async def get_logs(request: web.Request) -> web.Response:
+    m = request.match_info
+    logs = await request.app[STORE].get_logs(ns=m["ns"], provider=m["name"], instance_id=m["id"])
+    return _json({"instanceId": m["id"], "logs": logs})
+
+
+# --- probes, tasks, daemons ----------------------------------------------------------------
+
+
+@routes.post(NS + "/providers/{name}/test")
+async def test_provider(request: web.Request) -> web.Response:
+    m = request.match_info
+    data = await read_object(request, allow_empty=True)
+    f = Fields(data)
+    f.reject_unknown({"mode"})
+    mode = f.string("mode", required=False)
+    task_id = await request.app[STORE].probe(
+        ns=m["ns"], provider=m["name"], mode=mode, principal=request[PRINCIPAL]
+    )
+    return _json({"taskId": task_id}, status=202)
+
+
+@routes.get(NS + "/tasks/{taskId}")
+async def get_task(request: web.Request) -> web.Response:
+    m = request.match_info
+    return _json(await request.app[STORE].get_task(ns=m["ns"], task_id=m["taskId"]))
+
+
+@routes.get(NS + "/daemons")
+async def list_daemons(request: web.Request) -> web.Response:
+    return _json({"items": await request.app[STORE].list_daemons()})

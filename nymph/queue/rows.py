@@ -1,0 +1,150 @@
+"""Rows <-> JSON, and the one function that changes an instance's state (all synchronous,
+called inside a transaction on the database thread)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from nymph.queue.models import (
+    HistoryEntry,
+    InstanceJSON,
+    TaskJSON,
+    TaskStatusJSON,
+    iso,
+)
+
+
+class Keep(enum.Enum):
+    """Sentinel: leave this field as it is."""
+
+    KEEP = 0
+
+
+KEEP = Keep.KEEP
+
+INSTANCE_COLUMNS = (
+    "instance_id, namespace, provider, kube_namespace, state, reason, message, node, "
+    "launched_at, updated_at, version, requester, stop_requested_at"
+)
+
+
+def instances_json(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> list[InstanceJSON]:
+    """Instance rows -> JSON, with their history fetched in one query."""
+    if not rows:
+        return []
+    history: dict[str, list[HistoryEntry]] = {r["instance_id"]: [] for r in rows}
+    ids = list(history)
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        for ev in conn.execute(
+            f"SELECT instance_id, state, reason, message, at FROM instance_events "  # noqa: S608
+            f"WHERE instance_id IN ({marks}) ORDER BY id",
+            chunk,
+        ):
+            history[ev["instance_id"]].append(
+                HistoryEntry(state=ev["state"], reason=ev["reason"], message=ev["message"], at=iso(ev["at"]))
+            )
+    return [
+        InstanceJSON(
+            instanceId=r["instance_id"],
+            providerName=r["provider"],
+            namespace=r["namespace"],
+            kubeNamespace=r["kube_namespace"],
+            state=r["state"],
+            reason=r["reason"],
+            message=r["message"],
+            node=r["node"],
+            launchedAt=iso(r["launched_at"]),
+            updatedAt=iso(r["updated_at"]),
+            version=r["version"],
+            requester=r["requester"],
+            history=history[r["instance_id"]],
+        )
+        for r in rows
+    ]
+
+
+def fetch_instance(conn: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = conn.execute(
+        f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE instance_id = ?",  # noqa: S608
+        (instance_id,),
+    ).fetchone()
+    return row
+
+
+def transition(
+    conn: sqlite3.Connection,
+    *,
+    instance_id: str,
+    now: float,
+    state: str | None = None,
+    reason: str | Keep | None = KEEP,
+    message: str | None = None,
+    node: str | None = None,
+    at: float | None = None,
+) -> bool:
+    """Apply a change to an instance; returns True if anything changed.
+
+    ``None`` (or :data:`KEEP` for ``reason``) leaves a field as it is. A change of state or reason
+    appends to the history; any change bumps ``version``. A stopped instance never changes.
+    """
+    row = fetch_instance(conn, instance_id)
+    if row is None or row["state"] == "stopped":
+        return False
+    new_state = row["state"] if state is None else state
+    new_reason = row["reason"] if isinstance(reason, Keep) else reason
+    new_message = row["message"] if message is None else message
+    new_node = row["node"] if node is None else node
+    if (new_state, new_reason, new_message, new_node) == (
+        row["state"],
+        row["reason"],
+        row["message"],
+        row["node"],
+    ):
+        return False
+    conn.execute(
+        "UPDATE instances SET state = ?, reason = ?, message = ?, node = ?, updated_at = ?, "
+        "version = version + 1 WHERE instance_id = ?",
+        (new_state, new_reason, new_message, new_node, now, instance_id),
+    )
+    if (new_state, new_reason) != (row["state"], row["reason"]):
+        conn.execute(
+            "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, ?, ?, ?)",
+            (instance_id, new_state, new_reason, new_message, now if at is None else at),
+        )
+    return True
+
+
+def task_json(row: sqlite3.Row) -> TaskJSON:
+    out = TaskJSON(
+        taskId=row["task_id"],
+        kind=row["kind"],
+        instanceId=row["instance_id"],
+        namespace=row["namespace"],
+        kubeNamespace=row["kube_namespace"],
+        provider=row["provider"],
+        spec=json.loads(row["spec"]) if row["spec"] else None,
+        requester=row["requester"],
+        attempt=row["attempts"],
+        leaseExpiresAt=iso(row["lease_expires"] or 0.0),
+    )
+    if row["grace_period"] is not None:
+        out["gracePeriodSeconds"] = row["grace_period"]
+    return out
+
+
+def task_status_json(row: sqlite3.Row) -> TaskStatusJSON:
+    result: Any = json.loads(row["result"]) if row["result"] else None
+    return TaskStatusJSON(
+        taskId=row["task_id"],
+        kind=row["kind"],
+        status=row["status"],
+        result=result if isinstance(result, dict) else None,
+        error=row["error"],
+        attempts=row["attempts"],
+    )

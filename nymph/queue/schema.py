@@ -1,0 +1,118 @@
+"""The SQLite schema, as an ordered list of migrations.
+
+``PRAGMA user_version`` holds how many migrations a database file has had. A migration is
+applied in one transaction together with the bump of ``user_version``, so a crash leaves the
+file either before or after it. Append new migrations; never edit a released one.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the initial schema.
+    """
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        hash TEXT NOT NULL UNIQUE,
+        role TEXT NOT NULL CHECK (role IN ('user', 'daemon')),
+        namespace TEXT,
+        name TEXT,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE providers (
+        namespace TEXT NOT NULL,
+        name TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (namespace, name)
+    );
+    CREATE TABLE modes (
+        namespace TEXT NOT NULL,
+        name TEXT NOT NULL,
+        provider TEXT,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (namespace, name)
+    );
+    CREATE TABLE instances (
+        instance_id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        kube_namespace TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT,
+        message TEXT NOT NULL DEFAULT '',
+        node TEXT,
+        launched_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        version INTEGER NOT NULL,
+        requester TEXT NOT NULL,
+        stop_requested_at REAL
+    );
+    CREATE INDEX instances_by_provider ON instances (namespace, provider, launched_at);
+    CREATE INDEX instances_by_node ON instances (node, state);
+    CREATE TABLE instance_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        instance_id TEXT NOT NULL REFERENCES instances (instance_id),
+        state TEXT NOT NULL,
+        reason TEXT,
+        message TEXT NOT NULL DEFAULT '',
+        at REAL NOT NULL
+    );
+    CREATE INDEX instance_events_by_instance ON instance_events (instance_id, id);
+    CREATE TABLE tasks (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_id TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL CHECK (kind IN ('launch', 'stop', 'probe')),
+        status TEXT NOT NULL
+            CHECK (status IN ('pending', 'leased', 'done', 'failed', 'cancelled')),
+        namespace TEXT NOT NULL,
+        kube_namespace TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        instance_id TEXT,
+        spec TEXT,
+        requester TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        lease_owner TEXT,
+        lease_expires REAL,
+        not_before REAL NOT NULL DEFAULT 0,
+        after_task TEXT REFERENCES tasks (task_id),
+        grace_period INTEGER,
+        result TEXT,
+        error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE INDEX tasks_open ON tasks (status, seq);
+    CREATE INDEX tasks_by_instance ON tasks (instance_id, kind);
+    CREATE TABLE idempotency_keys (
+        namespace TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        body_sha256 TEXT NOT NULL,
+        instance_id TEXT NOT NULL,
+        response TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (namespace, provider, key)
+    );
+    CREATE TABLE report_streams (
+        stream TEXT PRIMARY KEY,
+        last_seq INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE instance_logs (
+        instance_id TEXT PRIMARY KEY REFERENCES instances (instance_id),
+        text TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE daemons (
+        daemon_id TEXT PRIMARY KEY,
+        node TEXT NOT NULL,
+        namespaces TEXT NOT NULL,
+        capacity INTEGER NOT NULL,
+        last_seen REAL NOT NULL
+    );
+    """,
+)

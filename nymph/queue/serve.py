@@ -1,0 +1,80 @@
+"""Running the service: bind, announce the URL, stop gracefully on SIGTERM / SIGINT.
+
+Signals only set an event; shutdown then stops accepting connections, releases every held
+long-poll (claims answer ``{"tasks": []}``, instance polls answer the current instance), waits
+up to ``shutdown_timeout`` for in-flight requests, and closes the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import platformdirs
+import structlog
+from aiohttp import web
+
+from nymph.errors import ConfigError
+from nymph.queue.app import create_app
+from nymph.queue.models import QueueSettings
+
+log = structlog.get_logger(__name__, component="queue.serve")
+
+DEFAULT_LISTEN = "127.0.0.1:8700"
+
+
+def default_db_path() -> Path:
+    return platformdirs.user_data_path("nymph") / "queue.db"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8700`` for IPv6) -> (host, port); port 0 picks a free one."""
+    host, sep, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not sep or not host or not 0 <= port <= 65535:
+        raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host, port
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def serve(
+    *,
+    db_path: Path,
+    host: str,
+    port: int,
+    settings: QueueSettings | None = None,
+    shutdown_timeout: float = 10.0,
+) -> None:
+    app = create_app(db_path=db_path, settings=settings)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        bound = runner.addresses[0]
+        url = _url(host, int(bound[1]))
+        print(f"nymph queue: serving on {url} (db {db_path})", flush=True)
+        log.info("serving", url=url, db=str(db_path))
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+    print("nymph queue: stopped", file=sys.stderr, flush=True)

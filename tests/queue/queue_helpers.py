@@ -1,0 +1,173 @@
+"""Helpers for the queue tests: a real server on a free 127.0.0.1 port with a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+
+from nymph.client import QueueClient
+from nymph.queue.app import create_app
+from nymph.queue.auth import create_token
+from nymph.queue.keys import STORE
+from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
+from nymph.queue.store import Store
+
+T = TypeVar("T")
+
+FAST = QueueSettings(
+    lease=LeaseSettings(sweep_interval=0.2, stop_node_fallback=1.0),
+    retry=RetrySettings(max_attempts=3, backoff_base=0.2, backoff_max=1.0),
+)
+
+
+@dataclass
+class Answer:
+    status: int
+    body: Any
+    text: str
+
+
+@dataclass
+class Queue:
+    """A running queue service and handy ways to talk to it."""
+
+    url: str
+    db_path: Path
+    app: web.Application
+    user_token: str
+    daemon_token: str
+    _clients: list[QueueClient] = field(default_factory=list)
+    _session: aiohttp.ClientSession | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.app[STORE]
+
+    async def token(self, role: Role, namespace: str | None = None, name: str | None = None) -> str:
+        created = await self.store.db.write(
+            lambda conn: create_token(conn, role=role, namespace=namespace, name=name)
+        )
+        return created.token
+
+    def client(self, token: str | None = "user", namespace: str = "default") -> QueueClient:
+        if token == "user":
+            token = self.user_token
+        elif token == "daemon":
+            token = self.daemon_token
+        c = QueueClient(base_url=self.url, token=token, namespace=namespace, timeout=20)
+        self._clients.append(c)
+        return c
+
+    def user(self, namespace: str = "default") -> QueueClient:
+        return self.client("user", namespace)
+
+    def daemon(self) -> QueueClient:
+        return self.client("daemon")
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str | None = "user",
+        json_body: Any = None,
+        data: bytes | str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        """A raw HTTP call, for checking statuses and error bodies exactly."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        hdrs = dict(headers or {})
+        if token == "user":
+            token = self.user_token
+        elif token == "daemon":
+            token = self.daemon_token
+        if token is not None:
+            hdrs["Authorization"] = f"Bearer {token}"
+        if json_body is not None:
+            data = json.dumps(json_body)
+            hdrs.setdefault("Content-Type", "application/json")
+        async with self._session.request(method, self.url + path, data=data, headers=hdrs) as resp:
+            text = await resp.text()
+            try:
+                body = json.loads(text) if text else None
+            except ValueError:
+                body = None
+            return Answer(status=resp.status, body=body, text=text)
+
+    async def close(self) -> None:
+        for c in self._clients:
+            await c.close()
+        if self._session is not None:
+            await self._session.close()
+
+
+async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def open_queue(tmp_path: Path, settings: QueueSettings) -> tuple[Queue, web.AppRunner]:
+    app = create_app(db_path=tmp_path / "queue.db", settings=settings)
+    runner, url = await start_app(app)
+    store = app[STORE]
+    user = await store.db.write(lambda conn: create_token(conn, role=Role.USER, name="alice"))
+    daemon = await store.db.write(lambda conn: create_token(conn, role=Role.DAEMON))
+    q = Queue(
+        url=url, db_path=tmp_path / "queue.db", app=app, user_token=user.token, daemon_token=daemon.token
+    )
+    return q, runner
+
+
+async def add_kind(
+    q: Queue, *, namespace: str = "default", kube_ns: str = "jobs", token: str = "user"
+) -> None:
+    """Provider ``kind`` (kube namespace ``kube_ns``) and mode ``small`` (python image)."""
+    r = await q.call(
+        "POST",
+        f"/v1/namespaces/{namespace}/providers",
+        token=token,
+        json_body={"name": "kind", "launcher": "Kube", "kwargs": {"namespace": kube_ns}},
+    )
+    assert r.status == 201, r.body
+    r = await q.call(
+        "POST",
+        f"/v1/namespaces/{namespace}/modes",
+        token=token,
+        json_body={"name": "small", "provider": "kind", "fields": {"image": "python:3.12-slim"}},
+    )
+    assert r.status == 201, r.body
+
+
+# --- a server in a background thread, for synchronous callers ----------------------------------
+
+
+@dataclass
+class Served:
+    url: str
+    db_path: Path
+    user_token: str
+    daemon_token: str
+    loop: asyncio.AbstractEventLoop
+
+    def run(self, coro: Awaitable[T], timeout: float = 30.0) -> T:
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return fut.result(timeout)
+
+    def spawn(self, coro: Awaitable[T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+    def client(self, token: str) -> QueueClient:
+        return QueueClient(base_url=self.url, token=token, timeout=20)

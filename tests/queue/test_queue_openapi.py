@@ -1,0 +1,239 @@
+"""The server against its own OpenAPI document (``nymph/queue/openapi.yaml``).
+
+Every operation of the document is called over real HTTP, for its success and error statuses;
+each answer must carry a status the document lists for that operation, and schemathesis checks
+the body against the documented schema. A fuzz pass then sends schema-generated requests to
+every operation and requires that none gets a 5xx or an undocumented answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+from urllib.parse import urlsplit
+
+import hypothesis
+import requests
+import schemathesis
+import yaml
+from hypothesis import strategies as st
+from queue_helpers import Served
+
+SPEC: dict[str, Any] = yaml.safe_load(resources.files("nymph.queue").joinpath("openapi.yaml").read_text())
+SCHEMA = schemathesis.openapi.from_dict(SPEC)
+METHODS = {"get", "put", "post", "delete", "patch", "head"}
+ALL_OPERATIONS = {(m.upper(), p) for p, item in SPEC["paths"].items() for m in item if m in METHODS}
+NS = "/v1/namespaces/default"
+
+
+class Conformance:
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.session = requests.Session()
+        self.seen: set[tuple[str, str]] = set()
+        self.statuses: set[int] = set()
+
+    def __call__(
+        self,
+        method: str,
+        path: str,
+        *,
+        expect: int,
+        token: str | None = "user",
+        body: Any = None,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> requests.Response:
+        hdrs = dict(headers or {})
+        if token == "user":
+            token = self.served.user_token
+        elif token == "daemon":
+            token = self.served.daemon_token
+        if token:
+            hdrs["Authorization"] = f"Bearer {token}"
+        if body is not None:
+            data = json.dumps(body).encode()
+            hdrs["Content-Type"] = "application/json"
+        resp = self.session.request(method, self.served.url + path, data=data, headers=hdrs, timeout=30)
+        assert resp.status_code == expect, (method, path, resp.status_code, resp.text)
+        op = SCHEMA.find_operation_by_path(method, urlsplit(path).path)
+        assert op is not None, f"{method} {path} is not in openapi.yaml"
+        documented = SPEC["paths"][op.path][method.lower()]["responses"]
+        assert str(resp.status_code) in documented, (
+            f"{method} {op.path} answered undocumented {resp.status_code}"
+        )
+        op.validate_response(resp)
+        self.seen.add((method.upper(), op.path))
+        self.statuses.add(resp.status_code)
+        return resp
+
+
+def test_every_operation_conforms(served: Served) -> None:
+    call = Conformance(served)
+    call("GET", "/healthz", expect=200, token=None)
+    call("GET", "/openapi.yaml", expect=200, token=None)
+    kind = {"name": "kind", "launcher": "Kube", "kwargs": {"namespace": "jobs"}}
+    call("POST", NS + "/providers", body=kind, expect=201)
+    call("POST", NS + "/providers", body=kind, expect=409)
+    call("POST", NS + "/providers", body={**kind, "launcher": "k8s"}, expect=400)
+    call("POST", NS + "/providers", body={**kind, "kwargs": 1}, expect=422)
+    call("POST", NS + "/providers", data=b"x" * (1024 * 1024 + 10), expect=413)
+    call("POST", NS + "/providers", body=kind, token=None, expect=401)
+    call("POST", NS + "/providers", body=kind, token="daemon", expect=403)
+    call("GET", NS + "/providers", expect=200)
+    call("GET", "/v1/namespaces/Bad/providers", expect=400)
+    call("GET", NS + "/providers/kind", expect=200)
+    call("GET", NS + "/providers/nope", expect=404)
+    call("PUT", NS + "/providers/spare", body={"launcher": "Kube"}, expect=200)
+    call("DELETE", NS + "/providers/spare", expect=204)
+    call("DELETE", NS + "/providers/spare", expect=404)
+
+    small = {"name": "small", "provider": "kind", "fields": {"image": "python:3.12-slim"}}
+    call("POST", NS + "/modes", body=small, expect=201)
+    call("POST", NS + "/modes", body=small, expect=409)
+    call("GET", NS + "/modes", expect=200)
+    call("GET", NS + "/modes/small", expect=200)
+    call("GET", NS + "/modes/nope", expect=404)
+    call("PUT", NS + "/modes/spare", body={"fields": {"image": "busybox"}}, expect=200)
+    call("DELETE", NS + "/modes/spare", expect=204)
+
+    launch = NS + "/providers/kind/launch"
+    body = {"mode": "small", "script": "print(1)", "tags": {"team": "ml"}}
+    accepted = call("POST", launch, body=body, headers={"Idempotency-Key": "k"}, expect=202).json()
+    call("POST", launch, body={**body, "script": "print(2)"}, headers={"Idempotency-Key": "k"}, expect=409)
+    call("POST", launch, body={"mode": "small", "script": ""}, expect=400)
+    call("POST", launch, body={"mode": "ghost", "script": "x"}, expect=404)
+    call("POST", launch, body={"script": "x"}, expect=422)
+    iid = accepted["instanceId"]
+    inst = NS + f"/providers/kind/instances/{iid}"
+    call("GET", NS + "/providers/kind/instances?state=queued", expect=200)
+    call("GET", NS + "/providers/kind/instances?state=nope", expect=400)
+    call("GET", inst, expect=200)
+    call("GET", inst + "?after=0&wait=1", expect=200)
+    call("GET", NS + "/providers/kind/instances/lakeshore-00000000", expect=404)
+    call("GET", inst + "/logs", expect=200)
+    call("GET", NS + "/providers/kind/instances/lakeshore-00000000/logs", expect=404)
+
+    task_id = call("POST", NS + "/providers/kind/test", body={}, expect=202).json()["taskId"]
+    call("POST", NS + "/providers/kind/test", body={"mode": "ghost"}, expect=404)
+    call("GET", NS + f"/tasks/{task_id}", expect=200)
+    call("GET", NS + "/tasks/task-nope", expect=404)
+
+    claim = {"daemonId": "d1", "node": "n1", "capacity": 10, "wait": 0}
+    call("POST", "/v1/dispatch/claim", body=claim, token="user", expect=403)
+    call("POST", "/v1/dispatch/claim", body={**claim, "capacity": -1}, token="daemon", expect=422)
+    tasks = call("POST", "/v1/dispatch/claim", body=claim, token="daemon", expect=200).json()["tasks"]
+    assert {t["kind"] for t in tasks} == {"launch", "probe"}
+    call("GET", NS + "/daemons", expect=200)
+    ids = [t["taskId"] for t in tasks]
+    call("POST", "/v1/dispatch/renew", body={"daemonId": "d1", "taskIds": ids}, token="daemon", expect=200)
+    probe = next(t for t in tasks if t["kind"] == "probe")
+    launch_task = next(t for t in tasks if t["kind"] == "launch")
+    call(
+        "POST",
+        "/v1/dispatch/release",
+        body={"daemonId": "d1", "taskIds": [probe["taskId"]]},
+        token="daemon",
+        expect=200,
+    )
+    done = {"daemonId": "d1", "taskId": launch_task["taskId"], "ok": True}
+    call("POST", "/v1/dispatch/complete", body=done, token="daemon", expect=200)
+    call("POST", "/v1/dispatch/complete", body={**done, "daemonId": "d2"}, token="daemon", expect=409)
+    call("POST", "/v1/dispatch/complete", body={**done, "taskId": "task-x"}, token="daemon", expect=404)
+    report = {"seq": 1, "instanceId": iid, "state": "running", "node": "n1", "at": "2030-01-01T00:00:00Z"}
+    call(
+        "POST",
+        "/v1/dispatch/report",
+        body={"daemonId": "d1", "stream": "s", "reports": [report]},
+        token="daemon",
+        expect=200,
+    )
+    call("POST", "/v1/dispatch/report", body={"daemonId": "d1", "stream": "s"}, token="daemon", expect=422)
+    call("GET", "/v1/dispatch/active?node=n1", token="daemon", expect=200)
+    call("GET", "/v1/dispatch/active", token="daemon", expect=400)
+    logs = {"daemonId": "d1", "instanceId": iid, "logs": "hi\n"}
+    call("POST", "/v1/dispatch/logs", body=logs, token="daemon", expect=204)
+    call(
+        "POST",
+        "/v1/dispatch/logs",
+        body={**logs, "instanceId": "lakeshore-00000000"},
+        token="daemon",
+        expect=404,
+    )
+    call("GET", inst + "/logs", expect=200)
+    call("DELETE", inst, expect=204)
+    full = call("GET", inst, expect=200).json()
+    assert full["state"] == "stopping" and [h["state"] for h in full["history"]] == [
+        "queued",
+        "running",
+        "stopping",
+    ]
+    call("DELETE", NS + "/providers/kind/instances/lakeshore-00000000", expect=404)
+
+    assert call.seen == ALL_OPERATIONS, sorted(ALL_OPERATIONS - call.seen)
+    assert {400, 401, 403, 404, 409, 413, 422} <= call.statuses
+
+
+def test_the_check_can_fail(served: Served) -> None:
+    """A response that drifts from the document is caught (so the test above means something)."""
+    s = requests.Session()
+    r = s.get(served.url + "/healthz", timeout=10)
+    op = SCHEMA.find_operation_by_path("GET", "/healthz")
+    assert op is not None
+    op.validate_response(r)
+    r._content = b'{"status": "ok", "extra": 1}'
+    assert "extra" in _failure(lambda: op.validate_response(r))
+    r._content = b'{"status": 5}'
+    assert "5 is not of type" in _failure(lambda: op.validate_response(r))
+
+
+def _failure(check: Callable[[], object]) -> str:
+    try:
+        check()
+    except BaseException as exc:  # schemathesis raises a BaseExceptionGroup of failures
+        return "\n".join([str(exc), *(str(e) for e in getattr(exc, "exceptions", ()))])
+    raise AssertionError("the drifted response passed validation")
+
+
+def test_fuzzed_requests_get_documented_answers(served: Served) -> None:
+    """Schema-generated requests (valid and invalid) never get a 5xx or an undocumented status."""
+    session = requests.Session()
+    auth = {"Authorization": f"Bearer {served.user_token}"}
+    daemon = {"Authorization": f"Bearer {served.daemon_token}"}
+    ops = [op.ok() for op in SCHEMA.get_all_operations()]
+
+    @hypothesis.settings(
+        max_examples=120,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(data=st.data())
+    def run(data: st.DataObject) -> None:
+        op = data.draw(st.sampled_from(ops))
+        mode = data.draw(
+            st.sampled_from([schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])
+        )
+        case = data.draw(op.as_strategy(generation_mode=mode))
+        headers = daemon if op.path.startswith("/v1/dispatch") else auth
+        if op.path.startswith("/v1/dispatch/claim") and isinstance(case.body, dict):
+            case.body["wait"] = 0
+        if "wait" in (case.query or {}):
+            case.query["wait"] = 0
+        response = case.call(base_url=served.url, session=session, headers=headers, timeout=30)
+        assert response.status_code < 500, (case.method, case.path, response.text)
+        documented = SPEC["paths"][op.path][op.method.lower()]["responses"]
+        assert str(response.status_code) in documented, (
+            case.method,
+            case.formatted_path,
+            response.status_code,
+        )
+        op.validate_response(response)
+        seen.add((op.method.upper(), op.path, response.status_code))
+
+    seen: set[tuple[str, str, int]] = set()
+    run()
+    assert len({(method, path) for method, path, _ in seen}) >= 10  # the fuzz reached most routes
