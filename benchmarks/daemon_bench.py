@@ -165,7 +165,7 @@ async def main() -> int:
             f"{r['case']:<20} {r['launches']:>4} {r['p50_ms']:>9} {r['p95_ms']:>9} {r['launches_per_s']:>9} {r['ratio_vs_raw']:>7}"
         )
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, at the end
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}, indent=2)
     )
