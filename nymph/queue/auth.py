@@ -63,6 +63,25 @@ def create_token(
     return CreatedToken(token_id=token_id, token=token, role=role, namespace=namespace, name=name)
 
 
+def import_token(
+    conn: sqlite3.Connection, *, token: str, role: Role, namespace: str | None = None, name: str | None = None
+) -> bool:
+    """Make a token chosen elsewhere (e.g. a Kubernetes Secret shared with the daemons) valid.
+
+    Idempotent: importing the same token again changes nothing. Returns True if it was new.
+    """
+    if len(token) < 20 or not token.isprintable() or any(c.isspace() for c in token):
+        raise ValueError("an imported token must be at least 20 printable characters without spaces")
+    digest = hash_token(token)
+    if conn.execute("SELECT 1 FROM tokens WHERE hash = ?", (digest,)).fetchone():
+        return False
+    conn.execute(
+        "INSERT INTO tokens (id, hash, role, namespace, name, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        ("tok-" + secrets.token_hex(6), digest, role.value, namespace, name or "imported", time.time()),
+    )
+    return True
+
+
 def _lookup(conn: sqlite3.Connection, digest: str) -> Principal | None:
     row = conn.execute("SELECT id, role, namespace, name FROM tokens WHERE hash = ?", (digest,)).fetchone()
     if row is None:

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from nymph.queue import commands
-from nymph.queue.auth import create_token
+from nymph.errors import ConfigError
+from nymph.queue.auth import create_token, import_token
 from nymph.queue.db import connect, transaction
 from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
 from nymph.queue.serve import DEFAULT_LISTEN, default_db_path, parse_listen, serve
@@ -19,8 +20,29 @@ def _db_path(args: argparse.Namespace) -> Path:
     return Path(args.db).expanduser() if args.db else default_db_path()
 
 
+def _import_tokens(path: Path, specs: list[str]) -> None:
+    """``--import-token ROLE:FILE``: make the token in FILE (e.g. a mounted Secret) valid."""
+    for spec in specs:
+        role_text, sep, file = spec.partition(":")
+        if not sep or role_text not in [r.value for r in Role] or not file:
+            raise ConfigError(f"--import-token {spec!r}: expected ROLE:FILE with ROLE user or daemon")
+        try:
+            token = Path(file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"--import-token: cannot read {file} ({exc.__class__.__name__})") from None
+        conn = connect(path)
+        try:
+            with transaction(conn, write=True):
+                import_token(conn, token=token, role=Role(role_text))
+        except ValueError as exc:
+            raise ConfigError(f"--import-token {file}: {exc}") from None
+        finally:
+            conn.close()
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
+    _import_tokens(_db_path(args), args.import_token)
     settings = QueueSettings(
         lease=LeaseSettings(sweep_interval=args.sweep_interval, stop_node_fallback=args.stop_node_fallback),
         retry=RetrySettings(max_attempts=args.max_attempts, backoff_base=args.backoff_base),
@@ -62,6 +84,13 @@ def register(sub: Any) -> None:
     p.add_argument("--db", help=db_help)
     p.add_argument(
         "--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN}; port 0 picks one)"
+    )
+    p.add_argument(
+        "--import-token",
+        action="append",
+        default=[],
+        metavar="ROLE:FILE",
+        help="make the token in FILE valid for ROLE (user or daemon), e.g. a mounted Secret; repeatable",
     )
     p.add_argument("--max-attempts", type=int, default=5, help="tries per task before it fails (default 5)")
     p.add_argument(

@@ -106,6 +106,53 @@ def _seen(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> None:
     )
 
 
+#: A task handed out this many times without ever being completed (each time its daemon died
+#: or lost it before reporting) is given up on: at-least-once delivery, but not forever.
+MAX_DELIVERIES = 10
+
+
+def retire(conn: sqlite3.Connection, *, now: float) -> set[str]:
+    """Settle tasks that must not be handed out again; returns instances that changed.
+
+    * a launch whose instance already stopped (it was applied and ran; only its completion was
+      lost) is done: redelivering it after the Pod was reaped would run the job twice;
+    * a task whose lease expired ``MAX_DELIVERIES`` times fails, and its launch with it.
+    """
+    conn.execute(
+        "UPDATE tasks SET status = 'done', finished_at = ?, updated_at = ?, lease_owner = NULL, "
+        "lease_expires = NULL WHERE kind = 'launch' AND "
+        "(status = 'pending' OR (status = 'leased' AND lease_expires <= ?)) AND instance_id IN "
+        "(SELECT instance_id FROM instances WHERE state = 'stopped')",
+        (now, now, now),
+    )
+    changed: set[str] = set()
+    rows = conn.execute(
+        "SELECT seq, kind, instance_id FROM tasks WHERE status = 'leased' AND lease_expires <= ? AND attempts >= ?",
+        (now, MAX_DELIVERIES),
+    ).fetchall()
+    for seq, kind, instance_id in rows:
+        message = f"gave up after {MAX_DELIVERIES} deliveries whose daemon never completed the task"
+        conn.execute(
+            "UPDATE tasks SET status = 'failed', error = ?, finished_at = ?, updated_at = ?, "
+            "lease_owner = NULL, lease_expires = NULL WHERE seq = ?",
+            (message, now, now, seq),
+        )
+        if (
+            kind == "launch"
+            and instance_id
+            and transition(
+                conn,
+                instance_id=instance_id,
+                now=now,
+                state=InstanceState.STOPPED.value,
+                reason=Reason.LAUNCH_FAILED.value,
+                message=message,
+            )
+        ):
+            changed.add(instance_id)
+    return changed
+
+
 def claim(
     conn: sqlite3.Connection,
     *,
@@ -115,6 +162,7 @@ def claim(
     lease: LeaseSettings,
 ) -> ClaimResult:
     _seen(conn, req=req, now=now)
+    retire(conn, now=now)
     tasks = []
     if req.capacity > 0:
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
@@ -338,6 +386,7 @@ def active(conn: sqlite3.Connection, *, node: str, scope: str | None) -> list[Ac
 
 def sweep(conn: sqlite3.Connection, *, now: float) -> int:
     """Hand expired leases back; returns how many."""
+    retire(conn, now=now)
     cur = conn.execute(
         "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "
         "updated_at = ? WHERE status = 'leased' AND lease_expires <= ?",

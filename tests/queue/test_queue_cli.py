@@ -211,3 +211,53 @@ def test_url_and_token_from_dreamrc_and_flags(
 def test_client_repr_hides_the_token() -> None:
     c = QueueClient(base_url="http://user:pw@127.0.0.1:1", token="nyq_secret-value-123456")
     assert "secret" not in repr(c) and "pw" not in repr(c)
+
+
+def test_serve_imports_a_token_from_a_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import urllib.request
+
+    from nymph.localcluster.cluster import free_port
+
+    token_file = tmp_path / "token"
+    token_file.write_text("nyq_shared-secret-from-a-kubernetes-secret\n")
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "nymph.cli",
+        "queue",
+        "serve",
+        "--db",
+        str(tmp_path / "q.db"),
+        "--listen",
+        f"127.0.0.1:{port}",
+    ]
+    bad = subprocess.run(
+        [*argv, "--import-token", "admin:" + str(token_file)], capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2 and "expected ROLE:FILE" in bad.stderr
+    proc = subprocess.Popen(
+        [*argv, "--import-token", f"daemon:{token_file}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        import time
+
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                req = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/dispatch/active?node=n1",
+                    headers={"Authorization": "Bearer nyq_shared-secret-from-a-kubernetes-secret"},
+                )
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    assert resp.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert b"shared-secret" not in err

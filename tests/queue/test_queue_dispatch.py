@@ -283,3 +283,41 @@ async def test_claim_client_gone_does_not_take_tasks(kind: Queue) -> None:
     await asyncio.sleep(0.3)
     tasks = await kind.daemon().claim(daemon_id="here", node="n1", capacity=1, wait=0)
     assert len(tasks) == 1 and tasks[0]["attempt"] == 1
+
+
+async def test_launch_of_an_already_stopped_instance_is_not_redelivered(kind: Queue) -> None:
+    [iid] = await _launch(kind)
+    d = kind.daemon()
+    [task] = await d.claim(daemon_id="dead", node="n1", capacity=1, wait=0, lease_seconds=1)
+    # The daemon applied the Pod and its reports arrived, but it died before completing.
+    await d.report(
+        daemon_id="dead",
+        stream="s1",
+        reports=[
+            {"seq": 1, "instanceId": iid, "state": "running", "node": "n1"},
+            {"seq": 2, "instanceId": iid, "state": "stopped", "reason": "Completed", "node": "n1"},
+        ],
+    )
+    await asyncio.sleep(1.2)
+    assert await d.claim(daemon_id="d2", node="n1", capacity=1, wait=0) == []
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+    assert (inst["state"], inst["reason"]) == ("stopped", "Completed")
+    assert task["kind"] == "launch"
+
+
+async def test_a_task_whose_daemons_keep_dying_is_given_up(
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nymph.queue import leases
+
+    monkeypatch.setattr(leases, "MAX_DELIVERIES", 3)
+    [iid] = await _launch(kind)
+    d = kind.daemon()
+    for i in range(3):
+        got = await d.claim(daemon_id=f"dies-{i}", node="n1", capacity=1, wait=2, lease_seconds=1)
+        assert len(got) == 1 and got[0]["attempt"] == i + 1
+        await asyncio.sleep(1.1)
+    assert await d.claim(daemon_id="last", node="n1", capacity=1, wait=0) == []
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+    assert (inst["state"], inst["reason"]) == ("stopped", "LaunchFailed")
+    assert "gave up after 3 deliveries" in inst["message"]
