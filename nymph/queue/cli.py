@@ -8,8 +8,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from nymph.queue import commands
 from nymph.errors import ConfigError
+from nymph.queue import commands
 from nymph.queue.auth import create_token, import_token
 from nymph.queue.db import connect, transaction
 from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
