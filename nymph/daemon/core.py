@@ -223,6 +223,11 @@ class Daemon:
         assert self.client is not None
         s = self.s
         backoff = 0.5
+        # Claim nothing before every watch has listed its Pods: the adopt check needs them, and
+        # a daemon that cannot reach the API server should leave the work to others.
+        while not all(w.synced.is_set() for w in self.watchers.values()):
+            self.last_progress = time.monotonic()
+            await asyncio.sleep(0.2)
         while not self.stopping.is_set():
             self.last_progress = time.monotonic()
             free = s.concurrency - self.inflight - self.local.qsize()
