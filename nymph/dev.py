@@ -220,7 +220,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
     procs = Procs()
     script = Path(args.script).read_text() if args.script else SAMPLE
     stop_flag = threading.Event()
+    # Explicit handlers: a shell that starts us in the background leaves SIGINT ignored, and
+    # Ctrl-C / SIGTERM must still stop a --stay session cleanly.
     signal.signal(signal.SIGTERM, lambda *_: stop_flag.set())
+    signal.signal(signal.SIGINT, lambda *_: stop_flag.set())
     try:
         step(1, total, f"state in {state}")
         step(2, total, "finding a cluster")
@@ -307,9 +310,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                with contextlib.suppress(KeyboardInterrupt):
-                    while not stop_flag.is_set() and dp.poll() is None and qp.poll() is None:
-                        stop_flag.wait(1)
+                while not stop_flag.is_set() and dp.poll() is None and qp.poll() is None:
+                    stop_flag.wait(1)
                 print("stopping ...", file=sys.stderr)
             return 0 if ok else 1
     finally:

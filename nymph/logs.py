@@ -67,8 +67,22 @@ def redact_processor(
     return event_dict
 
 
+class _Stderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write (not at configuration),
+    so a logger configured under a test's captured stderr keeps working after it closes."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure_logging(*, fmt: str = "auto", level: str = "info", stream: Any = None) -> None:
-    stream = stream or sys.stderr
+    stream = stream or _Stderr()
     lvl = logging.getLevelName(level.upper())
     if not isinstance(lvl, int):
         lvl = logging.INFO

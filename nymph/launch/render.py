@@ -174,7 +174,14 @@ class _Dumper(yaml.SafeDumper):
     """Block-style YAML with multi-line strings as literal blocks where YAML allows it."""
 
 
+#: Characters YAML readers treat as line breaks: in a literal block or a plain / single-quoted
+#: scalar they would come back as "\n", so a string holding one is double-quoted (escaped).
+_YAML_BREAKS = ("\x85", "\u2028", "\u2029")
+
+
 def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    if any(c in data for c in _YAML_BREAKS):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
     if "\n" in data:
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
     return dumper.represent_scalar("tag:yaml.org,2002:str", data)
