@@ -136,5 +136,11 @@ log "[5/5] building kwok ${KWOK_VERSION} ($(elapsed))"
 [[ -x "$assets/kwok" ]] || mv "$work/kwok-bin/kwok" "$assets/kwok"
 
 "$assets/kube-apiserver" --version >&2
+if [[ -z "${NYMPH_KEEP_GOCACHE:-}" && -z "${GOCACHE_OVERRIDE:-}" ]]; then
+  # The compile cache (~3.5 GB) only speeds up rebuilding these exact versions, which the
+  # binaries above already are; the module cache stays for version bumps.
+  go clean -cache
+  log "removed the Go build cache (set NYMPH_KEEP_GOCACHE=1 to keep it)"
+fi
 log "done in $(elapsed): $assets"
 echo "$assets"
