@@ -278,8 +278,34 @@ class QueueClient:
         for key, value in (("tags", tags), ("env", env), ("fields", fields)):
             if value:
                 body[key] = dict(value)
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         path = f"{self._ns(namespace)}/providers/{_seg(provider)}/launch"
+        return await self._post_launch(path, body, idempotency_key=idempotency_key, retries=retries)
+
+    async def launch_dockyard(
+        self,
+        *,
+        provider: str,
+        recipe: Mapping[str, Any],
+        infra: Mapping[str, Any] | None = None,
+        overrides: Sequence[str] = (),
+        idempotency_key: str | None = None,
+        retries: int = 0,
+        namespace: str | None = None,
+    ) -> LaunchAccepted:
+        """Queue a dockyard launch (recipe + infra, rendered and applied by a daemon). With an
+        ``idempotency_key``, ``retries`` re-sends it after a lost answer."""
+        body: dict[str, Any] = {"recipe": dict(recipe)}
+        if infra:
+            body["infra"] = dict(infra)
+        if overrides:
+            body["overrides"] = list(overrides)
+        path = f"{self._ns(namespace)}/providers/{_seg(provider)}/dockyard"
+        return await self._post_launch(path, body, idempotency_key=idempotency_key, retries=retries)
+
+    async def _post_launch(
+        self, path: str, body: dict[str, Any], *, idempotency_key: str | None, retries: int
+    ) -> LaunchAccepted:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         attempt = 0
         while True:
             try:

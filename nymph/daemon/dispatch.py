@@ -1,4 +1,5 @@
-"""Task handling: launch (fetch -> parse -> build -> create), stop, probe.
+"""Task handling: launch (fetch -> parse -> build -> create), stop, probe; dockyard launches
+and their stops are handed to :mod:`nymph.daemon.dockyard_tasks`.
 
 Launches are exactly-once in effect: a Pod already in the watch cache (or reported as already
 existing by the API server) is adopted, never re-created. Failures are classified: transient
@@ -15,6 +16,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
+from nymph.daemon import dockyard_tasks
 from nymph.errors import NymphError, ValidationError
 from nymph.kube.applier import ApplyOutcome
 from nymph.kube.errors import AlreadyExists, Conflict, Invalid, KubeError
@@ -182,12 +184,16 @@ class Dispatcher:
         d.outbox.complete(task_id=task["taskId"], ok=False, error=message, retryable=err.transient)
         self.log.warning("launch failed", instance=name, error=message, retryable=err.transient)
 
-    # -- stop and probe ------------------------------------------------------------------------
+    # -- stop, probe and dockyard --------------------------------------------------------------
 
     async def other(self, task: dict[str, Any]) -> None:
         kind = task.get("kind")
-        if kind == "stop":
+        if kind == "stop" and dockyard_tasks.is_dockyard_stop(task):
+            await dockyard_tasks.stop(self.d, task)
+        elif kind == "stop":
             await self.stop(task)
+        elif kind == "dockyard":
+            await dockyard_tasks.launch(self.d, task)
         elif kind == "probe":
             await self.probe(task)
         else:

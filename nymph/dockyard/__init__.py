@@ -6,5 +6,10 @@ unchanged. The pure pipeline is::
     load.load_config(...)  ->  LoadedConfig (recipe mapping + typed InfraConfig)
     render.render_manifests(infra=...)  ->  manifests in apply order
 
-A live layer (apply, submit, follow) takes the ordered manifest list as it is.
+``dispatch.dockyard_task_manifests`` is the same pipeline for a daemon task (recipe and infra
+in memory, render-only kinds left out) and ``dispatch.DOCKYARD_ROLE_RULES`` the Role rules it
+needs. The live layer takes the ordered manifest list as it is: ``plan`` and ``status`` are
+pure; ``live`` (kubectl), ``rayapi`` (the Ray Jobs REST API over aiohttp) and ``endpoint``
+(how the head's dashboard is reached) are the I/O edges; ``launch``, ``observe`` and
+``doctor`` are the verbs wired by ``livecli``.
 """

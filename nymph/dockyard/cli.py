@@ -1,4 +1,5 @@
-"""``nymph dockyard render|check``: the verbs that need no cluster."""
+"""``nymph dockyard``: ``render`` and ``check`` need no cluster; the live verbs (``run``,
+``cluster``, ``status``, ``logs``, ``job``, ``doctor``) are wired in :mod:`nymph.dockyard.livecli`."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nymph.dockyard import kube, summary
+from nymph.dockyard import kube, livecli, summary
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.load import LoadedConfig, load_config
+from nymph.dockyard.load import Environment, LoadedConfig, load_config
 from nymph.dockyard.render import render_manifests, to_yaml
 from nymph.errors import ConfigError
 
@@ -23,7 +24,7 @@ class _IntermixedParser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        if self._inner:
+        if self._inner or self._subparsers is not None:  # intermixed parsing cannot nest verbs
             return super().parse_known_args(args, namespace)
         self._inner = True
         try:
@@ -32,11 +33,14 @@ class _IntermixedParser(argparse.ArgumentParser):
             self._inner = False
 
 
-def _load(args: argparse.Namespace) -> tuple[LoadedConfig, list[kube.Manifest]]:
+def _load(
+    args: argparse.Namespace, *, extra_overrides: Sequence[str] = (), environment: Environment | None = None
+) -> tuple[LoadedConfig, list[kube.Manifest]]:
     loaded = load_config(
         recipe_path=Path(args.recipe),
         infra_path=Path(args.infra) if args.infra else None,
-        overrides=list(args.overrides),
+        overrides=[*args.overrides, *extra_overrides],
+        environment=environment,
     )
     try:
         manifests = render_manifests(infra=loaded.infra)
@@ -83,7 +87,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "dockyard",
-        help="dockyard RL training on KubeRay: render and check recipe + infra",
+        help="dockyard RL training on KubeRay: render, check, run, cluster, status, logs, job, doctor",
         description=(
             "Turn a dockyard recipe plus an infra spec (dockyard-k8s InfraConfig) into the "
             "manifests of one training run: sandbox executor pool, then a RayJob or RayCluster."
@@ -110,6 +114,8 @@ def register(sub: Any) -> None:
     _common(c)
     c.add_argument("-o", "--output", metavar="FILE", help="write the resolved bundle to FILE")
     c.set_defaults(func=cmd_check)
+
+    livecli.register(verbs, common=_common, load=_load, parser_class=_IntermixedParser)
 
 
 def _help(parser: argparse.ArgumentParser) -> int:

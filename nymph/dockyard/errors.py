@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nymph.errors import ConfigError
+from nymph.errors import ConfigError, NymphError
 
 
 class DockyardConfigError(ConfigError):
@@ -19,3 +19,7 @@ class DockyardConfigError(ConfigError):
         self.source = source
         parts = [p for p in (source, path) if p]
         super().__init__(": ".join([*parts, message]))
+
+
+class DockyardLiveError(NymphError):
+    """A live dockyard command failed: one line saying what failed and what to do next."""

@@ -38,9 +38,9 @@ def _read_yaml(path: Path) -> Any:
         return None
 
 
-def context_namespace(paths: Sequence[Path]) -> NamespaceChoice | None:
-    """The namespace of the current context, if any file names one."""
-    current: str | None = None
+def context_namespace(paths: Sequence[Path], *, context: str | None = None) -> NamespaceChoice | None:
+    """The namespace of ``context`` (default: the current context), if any file names one."""
+    current: str | None = context
     contexts: dict[str, tuple[Any, Path]] = {}
     for path in paths:
         doc = _read_yaml(path)
@@ -69,9 +69,11 @@ def service_account_namespace(path: Path) -> NamespaceChoice | None:
     return NamespaceChoice(namespace=ns, source=f"service account ({path})") if ns else None
 
 
-def infer_namespace(*, kubeconfigs: Sequence[Path], sa_namespace_path: Path) -> NamespaceChoice:
+def infer_namespace(
+    *, kubeconfigs: Sequence[Path], sa_namespace_path: Path, context: str | None = None
+) -> NamespaceChoice:
     return (
-        context_namespace(kubeconfigs)
+        context_namespace(kubeconfigs, context=context)
         or service_account_namespace(sa_namespace_path)
         or NamespaceChoice(namespace="default", source="fallback")
     )

@@ -23,6 +23,7 @@ through :class:`Environment`, so tests inject them.
 
 from __future__ import annotations
 
+import copy
 import getpass
 import os
 import re
@@ -71,6 +72,7 @@ class Environment:
     home: Path = Path("/nonexistent")
     user: str = "unknown"
     kubeconfigs: tuple[Path, ...] | None = None  # None: from KUBECONFIG / ~/.kube/config
+    context: str | None = None  # None: the current context
     sa_namespace_path: Path = kubecontext.SA_NAMESPACE_PATH
     shipped_defaults: Path = SHIPPED_DEFAULTS
 
@@ -186,9 +188,6 @@ def load_config(
     environment: Environment | None = None,
 ) -> LoadedConfig:
     """Read, merge, resolve and validate a recipe + infra pair (see the module docstring)."""
-    environment = environment or Environment.from_process()
-    recipe_overrides, infra_overrides = _split_overrides(overrides)
-
     recipe = _load_inheriting(recipe_path)
     recipe.pop(RECIPE_SCRATCH_KEY, None)
     recipe_infra = recipe.pop("infra", None)
@@ -205,7 +204,67 @@ def load_config(
     else:
         infra_source = f"{recipe_path} (infra:)"
         infra_layer = _drop_scratch(_mapping(recipe_infra, source=infra_source))
+    return _resolve(
+        recipe=recipe,
+        infra_layer=infra_layer,
+        infra_source=infra_source,
+        recipe_path=recipe_path,
+        infra_path=infra_path,
+        overrides=overrides,
+        environment=environment or Environment.from_process(),
+    )
 
+
+def load_mappings(
+    *,
+    recipe: Mapping[str, Any],
+    infra: Mapping[str, Any] | None,
+    overrides: Sequence[str] = (),
+    environment: Environment,
+    source: str = "task",
+) -> LoadedConfig:
+    """:func:`load_config` for a recipe and infra already in memory (no file is read but the
+    layers of ``environment``). ``infra`` may be ``None`` when the recipe carries an
+    ``infra:`` block; ``defaults:`` inheritance needs files and is not followed."""
+    recipe_doc = _mapping(copy.deepcopy(dict(recipe)), source=f"{source} recipe")
+    recipe_doc.pop(RECIPE_SCRATCH_KEY, None)
+    recipe_infra = recipe_doc.pop("infra", None)
+    if infra is not None:
+        if recipe_infra is not None:
+            raise DockyardConfigError(
+                "the recipe has an infra: block and an infra spec was given; use one",
+                path="infra",
+                source=f"{source} recipe",
+            )
+        infra_source = f"{source} infra"
+        infra_layer = _infra_body(
+            _mapping(copy.deepcopy(dict(infra)), source=infra_source), source=infra_source
+        )
+    else:
+        infra_source = f"{source} recipe (infra:)"
+        infra_layer = _drop_scratch(_mapping(copy.deepcopy(recipe_infra), source=infra_source))
+    return _resolve(
+        recipe=recipe_doc,
+        infra_layer=infra_layer,
+        infra_source=infra_source,
+        recipe_path=Path(f"<{source} recipe>"),
+        infra_path=None,
+        overrides=overrides,
+        environment=environment,
+    )
+
+
+def _resolve(
+    *,
+    recipe: dict[str, Any],
+    infra_layer: dict[str, Any],
+    infra_source: str,
+    recipe_path: Path,
+    infra_path: Path | None,
+    overrides: Sequence[str],
+    environment: Environment,
+) -> LoadedConfig:
+    recipe_overrides, infra_overrides = _split_overrides(overrides)
     provenance = Provenance(root=infra_source)
     shipped = environment.shipped_defaults
     infra: dict[str, Any] = merge(
@@ -241,6 +300,7 @@ def load_config(
         choice = kubecontext.infer_namespace(
             kubeconfigs=environment.kubeconfig_paths(),
             sa_namespace_path=environment.sa_namespace_path,
+            context=environment.context,
         )
         resolved_infra["namespace"] = choice.namespace
         namespace_source = choice.source

@@ -1,8 +1,10 @@
 """kubectl as the apply path: ``kubectl apply --server-side --field-manager=nymph -f -``.
 
-Several manifests go in one invocation. kubectl keeps going past a bad object and reports it
-on stderr; objects missing from its output are re-applied alone, so each gets its own error
-(the cost is paid only on failure). Errors are classified into :mod:`nymph.kube.errors`.
+Several manifests, of any kinds, go in one invocation. kubectl keeps going past a bad object
+and reports it on stderr; objects missing from its output are re-applied alone, so each gets its
+own error (the cost is paid only on failure). Output objects are matched to manifests by kind,
+namespace and name (a Deployment and its Service often share a name). Errors are classified into
+:mod:`nymph.kube.errors`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from nymph.launch.render import to_yaml_stream
 from nymph.localcluster.cluster import kubectl_path
 
 FIELD_MANAGER = "nymph"
+
+
+def _kind_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (str(obj.get("kind") or ""), *object_key(obj))
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ class Kubectl:
         if dry_run:
             args.insert(1, "--dry-run=server")
         res = await self.run(args, stdin=to_yaml_stream([dict(m) for m in manifests]))
-        applied: dict[tuple[str, str], Mapping[str, Any]] = {}
+        applied: dict[tuple[str, str, str], Mapping[str, Any]] = {}
         if res.stdout.strip():
             try:
                 doc = json.loads(res.stdout)
@@ -108,17 +114,18 @@ class Kubectl:
             items = doc.get("items") if doc.get("kind") == "List" else [doc]
             for item in items or []:
                 if isinstance(item, dict):
-                    applied[object_key(item)] = item
+                    applied[_kind_key(item)] = item
         outcomes: list[ApplyOutcome] = []
         for m in manifests:
-            key = object_key(m)
+            key = _kind_key(m)
+            _, ns, name = key
             if key in applied:
-                outcomes.append(ApplyOutcome(namespace=key[0], name=key[1], obj=applied[key]))
+                outcomes.append(ApplyOutcome(namespace=ns, name=name, obj=applied[key]))
             else:
                 err: KubeError = (
                     classify_kubectl(res.stderr) if res.code else KubeError("kubectl returned no object")
                 )
-                outcomes.append(ApplyOutcome(namespace=key[0], name=key[1], error=err))
+                outcomes.append(ApplyOutcome(namespace=ns, name=name, error=err))
         return outcomes
 
     async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:

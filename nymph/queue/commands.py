@@ -1,5 +1,5 @@
-"""User verbs over the queue API: ``providers``, ``modes``, ``launch``, ``instances``, ``stop``,
-``logs``.
+"""User verbs over the queue API: ``providers``, ``modes``, ``launch``, ``launch-dockyard``,
+``instances``, ``stop``, ``logs``.
 
 The server URL and token come from ``--url`` / ``--token``, else ``NYMPH_URL`` /
 ``NYMPH_TOKEN``, else the ``.dreamrc`` ``server: {url, token}``; the namespace from
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import yaml
 
 from nymph.client import DEFAULT_URL, QueueClient
+from nymph.dockyard.yamlio import load_file
 from nymph.errors import ConfigError, NymphError
 from nymph.launch.config import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
 from nymph.launch.state import InstanceState, Reason
@@ -266,8 +268,16 @@ def cmd_modes_rm(args: argparse.Namespace) -> int:
 # --- launch, stop, logs --------------------------------------------------------------------
 
 
-async def follow(client: QueueClient, *, provider: str, instance_id: str, poll_wait: float = 30.0) -> int:
-    """Print each state change as it happens until the instance stops; 1 if it failed."""
+async def follow(
+    client: QueueClient,
+    *,
+    provider: str,
+    instance_id: str,
+    poll_wait: float = 30.0,
+    until_running: bool = False,
+) -> int:
+    """Print each state change as it happens until the instance stops (or, with
+    ``until_running``, runs); 1 if it failed."""
     shown = 0
     version = -1
     while True:
@@ -280,6 +290,8 @@ async def follow(client: QueueClient, *, provider: str, instance_id: str, poll_w
             message = f": {entry['message']}" if entry["message"] else ""
             print(f"{_when(entry['at'])}  {entry['state']}{reason}{message}", file=sys.stderr, flush=True)
         shown = len(inst["history"])
+        if until_running and inst["state"] == InstanceState.RUNNING.value:
+            return 0
         if inst["state"] == InstanceState.STOPPED.value:
             if _failed(inst["reason"]):
                 print(f"{instance_id} failed: {inst['reason']}", file=sys.stderr)
@@ -314,6 +326,51 @@ def cmd_launch(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         return await follow(client, provider=args.provider, instance_id=accepted["instanceId"])
+
+    return _run(args, body)
+
+
+def _read_mapping(path: str, *, what: str) -> dict[str, Any]:
+    """A YAML file (anchors expanded) as a JSON-ready mapping; errors name the file."""
+    doc = load_file(Path(path))
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{what} {path}: expected a mapping at the top level")
+    if "defaults" in doc:
+        raise ConfigError(
+            f"{what} {path}: defaults: (file inheritance) is not followed for a launch a daemon "
+            "renders; merge the parent files into this one"
+        )
+    try:
+        json.dumps(doc, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{what} {path}: holds a value JSON cannot carry ({exc}); quote dates and use string keys"
+        ) from None
+    return doc
+
+
+def cmd_launch_dockyard(args: argparse.Namespace) -> int:
+    recipe = _read_mapping(args.recipe, what="recipe")
+    infra = _read_mapping(args.infra, what="--infra") if args.infra else None
+    key = args.idempotency_key or str(uuid.uuid4())
+
+    async def body(client: QueueClient) -> int:
+        accepted = await client.launch_dockyard(
+            provider=args.provider,
+            recipe=recipe,
+            infra=infra,
+            overrides=args.set,
+            idempotency_key=key,
+            retries=2,
+        )
+        print(accepted["instanceId"], flush=True)
+        if not args.wait:
+            return 0
+        return await follow(
+            client, provider=args.provider, instance_id=accepted["instanceId"], until_running=True
+        )
 
     return _run(args, body)
 
@@ -459,6 +516,38 @@ def register(sub: Any) -> None:
     p.add_argument("--idempotency-key", help="retry-safe key (default: a fresh UUID, reused on retries)")
     p.add_argument("--wait", action="store_true", help="show each state change; exit 1 if the run failed")
     p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser(
+        "launch-dockyard",
+        parents=[common],
+        help="queue a dockyard launch (recipe + infra) for a daemon to apply; prints the instance id",
+        description="A daemon serving the provider's kube namespace renders the recipe and infra "
+        "(shipped defaults, then the infra, then the overrides; no user defaults, kube context or "
+        "environment of its own) and applies the objects in order. The queue renders it first and "
+        "refuses an invalid one. Stop it with 'nymph stop PROVIDER ID' (the objects are deleted). "
+        "Example: nymph launch-dockyard my-cluster grpo.yaml --infra grpo.infra.yaml "
+        "--set infra.scheduler.queue=team-a --wait",
+    )
+    p.add_argument("provider")
+    p.add_argument(
+        "recipe", help="recipe YAML (an infra: block inside, or --infra; defaults: is not followed)"
+    )
+    p.add_argument("--infra", metavar="FILE", help="infra YAML (dockyard-k8s InfraConfig)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Hydra-style override, e.g. infra.sandbox.replicas=4 (keys without infra. target the "
+        "recipe; ~KEY deletes; repeatable)",
+    )
+    p.add_argument("--idempotency-key", help="retry-safe key (default: a fresh UUID, reused on retries)")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="show each state change until the objects are applied; exit 1 if it failed",
+    )
+    p.set_defaults(func=cmd_launch_dockyard)
 
     p = sub.add_parser("instances", parents=[common], help="list a provider's instances")
     p.add_argument("provider")

@@ -19,6 +19,7 @@ from nymph.launch.state import InstanceState, Reason
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import (
     FINISHED_STATUSES,
+    START_KINDS,
     ActiveJSON,
     ClaimRequest,
     ClaimResult,
@@ -30,6 +31,7 @@ from nymph.queue.models import (
 from nymph.queue.rows import fetch_instance, task_json, transition
 
 _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
+_START_SQL = ",".join(f"'{k}'" for k in START_KINDS)
 #: When a stop task became claimable at all: its creation, or the end of the task it waits on.
 _READY_SINCE = "MAX(t.created_at, COALESCE(a.finished_at, t.created_at))"
 _MAX_ERROR_CHARS = 4096
@@ -114,13 +116,14 @@ MAX_DELIVERIES = 10
 def retire(conn: sqlite3.Connection, *, now: float) -> set[str]:
     """Settle tasks that must not be handed out again; returns instances that changed.
 
-    * a launch whose instance already stopped (it was applied and ran; only its completion was
-      lost) is done: redelivering it after the Pod was reaped would run the job twice;
+    * a launch (or dockyard launch) whose instance already stopped (it was applied and ran;
+      only its completion was lost) is done: redelivering it after the Pod was reaped would run
+      the job twice;
     * a task whose lease expired ``MAX_DELIVERIES`` times fails, and its launch with it.
     """
     conn.execute(
-        "UPDATE tasks SET status = 'done', finished_at = ?, updated_at = ?, lease_owner = NULL, "
-        "lease_expires = NULL WHERE kind = 'launch' AND "
+        "UPDATE tasks SET status = 'done', finished_at = ?, updated_at = ?, lease_owner = NULL, "  # noqa: S608 - constant fragments only
+        f"lease_expires = NULL WHERE kind IN ({_START_SQL}) AND "
         "(status = 'pending' OR (status = 'leased' AND lease_expires <= ?)) AND instance_id IN "
         "(SELECT instance_id FROM instances WHERE state = 'stopped')",
         (now, now, now),
@@ -138,7 +141,7 @@ def retire(conn: sqlite3.Connection, *, now: float) -> set[str]:
             (message, now, now, seq),
         )
         if (
-            kind == "launch"
+            kind in START_KINDS
             and instance_id
             and transition(
                 conn,
@@ -250,6 +253,8 @@ def complete(
             "updated_at = ?, lease_expires = NULL WHERE seq = ?",
             (json.dumps(result) if result is not None else None, now, now, row["seq"]),
         )
+        # A Pod is pinned to its daemon's node; a dockyard launch's objects are not, so its
+        # instance keeps no node and any daemon serving its namespace may take its stop task.
         if kind == "launch" and instance_id:
             node = conn.execute("SELECT node FROM daemons WHERE daemon_id = ?", (daemon_id,)).fetchone()
             inst = fetch_instance(conn, instance_id)
@@ -279,7 +284,7 @@ def complete(
             "updated_at = ?, lease_expires = NULL WHERE seq = ?",
             (error_text, json.dumps(result) if result is not None else None, now, now, row["seq"]),
         )
-        if kind == "launch" and instance_id:
+        if kind in START_KINDS and instance_id:
             changed = transition(
                 conn,
                 instance_id=instance_id,

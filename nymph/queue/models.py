@@ -18,6 +18,12 @@ class TaskKind(str, enum.Enum):
     LAUNCH = "launch"
     STOP = "stop"
     PROBE = "probe"
+    #: A dockyard recipe + infra, rendered and applied in order by the daemon (no Pod of its own).
+    DOCKYARD = "dockyard"
+
+
+#: Task kinds that bring an instance up; a stop is ordered after the latest one of these.
+START_KINDS = (TaskKind.LAUNCH.value, TaskKind.DOCKYARD.value)
 
 
 class TaskStatus(str, enum.Enum):

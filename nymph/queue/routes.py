@@ -1,4 +1,5 @@
-"""User routes: providers, modes, launches, instances, logs, probes, tasks, daemons.
+"""User routes: providers, modes, launches (Pod and dockyard), instances, logs, probes, tasks,
+daemons.
 
 Every route is under ``/v1/namespaces/{ns}``; the auth middleware has already checked the
 token, its role and its namespace scope, and that ``ns`` is a DNS-1123 label.
@@ -24,6 +25,7 @@ routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"
 _STATES = frozenset(s.value for s in InstanceState)
 _MAX_KEY_LEN = 255
+_MAX_OVERRIDES = 1000
 
 
 def check_name(name: object, *, what: str) -> str:
@@ -205,6 +207,30 @@ async def launch(request: web.Request) -> web.Response:
         f.mapping(name)
     accepted = await request.app[STORE].launch(
         ns=m["ns"], provider=m["name"], body=data, idempotency_key=key, principal=request[PRINCIPAL]
+    )
+    return _json(accepted, status=202)
+
+
+@routes.post(NS + "/providers/{name}/dockyard")
+async def launch_dockyard(request: web.Request) -> web.Response:
+    """A dockyard launch: ``{"recipe": {...}, "infra"?: {...}, "overrides"?: ["k=v", ...]}``,
+    rendered in full for the provider's kube namespace before it is accepted."""
+    m = request.match_info
+    key = _idempotency_key(request)
+    f = Fields(await read_object(request))
+    f.reject_unknown({"recipe", "infra", "overrides"})
+    recipe = f.mapping("recipe", required=True)
+    assert recipe is not None
+    infra = f.mapping("infra") or {}
+    overrides = f.strings("overrides", required=False, max_items=_MAX_OVERRIDES)
+    accepted = await request.app[STORE].launch_dockyard(
+        ns=m["ns"],
+        provider=m["name"],
+        recipe=recipe,
+        infra=infra,
+        overrides=overrides,
+        idempotency_key=key,
+        principal=request[PRINCIPAL],
     )
     return _json(accepted, status=202)
 

@@ -115,4 +115,45 @@ MIGRATIONS: tuple[str, ...] = (
         last_seen REAL NOT NULL
     );
     """,
+    # 2: task kind 'dockyard' (a recipe + infra the daemon renders and applies). SQLite cannot
+    # alter a CHECK constraint, so the table is rebuilt: the copy references itself under its
+    # new name (renamed with it), so dropping the old table breaks no foreign key; rows, seq
+    # values and indexes carry over.
+    """
+    CREATE TABLE tasks_v2 (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_id TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL CHECK (kind IN ('launch', 'stop', 'probe', 'dockyard')),
+        status TEXT NOT NULL
+            CHECK (status IN ('pending', 'leased', 'done', 'failed', 'cancelled')),
+        namespace TEXT NOT NULL,
+        kube_namespace TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        instance_id TEXT,
+        spec TEXT,
+        requester TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        lease_owner TEXT,
+        lease_expires REAL,
+        not_before REAL NOT NULL DEFAULT 0,
+        after_task TEXT REFERENCES tasks_v2 (task_id),
+        grace_period INTEGER,
+        result TEXT,
+        error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finished_at REAL
+    );
+    INSERT INTO tasks_v2 (seq, task_id, kind, status, namespace, kube_namespace, provider,
+        instance_id, spec, requester, attempts, lease_owner, lease_expires, not_before,
+        after_task, grace_period, result, error, created_at, updated_at, finished_at)
+    SELECT seq, task_id, kind, status, namespace, kube_namespace, provider, instance_id, spec,
+        requester, attempts, lease_owner, lease_expires, not_before, after_task, grace_period,
+        result, error, created_at, updated_at, finished_at
+    FROM tasks ORDER BY seq;
+    DROP TABLE tasks;
+    ALTER TABLE tasks_v2 RENAME TO tasks;
+    CREATE INDEX tasks_open ON tasks (status, seq);
+    CREATE INDEX tasks_by_instance ON tasks (instance_id, kind);
+    """,
 )

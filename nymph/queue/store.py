@@ -8,6 +8,7 @@ commit that can make a task claimable or change an instance, the matching long-p
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import secrets
@@ -17,15 +18,18 @@ from typing import Any
 
 import structlog
 
+from nymph.dockyard.dispatch import dockyard_task_manifests
+from nymph.dockyard.errors import DockyardConfigError
 from nymph.errors import ConfigError, ValidationError
 from nymph.launch.config import Mode, Provider
-from nymph.launch.names import new_instance_id
+from nymph.launch.names import check_namespace, new_instance_id
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState, Reason
 from nymph.queue import leases
 from nymph.queue.db import Database
 from nymph.queue.errors import BadRequest, Conflict, NotFound
 from nymph.queue.models import (
+    START_KINDS,
     ActiveJSON,
     ClaimRequest,
     ClaimResult,
@@ -35,6 +39,7 @@ from nymph.queue.models import (
     Principal,
     QueueSettings,
     Report,
+    TaskKind,
     TaskStatusJSON,
     iso,
     now,
@@ -61,6 +66,25 @@ def new_task_id() -> str:
 def body_digest(body: Mapping[str, Any]) -> str:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def check_dockyard(spec: Mapping[str, Any]) -> None:
+    """Render a dockyard task spec exactly as the daemon will (pure, CPU only); raises
+    :class:`BadRequest` with the renderer's one-line message (file, key path, what is allowed)."""
+    try:
+        dockyard_task_manifests(
+            recipe=spec["recipe"],
+            infra=spec["infra"],
+            overrides=spec["overrides"],
+            namespace=spec["namespace"],
+        )
+    except DockyardConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_dockyard") from None
+    except RecursionError:
+        raise BadRequest(
+            "the dockyard launch is nested too deep to render: flatten the recipe or infra",
+            code="invalid_dockyard",
+        ) from None
 
 
 # --- synchronous helpers (run on the database thread) -----------------------------------------
@@ -108,6 +132,13 @@ def _build(*, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str) 
         )
     except (ValidationError, ConfigError) as exc:
         raise BadRequest(str(exc), code="invalid_launch") from None
+
+
+def _kube_namespace(provider: Provider) -> str:
+    try:
+        return check_namespace(provider.namespace, field="provider.namespace")
+    except ValidationError as exc:
+        raise BadRequest(str(exc), code="invalid_provider") from None
 
 
 def _instance_row(conn: sqlite3.Connection, ns: str, provider: str, instance_id: str) -> sqlite3.Row:
@@ -168,38 +199,25 @@ def _launch(
     requester: str,
 ) -> tuple[LaunchAccepted, bool]:
     digest = body_digest(body)
-    if idempotency_key is not None:
-        row = conn.execute(
-            "SELECT body_sha256, response FROM idempotency_keys "
-            "WHERE namespace = ? AND provider = ? AND key = ?",
-            (ns, provider_name, idempotency_key),
-        ).fetchone()
-        if row is not None:
-            if row["body_sha256"] != digest:
-                raise Conflict(
-                    "this Idempotency-Key was already used for a different launch body: use a "
-                    "new key for a new launch",
-                    code="idempotency_key_reused",
-                )
-            replay: LaunchAccepted = json.loads(row["response"])
-            return replay, False
+    replay = _replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
+    if replay is not None:
+        return replay, False
     provider = _provider(conn, ns, provider_name)
     mode = _mode_for(conn, ns, provider, str(body["mode"]))
     spec = _build(provider=provider, mode=mode, body={k: v for k, v in body.items() if k != "mode"}, ns=ns)
     ts = now()
-    conn.execute(
-        "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, reason, "
-        "message, node, launched_at, updated_at, version, requester) "
-        "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?)",
-        (spec.instance_id, ns, provider.name, spec.namespace, InstanceState.QUEUED.value, ts, ts, requester),
-    )
-    conn.execute(
-        "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, NULL, '', ?)",
-        (spec.instance_id, InstanceState.QUEUED.value, ts),
+    accepted = _new_instance(
+        conn,
+        instance_id=spec.instance_id,
+        ns=ns,
+        provider=provider.name,
+        kube_ns=spec.namespace,
+        requester=requester,
+        ts=ts,
     )
     _insert_task(
         conn,
-        kind="launch",
+        kind=TaskKind.LAUNCH.value,
         ns=ns,
         kube_ns=spec.namespace,
         provider=provider.name,
@@ -208,19 +226,128 @@ def _launch(
         requester=requester,
         ts=ts,
     )
-    accepted = LaunchAccepted(
-        instanceId=spec.instance_id,
-        state=InstanceState.QUEUED.value,
-        providerName=provider.name,
-        launchedAt=iso(ts),
+    _remember(
+        conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
     )
-    if idempotency_key is not None:
+    return accepted, True
+
+
+def _dockyard(
+    conn: sqlite3.Connection,
+    *,
+    ns: str,
+    provider_name: str,
+    body: Mapping[str, Any],
+    kube_ns: str,
+    idempotency_key: str | None,
+    requester: str,
+) -> tuple[LaunchAccepted, bool]:
+    """Queue a dockyard launch whose spec :func:`check_dockyard` accepted for ``kube_ns``."""
+    digest = body_digest({"dockyard": body})
+    replay = _replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
+    if replay is not None:
+        return replay, False
+    provider = _provider(conn, ns, provider_name)
+    if _kube_namespace(provider) != kube_ns:
+        raise Conflict(
+            f"provider {provider_name!r} changed its kube namespace while this launch was being "
+            "checked: send it again",
+            code="provider_changed",
+        )
+    instance_id = new_instance_id()
+    ts = now()
+    accepted = _new_instance(
+        conn,
+        instance_id=instance_id,
+        ns=ns,
+        provider=provider.name,
+        kube_ns=kube_ns,
+        requester=requester,
+        ts=ts,
+    )
+    _insert_task(
+        conn,
+        kind=TaskKind.DOCKYARD.value,
+        ns=ns,
+        kube_ns=kube_ns,
+        provider=provider.name,
+        instance_id=instance_id,
+        spec={**body, "namespace": kube_ns},
+        requester=requester,
+        ts=ts,
+    )
+    _remember(
+        conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
+    )
+    return accepted, True
+
+
+def _replay(
+    conn: sqlite3.Connection, *, ns: str, provider: str, key: str | None, digest: str
+) -> LaunchAccepted | None:
+    """The 202 body a launch sent earlier with this Idempotency-Key, if any (same body only)."""
+    if key is None:
+        return None
+    row = conn.execute(
+        "SELECT body_sha256, response FROM idempotency_keys WHERE namespace = ? AND provider = ? AND key = ?",
+        (ns, provider, key),
+    ).fetchone()
+    if row is None:
+        return None
+    if row["body_sha256"] != digest:
+        raise Conflict(
+            "this Idempotency-Key was already used for a different launch body: use a "
+            "new key for a new launch",
+            code="idempotency_key_reused",
+        )
+    replay: LaunchAccepted = json.loads(row["response"])
+    return replay
+
+
+def _remember(
+    conn: sqlite3.Connection,
+    *,
+    ns: str,
+    provider: str,
+    key: str | None,
+    digest: str,
+    accepted: LaunchAccepted,
+    ts: float,
+) -> None:
+    if key is not None:
         conn.execute(
             "INSERT INTO idempotency_keys (namespace, provider, key, body_sha256, instance_id, "
             "response, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (ns, provider_name, idempotency_key, digest, spec.instance_id, json.dumps(accepted), ts),
+            (ns, provider, key, digest, accepted["instanceId"], json.dumps(accepted), ts),
         )
-    return accepted, True
+
+
+def _new_instance(
+    conn: sqlite3.Connection,
+    *,
+    instance_id: str,
+    ns: str,
+    provider: str,
+    kube_ns: str,
+    requester: str,
+    ts: float,
+) -> LaunchAccepted:
+    conn.execute(
+        "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, reason, "
+        "message, node, launched_at, updated_at, version, requester) "
+        "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?)",
+        (instance_id, ns, provider, kube_ns, InstanceState.QUEUED.value, ts, ts, requester),
+    )
+    conn.execute(
+        "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, NULL, '', ?)",
+        (instance_id, InstanceState.QUEUED.value, ts),
+    )
+    return LaunchAccepted(
+        instanceId=instance_id,
+        state=InstanceState.QUEUED.value,
+        providerName=provider,
+        launchedAt=iso(ts),
+    )
 
 
 def _stop(
@@ -238,10 +365,11 @@ def _stop(
         return False, False
     ts = now()
     conn.execute("UPDATE instances SET stop_requested_at = ? WHERE instance_id = ?", (ts, instance_id))
+    marks = ",".join("?" * len(START_KINDS))
     launch = conn.execute(
-        "SELECT task_id, status, attempts FROM tasks WHERE instance_id = ? AND kind = 'launch' "
-        "ORDER BY seq DESC LIMIT 1",
-        (instance_id,),
+        "SELECT task_id, kind, status, attempts, spec FROM tasks "  # noqa: S608 - placeholders only
+        f"WHERE instance_id = ? AND kind IN ({marks}) ORDER BY seq DESC LIMIT 1",
+        (instance_id, *START_KINDS),
     ).fetchone()
     if launch is not None and launch["status"] == "pending":
         conn.execute(
@@ -260,14 +388,19 @@ def _stop(
             )
             return True, False
     after = launch["task_id"] if launch is not None and launch["status"] == "leased" else None
+    # A dockyard instance has no Pod named after it: its stop task carries the dockyard spec, so
+    # the daemon renders the same objects again and deletes them.
+    stop_spec = None
+    if launch is not None and launch["kind"] == TaskKind.DOCKYARD.value:
+        stop_spec = {"dockyard": json.loads(launch["spec"])}
     _insert_task(
         conn,
-        kind="stop",
+        kind=TaskKind.STOP.value,
         ns=ns,
         kube_ns=row["kube_namespace"],
         provider=provider,
         instance_id=instance_id,
-        spec=None,
+        spec=stop_spec,
         requester=requester,
         ts=ts,
         after=after,
@@ -456,6 +589,45 @@ class Store:
                 instance=accepted["instanceId"],
                 namespace=ns,
                 provider=provider,
+                requester=principal.requester,
+            )
+        return accepted
+
+    async def launch_dockyard(
+        self,
+        *,
+        ns: str,
+        provider: str,
+        recipe: Mapping[str, Any],
+        infra: Mapping[str, Any],
+        overrides: Sequence[str],
+        idempotency_key: str | None,
+        principal: Principal,
+    ) -> LaunchAccepted:
+        """Check the dockyard launch in full for the provider's kube namespace (rendered off the
+        database thread), then queue its instance and task in one transaction."""
+        kube_ns = _kube_namespace(await self.db.read(lambda conn: _provider(conn, ns, provider)))
+        body = {"recipe": dict(recipe), "infra": dict(infra), "overrides": list(overrides)}
+        await asyncio.to_thread(check_dockyard, {**body, "namespace": kube_ns})
+        accepted, created = await self.db.write(
+            lambda conn: _dockyard(
+                conn,
+                ns=ns,
+                provider_name=provider,
+                body=body,
+                kube_ns=kube_ns,
+                idempotency_key=idempotency_key,
+                requester=principal.requester,
+            )
+        )
+        if created:
+            self.tasks_changed.notify()
+            log.info(
+                "dockyard launch accepted",
+                instance=accepted["instanceId"],
+                namespace=ns,
+                provider=provider,
+                kube_namespace=kube_ns,
                 requester=principal.requester,
             )
         return accepted

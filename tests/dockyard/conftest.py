@@ -1,13 +1,21 @@
-"""Shared fixtures for the dockyard tests: isolated environments, file writers, and strict
+"""Shared fixtures for the dockyard tests: isolated environments, file writers, strict
 schema validation of rendered manifests (kubernetes-validate for core kinds, the KubeRay CRD
-openAPIV3Schema for RayJob / RayCluster)."""
+openAPIV3Schema for RayJob / RayCluster), and ``ray_head``: a real local Ray head for the
+Jobs REST API tests (the real-cluster fixtures are in tests/kube_fixtures.py)."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import textwrap
-from collections.abc import Callable
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +28,21 @@ from nymph.dockyard.kube import Manifest
 from nymph.dockyard.load import Environment
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_DIR = ROOT.parent / "shared" / "crds" / "kuberay"
+
+
+def _crd_dir() -> Path:
+    """The KubeRay CRDs (NYMPH_KUBERAY_CRDS, ../shared/crds/kuberay, or /work/shared/...)."""
+    from tests.kube_fixtures import kuberay_crd_dir
+
+    found = kuberay_crd_dir()
+    if found is None:
+        msg = "KubeRay CRDs not found: set NYMPH_KUBERAY_CRDS to the folder holding ray.io_rayjobs.yaml"
+        if os.environ.get("NYMPH_E2E", "").lower() == "require":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return found
+
+
 EXAMPLES = ROOT / "manifests" / "examples"
 K8S_VERSION = "1.37.0"
 
@@ -83,7 +105,7 @@ def _strict(schema: Any) -> Any:
 
 @functools.cache
 def _crd_validator(kind: str) -> Any:
-    path = CRD_DIR / f"ray.io_{kind.lower()}s.yaml"
+    path = _crd_dir() / f"ray.io_{kind.lower()}s.yaml"
     crd = yaml.safe_load(path.read_text(encoding="utf-8"))
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     schema = _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
@@ -155,3 +177,81 @@ def minimal_infra() -> dict[str, Any]:
 @pytest.fixture
 def infra_dict() -> dict[str, Any]:
     return minimal_infra()
+
+
+# -- a real local Ray head -----------------------------------------------------------------
+
+
+def _ray_unavailable(message: str) -> None:
+    if os.environ.get("NYMPH_E2E", "auto").strip().lower() == "require":
+        pytest.fail(f"NYMPH_E2E=require but {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def _ray_ports() -> list[str]:
+    from nymph.localcluster.cluster import free_port
+
+    names = (
+        "port",
+        "dashboard-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+        "ray-client-server-port",
+        "node-manager-port",
+        "object-manager-port",
+    )
+    return [f"--{n}={free_port()}" for n in names]
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[str]:
+    """The dashboard URL of a Ray head started from the ``ray`` wheel (``ray[default]`` in the
+    test extra): one CPU, no GPU, dashboard on 127.0.0.1. Stopped with ``ray stop --force``."""
+    ray = Path(sys.executable).parent / "ray"
+    if not ray.exists():
+        _ray_unavailable(f"no {ray}: install the test extra (pip install -e '.[test]' brings ray[default])")
+    temp = Path(tempfile.mkdtemp(prefix="nyray-", dir="/tmp"))  # short: Ray puts sockets under it
+    env = {
+        **os.environ,
+        "PATH": f"{ray.parent}{os.pathsep}{os.environ.get('PATH', '')}",  # `python` is this venv's
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    ports = _ray_ports()
+    dashboard = next(p for p in ports if p.startswith("--dashboard-port=")).split("=", 1)[1]
+    argv = [
+        str(ray),
+        "start",
+        "--head",
+        "--node-ip-address=127.0.0.1",
+        "--dashboard-host=127.0.0.1",
+        "--num-cpus=1",
+        "--num-gpus=0",
+        "--object-store-memory=100000000",
+        "--include-dashboard=true",
+        "--disable-usage-stats",
+        f"--temp-dir={temp}",
+        *ports,
+    ]
+    started = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False)
+    url = f"http://127.0.0.1:{dashboard}"
+    try:
+        if started.returncode != 0:
+            tail = " | ".join((started.stderr or started.stdout).strip().splitlines()[-3:])
+            _ray_unavailable(f"'ray start --head' failed (exit {started.returncode}): {tail}")
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/version", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                _ray_unavailable(f"the Ray dashboard at {url} did not answer within 90s (see {temp})")
+            time.sleep(0.5)
+        yield url
+    finally:
+        subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120, check=False)
+        shutil.rmtree(temp, ignore_errors=True)

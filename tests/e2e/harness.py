@@ -22,6 +22,7 @@ from nymph.localcluster.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_ROLE = REPO / "manifests" / "base" / "daemon-role.yaml"
+DOCKYARD_ROLE = REPO / "manifests" / "base" / "daemon-dockyard-role.yaml"
 NODE = "nymph-node-1"
 
 
@@ -169,26 +170,32 @@ class DaemonProc:
             return r.read().decode()
 
 
-def daemon_kubeconfig(kube: LocalCluster, namespace: str, tmp: Path) -> Path:
-    """A ServiceAccount bound to exactly the project's daemon Role, and a kubeconfig for it."""
+def daemon_kubeconfig(kube: LocalCluster, namespace: str, tmp: Path, *, dockyard: bool = False) -> Path:
+    """A ServiceAccount bound to exactly the project's daemon Role (and, with ``dockyard``, the
+    dockyard Role too), and a kubeconfig for it."""
     from tests.kube_fixtures import token_kubeconfig
 
-    role = yaml.safe_load(DAEMON_ROLE.read_text())
-    base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
     kube.api(
         "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "nymph-daemon"}}
     )
-    kube.api("POST", f"{base}/roles", {"metadata": {"name": "nymph-daemon"}, "rules": role["rules"]})
+    for manifest in (DAEMON_ROLE, DOCKYARD_ROLE) if dockyard else (DAEMON_ROLE,):
+        _bind_role(kube, namespace, yaml.safe_load(manifest.read_text()))
+    return token_kubeconfig(kube, namespace=namespace, name="nymph-daemon", path=tmp / "daemon.kubeconfig")
+
+
+def _bind_role(kube: LocalCluster, namespace: str, role: dict[str, Any]) -> None:
+    name = role["metadata"]["name"]
+    base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    kube.api("POST", f"{base}/roles", {"metadata": {"name": name}, "rules": role["rules"]})
     kube.api(
         "POST",
         f"{base}/rolebindings",
         {
-            "metadata": {"name": "nymph-daemon"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nymph-daemon"},
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": "nymph-daemon", "namespace": namespace}],
         },
     )
-    return token_kubeconfig(kube, namespace=namespace, name="nymph-daemon", path=tmp / "daemon.kubeconfig")
 
 
 async def setup_provider(q: QueueProc, namespace: str, *, image: str = "python:3.12-slim") -> None:

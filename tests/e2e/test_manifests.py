@@ -1,5 +1,6 @@
 """The in-cluster deployment: kustomize renders, the API server accepts it, and the daemon's
-RBAC is sufficient (a full launch with its token) and minimal (a can-i matrix)."""
+RBAC is sufficient (a full launch with its token) and minimal (a can-i matrix, including the
+kinds the dockyard Role adds and nothing more)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def test_kustomize_renders(overlay: str) -> None:
             "ServiceAccount",
             "Role",
             "RoleBinding",
+            "Role",
+            "RoleBinding",
             "DaemonSet",
             "Deployment",
             "Service",
@@ -60,7 +63,8 @@ def test_kustomize_renders(overlay: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def deployed(kube: LocalCluster) -> list[dict[str, Any]]:
+def deployed(kube: LocalCluster, kuberay_crds: Path) -> list[dict[str, Any]]:
+    # The dockyard Role names KubeRay kinds: can-i on them needs the CRDs installed.
     docs = kustomize("overlays/kind")
     rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
     workloads = [d for d in docs if d["kind"] not in RBAC_KINDS]
@@ -89,16 +93,25 @@ def can_i(kube: LocalCluster, verb: str, resource: str, namespace: str | None) -
     return out.stdout.strip() == "yes"
 
 
-ALLOWED = [(v, "pods", "default") for v in ("create", "get", "list", "watch", "delete", "patch")] + [
-    ("get", "pods/log", "default")
-]
+DOCKYARD_RESOURCES = (
+    "deployments.apps",
+    "services",
+    "networkpolicies.networking.k8s.io",
+    "poddisruptionbudgets.policy",
+    "rayjobs.ray.io",
+    "rayclusters.ray.io",
+)
+ALLOWED = (
+    [(v, "pods", "default") for v in ("create", "get", "list", "watch", "delete", "patch")]
+    + [("get", "pods/log", "default")]
+    + [(v, r, "default") for r in DOCKYARD_RESOURCES for v in ("get", "create", "patch", "delete")]
+)
 DENIED = [
     ("get", "secrets", "default"),
     ("list", "secrets", "default"),
     ("get", "configmaps", "default"),
     ("create", "pods/exec", "default"),
     ("update", "pods", "default"),
-    ("create", "deployments", "default"),
     ("create", "pods", "kube-system"),
     ("list", "pods", "nymph-system"),
     ("get", "secrets", "nymph-system"),
@@ -109,6 +122,26 @@ DENIED = [
     ("create", "clusterroles", None),
     ("create", "clusterrolebindings", None),
     ("delete", "persistentvolumes", None),
+    # The dockyard Role: only its kinds, only get/create/patch/delete, only served namespaces.
+    ("create", "jobs.batch", "default"),
+    ("create", "statefulsets.apps", "default"),
+    ("create", "daemonsets.apps", "default"),
+    ("create", "replicasets.apps", "default"),
+    ("create", "ingresses.networking.k8s.io", "default"),
+    ("create", "resourcequotas", "default"),
+    ("create", "limitranges", "default"),
+    ("create", "serviceaccounts", "default"),
+    ("create", "roles.rbac.authorization.k8s.io", "default"),
+    ("list", "deployments.apps", "default"),
+    ("watch", "rayjobs.ray.io", "default"),
+    ("list", "services", "default"),
+    ("update", "deployments.apps", "default"),
+    ("patch", "deployments.apps/scale", "default"),
+    ("patch", "services/status", "default"),
+    ("create", "deployments.apps", "kube-system"),
+    ("delete", "services", "kube-system"),
+    ("create", "rayclusters.ray.io", "nymph-system"),
+    ("create", "rayjobs.ray.io", "kube-system"),
 ]
 
 

@@ -261,3 +261,73 @@ def test_serve_imports_a_token_from_a_file(tmp_path: Path) -> None:
         proc.terminate()
         _, err = proc.communicate(timeout=20)
     assert b"shared-secret" not in err
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+
+
+def test_launch_dockyard_verb(env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    env.run(_setup(env))
+    recipe = str(EXAMPLES / "dockyard-grpo-vllm.yaml")
+    infra = str(EXAMPLES / "dockyard-grpo-vllm.infra.yaml")
+    code, out, err = run(
+        capsys, "launch-dockyard", "kind", recipe, "--infra", infra, "--set", "infra.sandbox.replicas=2"
+    )
+    assert code == 0, err
+    iid = out.strip()
+    assert iid.startswith("lakeshore-")
+
+    async def claim() -> dict[str, object]:
+        async with env.client(env.daemon_token) as d:
+            [task] = await d.claim(daemon_id="fd", node="n1", capacity=1, wait=5)
+            return dict(task)
+
+    task = env.run(claim())
+    assert task["kind"] == "dockyard" and task["instanceId"] == iid
+    spec = task["spec"]
+    assert isinstance(spec, dict) and spec["overrides"] == ["infra.sandbox.replicas=2"]
+    assert spec["infra"]["_anchors"]["gpu_nodes"] == {"nvidia.com/gpu.present": "true"}  # anchors expanded
+
+    # Refused by the queue (it renders first), naming the key; refused locally for bad files.
+    code, _, err = run(
+        capsys, "launch-dockyard", "kind", recipe, "--infra", infra, "--set", "infra.colour=red"
+    )
+    assert code == 2 and "infra.colour" in err and "(HTTP 400)" in err
+    code, _, err = run(capsys, "launch-dockyard", "kind", "missing.yaml")
+    assert code == 2 and "missing.yaml" in err and "no such file" in err
+    (tmp_path / "list.yaml").write_text("- a\n")
+    code, _, err = run(capsys, "launch-dockyard", "kind", "list.yaml")
+    assert code == 2 and "list.yaml: expected a mapping" in err
+    (tmp_path / "child.yaml").write_text("defaults: [base.yaml]\n")
+    code, _, err = run(capsys, "launch-dockyard", "kind", "child.yaml")
+    assert code == 2 and "defaults:" in err
+    (tmp_path / "dated.yaml").write_text("when: 2024-01-01\n")
+    code, _, err = run(capsys, "launch-dockyard", "kind", "dated.yaml")
+    assert code == 2 and "quote dates" in err
+
+
+async def _fake_dockyard_daemon(served: Served, final: list[tuple[str, str | None]], *, ok: bool) -> None:
+    async with served.client(served.daemon_token) as d:
+        [task] = await d.claim(daemon_id="fd", node="n1", capacity=1, wait=20)
+        for seq, (state, reason) in enumerate(final, 1):
+            await asyncio.sleep(0.1)
+            report = {"seq": seq, "instanceId": task["instanceId"], "state": state, "reason": reason}
+            await d.report(daemon_id="fd", stream="fd", reports=[report])
+        await d.complete(daemon_id="fd", task_id=task["taskId"], ok=ok, error=None if ok else "Forbidden")
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_launch_dockyard_wait_returns_once_running(
+    env: Served, capsys: pytest.CaptureFixture[str], ok: bool
+) -> None:
+    env.run(_setup(env))
+    final: list[tuple[str, str | None]] = [("starting", None)] + ([("running", None)] if ok else [])
+    daemon = env.spawn(_fake_dockyard_daemon(env, final, ok=ok))
+    recipe = str(EXAMPLES / "dockyard-grpo-vllm.yaml")
+    infra = str(EXAMPLES / "dockyard-grpo-vllm.infra.yaml")
+    got, out, err = run(capsys, "launch-dockyard", "kind", recipe, "--infra", infra, "--wait")
+    daemon.result(10)
+    assert got == (0 if ok else 1), err
+    assert out.strip().startswith("lakeshore-")
+    states = [m[1] for m in re.finditer(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d  (\w+)", err, re.M)]
+    assert states == (["queued", "starting", "running"] if ok else ["queued", "starting", "stopped"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ SCHEMA = schemathesis.openapi.from_dict(SPEC)
 METHODS = {"get", "put", "post", "delete", "patch", "head"}
 ALL_OPERATIONS = {(m.upper(), p) for p, item in SPEC["paths"].items() for m in item if m in METHODS}
 NS = "/v1/namespaces/default"
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 
 
 class Conformance:
@@ -116,6 +118,20 @@ def test_every_operation_conforms(served: Served) -> None:
     call("GET", inst + "/logs", expect=200)
     call("GET", NS + "/providers/kind/instances/lakeshore-00000000/logs", expect=404)
 
+    dock = NS + "/providers/kind/dockyard"
+    dock_body = {
+        "recipe": yaml.safe_load((EXAMPLES / "dockyard-grpo-vllm.yaml").read_text()),
+        "infra": yaml.safe_load((EXAMPLES / "dockyard-grpo-vllm.infra.yaml").read_text()),
+        "overrides": ["infra.sandbox.replicas=1"],
+    }
+    dock_id = call("POST", dock, body=dock_body, headers={"Idempotency-Key": "d"}, expect=202).json()[
+        "instanceId"
+    ]
+    call("POST", dock, body={**dock_body, "overrides": []}, headers={"Idempotency-Key": "d"}, expect=409)
+    call("POST", dock, body={**dock_body, "infra": {"colour": 1}}, expect=400)
+    call("POST", dock, body={"infra": {}}, expect=422)
+    call("POST", NS + "/providers/nope/dockyard", body=dock_body, expect=404)
+
     task_id = call("POST", NS + "/providers/kind/test", body={}, expect=202).json()["taskId"]
     call("POST", NS + "/providers/kind/test", body={"mode": "ghost"}, expect=404)
     call("GET", NS + f"/tasks/{task_id}", expect=200)
@@ -125,7 +141,7 @@ def test_every_operation_conforms(served: Served) -> None:
     call("POST", "/v1/dispatch/claim", body=claim, token="user", expect=403)
     call("POST", "/v1/dispatch/claim", body={**claim, "capacity": -1}, token="daemon", expect=422)
     tasks = call("POST", "/v1/dispatch/claim", body=claim, token="daemon", expect=200).json()["tasks"]
-    assert {t["kind"] for t in tasks} == {"launch", "probe"}
+    assert {t["kind"] for t in tasks} == {"launch", "probe", "dockyard"}
     call("GET", NS + "/daemons", expect=200)
     ids = [t["taskId"] for t in tasks]
     call("POST", "/v1/dispatch/renew", body={"daemonId": "d1", "taskIds": ids}, token="daemon", expect=200)
@@ -142,6 +158,14 @@ def test_every_operation_conforms(served: Served) -> None:
     call("POST", "/v1/dispatch/complete", body=done, token="daemon", expect=200)
     call("POST", "/v1/dispatch/complete", body={**done, "daemonId": "d2"}, token="daemon", expect=409)
     call("POST", "/v1/dispatch/complete", body={**done, "taskId": "task-x"}, token="daemon", expect=404)
+    # A dockyard instance stopped while its task is leased: the stop waits, then carries the spec.
+    dock_task = next(t for t in tasks if t["kind"] == "dockyard")
+    call("DELETE", NS + f"/providers/kind/instances/{dock_id}", expect=204)
+    dock_done = {"daemonId": "d1", "taskId": dock_task["taskId"], "ok": True, "result": {"objects": []}}
+    call("POST", "/v1/dispatch/complete", body=dock_done, token="daemon", expect=200)
+    again = call("POST", "/v1/dispatch/claim", body=claim, token="daemon", expect=200).json()["tasks"]
+    [dock_stop] = [t for t in again if t["kind"] == "stop"]
+    assert dock_stop["spec"] == {"dockyard": dock_task["spec"]}
     report = {"seq": 1, "instanceId": iid, "state": "running", "node": "n1", "at": "2030-01-01T00:00:00Z"}
     call(
         "POST",
