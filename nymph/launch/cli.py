@@ -14,7 +14,8 @@ from nymph.launch.render import render_pod, to_json, to_yaml
 from nymph.launch.spec import build_launch_spec
 
 
-def _read_script(path: str) -> str:
+def read_script(path: str) -> str:
+    """The text of ``--script PATH`` (``-`` for stdin), or a one-line ConfigError."""
     if path == "-":
         return sys.stdin.read()
     try:
@@ -36,7 +37,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             raise ConfigError(f"--tag {item!r}: expected KEY=VALUE")
         tags[key] = value
     env = parse_assignments(args.env, flag="--env")
-    body: dict[str, Any] = {"script": _read_script(args.script), "tags": tags}
+    body: dict[str, Any] = {"script": read_script(args.script), "tags": tags}
     if env:
         body["env"] = env
     spec = build_launch_spec(

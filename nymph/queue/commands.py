@@ -25,6 +25,7 @@ import yaml
 from nymph.client import DEFAULT_URL, QueueClient
 from nymph.dockyard.yamlio import load_file
 from nymph.errors import ConfigError, NymphError
+from nymph.launch.cli import read_script
 from nymph.launch.config import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
 from nymph.launch.state import InstanceState, Reason
 
@@ -66,17 +67,6 @@ def _when(ts: str) -> str:
         return datetime.fromisoformat(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
     except ValueError:
         return ts
-
-
-def _read_script(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"--script {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--script {path}: cannot read ({exc.__class__.__name__})") from None
 
 
 def _print_instances(items: Sequence[dict[str, Any]]) -> None:
@@ -300,7 +290,7 @@ async def follow(
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    script = _read_script(args.script)
+    script = read_script(args.script)
     tags: dict[str, str] = {}
     for item in args.tag:
         key, sep, value = item.partition("=")
