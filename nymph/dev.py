@@ -254,7 +254,18 @@ def cmd_dev(args: argparse.Namespace) -> int:
             step(4, total, f"starting the daemon for node {cluster.node}")
             hport = free_port()
             dlog = state / "daemon.log"
-            root = state / "root"
+            if args.workdir_root:
+                root = Path(args.workdir_root).resolve()
+            elif cluster.embedded:
+                root = state / "root"
+            else:
+                # Pods mount <root>/work/<id> from their node: with kind (make kind-up) the
+                # host's /tmp/nymph is mounted into the node at the same path.
+                root = Path("/tmp/nymph")
+                print(
+                    f"      workdirs under {root}: the node must see this host path (make kind-up mounts it)",
+                    file=sys.stderr,
+                )
             dargs = [
                 sys.executable,
                 "-m",
