@@ -348,6 +348,11 @@ def register(sub: Any) -> None:
     p.add_argument("--script", help="Python file to launch instead of the built-in sample")
     p.add_argument("--port", type=int, help="queue port (default: a free one)")
     p.add_argument(
+        "--workdir-root",
+        help="workdir root, seen at the same path by this host and the node "
+        "(default: the state dir on the embedded cluster, /tmp/nymph on a real one)",
+    )
+    p.add_argument(
         "--state-dir",
         help="where the queue db, logs, workdirs and audit log go (default: the user state dir)",
     )
