@@ -47,6 +47,17 @@ mkdir -p "$assets" "$GOMODCACHE" "$GOCACHE"
 
 start=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - start ))s"; }
+# Run a long command, saying every 30 s that it is still going (CI logs stay alive).
+with_heartbeat() {
+  "$@" &
+  local pid=$! ticks=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 2
+    ticks=$((ticks + 1))
+    if (( ticks % 15 == 0 )) && kill -0 "$pid" 2>/dev/null; then log "    ... still building ($(elapsed))"; fi
+  done
+  wait "$pid"
+}
 
 work="$cache/envtest/src-${KUBERNETES_VERSION}"
 mkdir -p "$work/cmd/etcd"
@@ -116,24 +127,26 @@ ldflags="-s -w \
 p="${NYMPH_BUILD_PARALLELISM:-$(nproc)}"
 log "[3/5] building kube-apiserver (the long one, several minutes on 2 cores) ($(elapsed))"
 if [[ ! -x "$assets/kube-apiserver" ]]; then
-  go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+  with_heartbeat go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
   mv "$assets/kube-apiserver.tmp" "$assets/kube-apiserver"
 fi
 log "[4/5] building kube-scheduler, kube-controller-manager and etcd ($(elapsed))"
 for c in kube-scheduler kube-controller-manager; do
   [[ -x "$assets/$c" ]] && continue
-  go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+  with_heartbeat go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/$c.tmp" "k8s.io/kubernetes/cmd/$c"
   mv "$assets/$c.tmp" "$assets/$c"
 done
 if [[ ! -x "$assets/etcd" ]]; then
-  go build -p "$p" -trimpath -ldflags "-s -w" -o "$assets/etcd.tmp" ./cmd/etcd
+  with_heartbeat go build -p "$p" -trimpath -ldflags "-s -w" -o "$assets/etcd.tmp" ./cmd/etcd
   mv "$assets/etcd.tmp" "$assets/etcd"
 fi
 
 log "[5/5] building kwok ${KWOK_VERSION} ($(elapsed))"
-[[ -x "$assets/kwok" ]] || GOBIN="$work/kwok-bin" GOFLAGS="-buildvcs=false" go install -trimpath \
-  -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
-[[ -x "$assets/kwok" ]] || mv "$work/kwok-bin/kwok" "$assets/kwok"
+if [[ ! -x "$assets/kwok" ]]; then
+  with_heartbeat env GOBIN="$work/kwok-bin" GOFLAGS="-buildvcs=false" go install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
+  mv "$work/kwok-bin/kwok" "$assets/kwok"
+fi
 
 "$assets/kube-apiserver" --version >&2
 if [[ -z "${NYMPH_KEEP_GOCACHE:-}" && -z "${GOCACHE_OVERRIDE:-}" ]]; then
