@@ -49,22 +49,37 @@ class AuditLog:
         self.seq, self.last = self._load_head()
 
     def _load_head(self) -> tuple[int, str]:
-        if not self.path.exists():
-            return 0, GENESIS
+        seq, last = 0, GENESIS
         last_line = b""
-        with self.path.open("rb") as fh:
-            for line in fh:
-                if line.strip():
-                    last_line = line
-        if not last_line:
-            return 0, GENESIS
-        try:
-            rec = json.loads(last_line)
-            return int(rec["seq"]), str(rec["hash"])
-        except (ValueError, KeyError, TypeError):
+        if self.path.exists():
+            with self.path.open("rb") as fh:
+                for line in fh:
+                    if line.strip():
+                        last_line = line
+        if last_line:
+            try:
+                rec = json.loads(last_line)
+                seq, last = int(rec["seq"]), str(rec["hash"])
+            except (ValueError, KeyError, TypeError):
+                raise AuditError(
+                    f"{self.path}: last record is unreadable; run `nymph audit verify {self.path}`"
+                ) from None
+        head = self._read_head()
+        if head is not None and head != (seq, last):
+            # Continuing from a shortened file would rewrite the head and hide the loss.
             raise AuditError(
-                f"{self.path}: last record is unreadable; run `nymph audit verify {self.path}`"
-            ) from None
+                f"{self.path} ends at record {seq} but its head says {head[0]}: records are missing. "
+                f"Run `nymph audit verify {self.path}`, keep the file as evidence, and move it and "
+                f"{self.head_path.name} aside to start a new chain"
+            )
+        return seq, last
+
+    def _read_head(self) -> tuple[int, str] | None:
+        try:
+            head = json.loads(self.head_path.read_text())
+            return int(head["seq"]), str(head["hash"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def append(self, action: str, **fields: Any) -> dict[str, Any]:
         if action not in ACTIONS:

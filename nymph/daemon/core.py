@@ -23,6 +23,7 @@ from nymph.client import (
     QueueConflict,
     QueueError,
     QueueNotFound,
+    safe_url,
 )
 from nymph.daemon.aiotasks import cancel_all, guarded
 from nymph.daemon.audit import AuditLog
@@ -81,6 +82,9 @@ class Daemon:
         self.tracks: dict[str, Track] = {}
         self.held: dict[str, dict[str, Any]] = {}  # taskId -> task, leases we renew
         self.started: set[str] = set()  # taskIds whose work has begun
+        # taskIds whose completion is queued in the outbox: their lease is renewed until the
+        # queue has it, so a slow outbox never lets the task be handed out again.
+        self.completing: set[str] = set()
         self.local: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.slot_freed = asyncio.Event()
         self.inflight = 0
@@ -121,7 +125,7 @@ class Daemon:
         runner = await start_health_server(self, s.listen)
         self.log.info(
             "daemon starting",
-            queue=s.queue.url,
+            queue=safe_url(s.queue.url),
             namespaces=list(s.kube.namespaces),
             apply_with=s.kube.apply_with,
         )
@@ -153,6 +157,36 @@ class Daemon:
         self.log.info("daemon stopped")
         return 0
 
+    def complete(
+        self,
+        *,
+        task_id: str,
+        ok: bool,
+        error: str | None = None,
+        retryable: bool = False,
+        result: dict[str, Any] | None = None,
+    ) -> None:
+        """Queue a task's completion; its lease keeps being renewed until the queue has it."""
+        self.completing.add(task_id)
+        self.outbox.complete(task_id=task_id, ok=ok, error=error, retryable=retryable, result=result)
+
+    def _settled(self, task_id: str) -> None:
+        self.completing.discard(task_id)
+        self.started.discard(task_id)
+        self.held.pop(task_id, None)
+
+    async def _release(self, task_ids: list[str]) -> None:
+        if not task_ids or self.client is None:
+            return
+        try:
+            released = await self.client.release(daemon_id=self.s.daemon_id, task_ids=task_ids)
+        except QueueError as exc:
+            self.log.warning("could not hand leases back; they will lapse", error=str(exc)[:200])
+            return
+        for tid in released:
+            self.held.pop(tid, None)
+            self.audit.append("release", task=tid, node=self.node, result="released")
+
     def _watch_restart_counter(self, namespace: str) -> Callable[[str], None]:
         def count(why: str) -> None:
             self.metrics.watch_restarts.labels(namespace, why).inc()
@@ -165,20 +199,18 @@ class Daemon:
         for t in self.tasks:
             if t.get_name() == "claimer":
                 t.cancel()
-        # Hand back what was claimed but not started.
-        unstarted = [tid for tid in self.held if tid not in self.started]
         while not self.local.empty():
             self.local.get_nowait()
-        if unstarted and self.client:
-            with contextlib.suppress(QueueError):
-                released = await self.client.release(daemon_id=s.daemon_id, task_ids=unstarted)
-                for tid in released:
-                    self.held.pop(tid, None)
-                    self.audit.append("release", task=tid, node=self.node, result="released")
+        await self._release([tid for tid in self.held if tid not in self.started])
         if self.work_tasks:
             _, pending = await asyncio.wait(self.work_tasks, timeout=s.shutdown_grace_seconds)
             for p in pending:
                 p.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+        # Whatever we hold and will not complete (not started, skipped because we are stopping,
+        # or cut off by the grace period) goes back now rather than when its lease lapses.
+        await self._release([tid for tid in self.held if tid not in self.completing])
         flushed = await self.outbox.flush(timeout=min(10.0, s.shutdown_grace_seconds))
         if not flushed:
             self.log.warning(
@@ -194,20 +226,25 @@ class Daemon:
         try:
             if kind == "report":
                 reports = [
-                    {k: v for k, v in item.items() if k not in ("kind", "stream") and v is not None}
+                    {k: v for k, v in item.items() if k not in ("kind", "stream", "_line") and v is not None}
                     for item in batch
                 ]
                 await self.client.report(daemon_id=s.daemon_id, stream=batch[0]["stream"], reports=reports)
             elif kind == "complete":
                 item = batch[0]
-                await self.client.complete(
-                    daemon_id=s.daemon_id,
-                    task_id=item["taskId"],
-                    ok=item["ok"],
-                    error=item.get("error"),
-                    retryable=bool(item.get("retryable")),
-                    result=item.get("result"),
-                )
+                try:
+                    await self.client.complete(
+                        daemon_id=s.daemon_id,
+                        task_id=item["taskId"],
+                        ok=item["ok"],
+                        error=item.get("error"),
+                        retryable=bool(item.get("retryable")),
+                        result=item.get("result"),
+                    )
+                except (QueueConflict, QueueNotFound, QueueBadRequest):
+                    self._settled(item["taskId"])
+                    raise
+                self._settled(item["taskId"])
             elif kind == "logs":
                 item = batch[0]
                 await self.client.upload_logs(
@@ -225,7 +262,7 @@ class Daemon:
         backoff = 0.5
         # Claim nothing before every watch has listed its Pods: the adopt check needs them, and
         # a daemon that cannot reach the API server should leave the work to others.
-        while not all(w.synced.is_set() for w in self.watchers.values()):
+        while not self.reconciled.is_set():
             self.last_progress = time.monotonic()
             await asyncio.sleep(0.2)
         while not self.stopping.is_set():
@@ -317,14 +354,12 @@ class Daemon:
         except Exception:
             self.log.exception("task handling crashed", tasks=[t["taskId"] for t in group])
             for t in group:
-                self.outbox.complete(
-                    task_id=t["taskId"], ok=False, error="internal error in the daemon", retryable=True
-                )
+                if t["taskId"] not in self.completing:
+                    self.complete(
+                        task_id=t["taskId"], ok=False, error="internal error in the daemon", retryable=True
+                    )
         finally:
             sem.release()
-            for t in group:
-                self.held.pop(t["taskId"], None)
-                self.started.discard(t["taskId"])
             self.inflight -= len(group)
             self.metrics.inflight.set(self.inflight)
             self.slot_freed.set()

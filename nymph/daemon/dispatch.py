@@ -84,18 +84,25 @@ class Dispatcher:
                 result="failed",
                 error=str(exc),
             )
-            d.outbox.complete(task_id=tid, ok=False, error=f"bad launch spec: {exc}", retryable=False)
+            d.complete(task_id=tid, ok=False, error=f"bad launch spec: {exc}", retryable=False)
             return None
         if spec.namespace not in d.watchers:
             msg = (
                 f"this daemon does not serve namespace {spec.namespace!r} (it serves {', '.join(d.watchers)})"
             )
-            d.outbox.complete(task_id=tid, ok=False, error=msg, retryable=False)
+            d.complete(task_id=tid, ok=False, error=msg, retryable=False)
             return None
         existing = d.pod_in_cache(spec.namespace, spec.instance_id)
         manifest = render_pod(spec, node=d.node, workdir_root=str(d.s.work.root))
         sha = manifest_sha256(manifest)
         if existing is not None:
+            from nymph.daemon.core import pod_node
+
+            if pod_node(existing) in (None, d.node):
+                # A redelivery after an apply whose answer was lost: the Pod may be waiting for
+                # its hostPath, so make sure the workdir exists (idempotent).
+                with contextlib.suppress(NymphError, OSError):
+                    d.workdirs.create(spec.instance_id)
             self._applied(
                 task,
                 manifest,
@@ -158,7 +165,7 @@ class Dispatcher:
                 None,
                 "Pod applied" if not adopted else "Pod adopted",
             )
-        d.outbox.complete(
+        d.complete(
             task_id=task["taskId"], ok=True, result={"pod": name, "adopted": adopted, "manifestSha256": sha}
         )
         self.log.info("launch applied" if not adopted else "launch adopted", instance=name, namespace=ns)
@@ -179,9 +186,12 @@ class Dispatcher:
             result="failed",
             error=message,
         )
-        with contextlib.suppress(NymphError, OSError):
-            d.workdirs.remove(name)
-        d.outbox.complete(task_id=task["taskId"], ok=False, error=message, retryable=err.transient)
+        if not err.transient:
+            # A transient failure (a timeout, say) may hide an apply the server accepted: keep
+            # the workdir for the Pod that might exist; the redelivery adopts it.
+            with contextlib.suppress(NymphError, OSError):
+                d.workdirs.remove(name)
+        d.complete(task_id=task["taskId"], ok=False, error=message, retryable=err.transient)
         self.log.warning("launch failed", instance=name, error=message, retryable=err.transient)
 
     # -- stop, probe and dockyard --------------------------------------------------------------
@@ -197,7 +207,7 @@ class Dispatcher:
         elif kind == "probe":
             await self.probe(task)
         else:
-            self.d.outbox.complete(
+            self.d.complete(
                 task_id=task["taskId"], ok=False, error=f"unknown task kind {kind!r}", retryable=False
             )
 
@@ -225,7 +235,7 @@ class Dispatcher:
                 result="failed",
                 error=str(exc),
             )
-            d.outbox.complete(
+            d.complete(
                 task_id=task["taskId"], ok=False, error=f"delete failed: {exc}", retryable=exc.transient
             )
             return
@@ -253,7 +263,10 @@ class Dispatcher:
         if not deleted:
             d.workdirs.remove(name)
             d.tracks.pop(name, None)
-        d.outbox.complete(task_id=task["taskId"], ok=True, result={"deleted": deleted})
+        cached = d.pod_in_cache(ns, name)
+        if deleted and cached is not None and not d.mine(cached):
+            d.tracks.pop(name, None)  # another node's Pod: its own daemon follows it
+        d.complete(task_id=task["taskId"], ok=True, result={"deleted": deleted})
 
     async def probe(self, task: dict[str, Any]) -> None:
         """``nymph providers test``: prove RBAC and a server-side dry-run apply."""
@@ -268,9 +281,7 @@ class Dispatcher:
             manifest = render_pod(spec, node=d.node, workdir_root=str(d.s.work.root))
             ns = spec.namespace
         except ValidationError as exc:
-            d.outbox.complete(
-                task_id=task["taskId"], ok=False, error=f"bad probe spec: {exc}", retryable=False
-            )
+            d.complete(task_id=task["taskId"], ok=False, error=f"bad probe spec: {exc}", retryable=False)
             return
         checks.append(
             {"name": f"namespace {ns} served", "ok": ns in d.watchers, "detail": ", ".join(d.watchers)}
@@ -300,7 +311,7 @@ class Dispatcher:
         d.audit.append(
             "probe", task=task["taskId"], namespace=ns, node=d.node, result="ok" if ok else "failed"
         )
-        d.outbox.complete(
+        d.complete(
             task_id=task["taskId"],
             ok=ok,
             error=None if ok else "; ".join(c["name"] for c in checks if not c["ok"]),

@@ -239,12 +239,12 @@ async def launch(d: Daemon, task: dict[str, Any]) -> None:
             result="failed",
             error=str(exc),
         )
-        d.outbox.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
+        d.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
         blog.warning("dockyard launch refused", error=str(exc))
         return
     if ns not in d.watchers:
         msg = f"this daemon does not serve namespace {ns!r} (it serves {', '.join(d.watchers)})"
-        d.outbox.complete(task_id=tid, ok=False, error=msg, retryable=False)
+        d.complete(task_id=tid, ok=False, error=msg, retryable=False)
         return
     if d.stopping.is_set():
         return  # not started: the lease lapses and another daemon takes it
@@ -271,9 +271,7 @@ async def launch(d: Daemon, task: dict[str, Any]) -> None:
         d.metrics.launches.labels("applied").inc()
         refs = ", ".join(o.ref for o in objs)
         _report(d, iid, InstanceState.RUNNING, None, f"{len(objs)} objects applied: {refs}")
-        d.outbox.complete(
-            task_id=tid, ok=True, result={"objects": [o.to_json() for o in objs], "namespace": ns}
-        )
+        d.complete(task_id=tid, ok=True, result={"objects": [o.to_json() for o in objs], "namespace": ns})
         blog.info("dockyard launch applied", objects=len(objs))
         return
     retryable = all(err.transient for _, err in failures)
@@ -283,7 +281,7 @@ async def launch(d: Daemon, task: dict[str, Any]) -> None:
         applied = [m for m, out in zip(manifests, outcomes, strict=True) if out.ok]
         await _rollback(d, task, list(reversed(applied)))
     d.metrics.launches.labels("failed").inc()
-    d.outbox.complete(task_id=tid, ok=False, error=message, retryable=retryable)
+    d.complete(task_id=tid, ok=False, error=message, retryable=retryable)
     blog.warning("dockyard launch failed", error=message, retryable=retryable)
 
 
@@ -322,7 +320,7 @@ async def stop(d: Daemon, task: dict[str, Any]) -> None:
         d.audit.append(
             "delete", task=tid, instance=iid, namespace=ns, node=d.node, result="failed", error=str(exc)
         )
-        d.outbox.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
+        d.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
         return
     objs = [DockyardObject.of(m) for m in manifests]
     results = await _delete(_kubectl(d), manifests)
@@ -352,7 +350,7 @@ async def stop(d: Daemon, task: dict[str, Any]) -> None:
         d.metrics.stops.labels("failed").inc()
         retryable = all(e.transient for _, e in errors)
         message = "delete failed: " + "; ".join(_describe(o, e) for o, e in errors)
-        d.outbox.complete(task_id=tid, ok=False, error=message[:4000], retryable=retryable)
+        d.complete(task_id=tid, ok=False, error=message[:4000], retryable=retryable)
         _log(d, task).warning("dockyard stop failed", error=message, retryable=retryable)
         return
     d.metrics.stops.labels("deleted" if deleted else "already-gone").inc()
@@ -363,5 +361,5 @@ async def stop(d: Daemon, task: dict[str, Any]) -> None:
         Reason.STOPPED,
         f"stopped on request ({len(deleted)} objects deleted, {len(gone)} already gone)",
     )
-    d.outbox.complete(task_id=tid, ok=True, result={"deleted": deleted, "alreadyGone": gone})
+    d.complete(task_id=tid, ok=True, result={"deleted": deleted, "alreadyGone": gone})
     _log(d, task).info("dockyard stop done", deleted=len(deleted), already_gone=len(gone))

@@ -44,6 +44,8 @@ class Outbox:
         self.mem: deque[dict[str, Any]] = deque()
         self.backlog = 0  # items on disk, not in memory
         self.acked = 0  # lines of the file already sent
+        self.lines = 0  # lines in the file
+        self._torn = False
         self.wake = asyncio.Event()
         self.idle = asyncio.Event()
         self.idle.set()
@@ -61,40 +63,70 @@ class Outbox:
             self.acked = int(self.ack_file.read_text().strip() or 0)
         except (OSError, ValueError):
             self.acked = 0
-        lines = [ln for ln in self.file.read_text().splitlines() if ln.strip()]
-        if self.acked >= len(lines):
+        raw = self.file.read_bytes()
+        if raw and not raw.endswith(b"\n"):
+            # A write cut short by a crash: drop the partial tail so later lines stay whole.
+            keep = raw.rfind(b"\n") + 1
+            with self.file.open("r+b") as fh:
+                fh.truncate(keep)
+            raw = raw[:keep]
+        lines = raw.decode("utf-8", errors="replace").split("\n")[:-1]
+        self.lines = len(lines)
+        if self.acked >= self.lines:
             self._reset()
             return
-        pending = lines[self.acked :]
-        self.acked = len(lines) - len(pending)
-        for ln in pending:
-            try:
-                item = json.loads(ln)
-            except ValueError:
+        for i in range(self.acked, self.lines):
+            item = self._parse(lines[i], i)
+            if item is None:
                 continue
-            if len(self.mem) < self.memory_max:
+            if len(self.mem) < self.memory_max and self.backlog == 0:
                 self.mem.append(item)
             else:
                 self.backlog += 1
-        if self.mem:
+        if self.mem or self.backlog:
             self.idle.clear()
             self.log.info("resuming unsent reports", count=len(self.mem) + self.backlog)
+
+    @staticmethod
+    def _parse(line: str, index: int) -> dict[str, Any] | None:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(item, dict) or "kind" not in item:
+            return None
+        item["_line"] = index
+        return item
 
     def _reset(self) -> None:
         with self.file.open("w"):
             pass
         self.ack_file.write_text("0")
         self.acked = 0
+        self.lines = 0
 
-    def _append(self, item: dict[str, Any]) -> None:
-        with self.file.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(item, separators=(",", ":")) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+    def _append(self, item: dict[str, Any]) -> int:
+        """Append one item (fsynced); returns its line index in the file."""
+        data = json.dumps(item, separators=(",", ":")) + "\n"
+        prefix = "\n" if self._torn else ""
+        try:
+            with self.file.open("a", encoding="utf-8") as fh:
+                fh.write(prefix + data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError:
+            self._torn = True  # the next append starts on a fresh line
+            raise
+        if prefix:
+            self.lines += 1
+        self._torn = False
+        index = self.lines
+        self.lines += 1
+        return index
 
-    def _ack(self, n: int) -> None:
-        self.acked += n
-        self.sent_total += n
+    def _ack(self, batch: list[dict[str, Any]]) -> None:
+        self.acked = int(batch[-1]["_line"]) + 1
+        self.sent_total += len(batch)
         if not self.mem and self.backlog == 0:
             self._reset()
             self.idle.set()
@@ -106,14 +138,18 @@ class Outbox:
             self._refill()
 
     def _refill(self) -> None:
-        with self.file.open(encoding="utf-8") as fh:
+        with self.file.open(encoding="utf-8", errors="replace") as fh:
             for i, ln in enumerate(fh):
-                if i < self.acked or not ln.strip():
+                if i < self.acked:
                     continue
                 if len(self.mem) >= self.memory_max:
                     break
-                self.mem.append(json.loads(ln))
-                self.backlog -= 1
+                item = self._parse(ln, i)
+                if item is not None:
+                    self.mem.append(item)
+                    self.backlog -= 1
+        if not self.mem:
+            self.backlog = 0  # nothing readable was left
 
     # -- producers -----------------------------------------------------------------------------
 
@@ -122,7 +158,7 @@ class Outbox:
         return len(self.mem) + self.backlog
 
     def _put(self, item: dict[str, Any]) -> None:
-        self._append(item)
+        item["_line"] = self._append(item)
         if self.backlog == 0 and len(self.mem) < self.memory_max:
             self.mem.append(item)
         else:
@@ -195,9 +231,11 @@ class Outbox:
         backoff = 0.5
         while True:
             if not self.mem:
+                if self.backlog:
+                    self._refill()
+                    continue
                 self.wake.clear()
-                if not self.mem:
-                    await self.wake.wait()
+                await self.wake.wait()
                 continue
             kind, batch = self._next_batch()
             try:
@@ -218,7 +256,7 @@ class Outbox:
             self.last_error = ""
             for _ in batch:
                 self.mem.popleft()
-            self._ack(len(batch))
+            self._ack(batch)
 
     async def flush(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):

@@ -84,11 +84,13 @@ class PodWatcher:
             if old is None or old["metadata"].get("resourceVersion") != pod["metadata"].get(
                 "resourceVersion"
             ):
-                self.cache[name] = pod
+                # The cache changes only once the handler has taken the event: if it fails,
+                # the relist that follows sees the same difference and delivers it again.
                 await self.on_event("ADDED" if old is None else "MODIFIED", pod)
+                self.cache[name] = pod
         for name in [n for n in self.cache if n not in fresh]:
-            gone = self.cache.pop(name)
-            await self.on_event("DELETED", gone)
+            await self.on_event("DELETED", self.cache[name])
+            self.cache.pop(name, None)
         self.synced.set()
         return str(data["metadata"].get("resourceVersion") or "")
 
@@ -117,11 +119,11 @@ class PodWatcher:
                     if kind == "BOOKMARK":
                         continue
                     name = obj["metadata"]["name"]
+                    await self.on_event(str(kind), obj)
                     if kind == "DELETED":
                         self.cache.pop(name, None)
                     else:
                         self.cache[name] = obj
-                    await self.on_event(str(kind), obj)
         except ApiException as exc:
             if exc.status == 410:
                 raise _Gone from None

@@ -216,6 +216,11 @@ def release(conn: sqlite3.Connection, *, daemon_id: str, task_ids: Sequence[str]
     return released
 
 
+def _stop_requested(conn: sqlite3.Connection, instance_id: str) -> bool:
+    inst = fetch_instance(conn, instance_id)
+    return inst is not None and inst["stop_requested_at"] is not None
+
+
 def complete(
     conn: sqlite3.Connection,
     *,
@@ -270,6 +275,15 @@ def complete(
                 message="stopped on request",
             )
         body: dict[str, Any] = {"status": "done"}
+    elif kind == "launch" and instance_id and _stop_requested(conn, instance_id):
+        # The user asked to stop it: do not try again; the stop task ordered after this one
+        # cleans up whatever exists and ends the instance.
+        conn.execute(
+            "UPDATE tasks SET status = 'cancelled', error = ?, finished_at = ?, updated_at = ?, "
+            "lease_expires = NULL WHERE seq = ?",
+            (error_text, now, now, row["seq"]),
+        )
+        body = {"status": "cancelled"}
     elif retryable and row["attempts"] < retry.max_attempts:
         not_before = now + retry.backoff(row["attempts"])
         conn.execute(
@@ -321,6 +335,11 @@ def report(
         inst = fetch_instance(conn, r.instance_id)
         if inst is None or (scope is not None and inst["namespace"] != scope):
             continue
+        if inst["stop_requested_at"] is not None and r.state not in (
+            InstanceState.STOPPING.value,
+            InstanceState.STOPPED.value,
+        ):
+            continue  # a stop was asked for: a late "starting"/"running" must not undo it
         if transition(
             conn,
             instance_id=r.instance_id,

@@ -321,3 +321,24 @@ async def test_a_task_whose_daemons_keep_dying_is_given_up(
     inst = await kind.user().get_instance(provider="kind", instance_id=iid)
     assert (inst["state"], inst["reason"]) == ("stopped", "LaunchFailed")
     assert "gave up after 3 deliveries" in inst["message"]
+
+
+async def test_late_reports_and_retries_do_not_undo_a_stop(kind: Queue) -> None:
+    [iid] = await _launch(kind)
+    d = kind.daemon()
+    [task] = await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0, lease_seconds=30)
+    await kind.user().stop(provider="kind", instance_id=iid)  # while the launch is in flight
+    await d.report(
+        daemon_id="d1", stream="s", reports=[{"seq": 1, "instanceId": iid, "state": "running", "node": "n1"}]
+    )
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+    assert inst["state"] == "stopping", inst["history"]
+    answer = await d.complete(
+        daemon_id="d1", task_id=task["taskId"], ok=False, error="timeout", retryable=True
+    )
+    assert answer["status"] == "cancelled"
+    [stop] = await d.claim(daemon_id="d1", node="n1", capacity=1, wait=2)
+    assert stop["kind"] == "stop"
+    await d.complete(daemon_id="d1", task_id=stop["taskId"], ok=True)
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+    assert (inst["state"], inst["reason"]) == ("stopped", "Stopped")

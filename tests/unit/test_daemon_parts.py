@@ -59,7 +59,7 @@ async def test_outbox_survives_a_restart_without_resending_acknowledged_items(tm
     await send_one_batch(kind, batch)
     for _ in batch:
         first.mem.popleft()
-    first._ack(len(batch))
+    first._ack(batch)
     second = Outbox(tmp_path)
     assert [i["seq"] for i in second.mem] == [3, 4, 5]
     assert {i["stream"] for i in second.mem} == {first.stream}
@@ -257,3 +257,62 @@ def test_pod_node_prefers_the_affinity_pin() -> None:
     assert pod_node(pod) == "node-a"
     assert pod_node({"spec": {"nodeName": "node-b"}}) == "node-b"
     assert pod_node({"spec": {}}) is None
+
+
+async def test_outbox_drops_a_torn_tail_and_keeps_every_whole_item(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    for _ in range(3):
+        box.report(instance_id=IID, state="running")
+    with (tmp_path / "outbox.jsonl").open("a") as fh:
+        fh.write('{"kind":"report","stream":"x","se')  # a crash mid-write
+    again = Outbox(tmp_path)
+    assert [i["seq"] for i in again.mem] == [1, 2, 3]
+    again.report(instance_id=IID, state="stopped")  # lands on a whole line of its own
+    third = Outbox(tmp_path)
+    assert [i.get("state") for i in third.mem] == ["running", "running", "running", "stopped"]
+
+
+async def test_outbox_keeps_going_after_a_failed_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    box = Outbox(tmp_path)
+    box.report(instance_id=IID, state="starting")
+    real_fsync = os.fsync
+    calls = {"n": 0}
+
+    def flaky(fd: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", flaky)
+    with pytest.raises(OSError):
+        box.report(instance_id=IID, state="running")
+    box.report(instance_id=IID, state="stopped")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    sent: list[str] = []
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        sent.extend(b["state"] for b in batch)
+
+    task = asyncio.create_task(box.run(send))
+    assert await box.flush(timeout=10)
+    task.cancel()
+    assert sent == ["starting", "stopped"]
+    reloaded = Outbox(tmp_path)
+    assert reloaded.pending == 0
+
+
+def test_audit_refuses_to_continue_a_chain_cut_short(tmp_path: Path) -> None:
+    from nymph.daemon.audit import AuditError
+
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    for i in range(3):
+        log.append("apply", task=f"t{i}", result="ok")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:2]) + "\n")  # the last record dropped
+    with pytest.raises(AuditError, match="records are missing"):
+        AuditLog(path)
+    assert not verify(path).ok
