@@ -253,18 +253,8 @@ async def launch(d: Daemon, task: dict[str, Any]) -> None:
         _report(d, iid, InstanceState.STARTING, None, f"applying {len(objs)} dockyard objects")
     outcomes = await _apply(d, _kubectl(d), manifests)
     for obj, outcome in zip(objs, outcomes, strict=True):
-        d.audit.append(
-            "apply",
-            task=tid,
-            instance=iid,
-            namespace=ns,
-            node=d.node,
-            requester=requester,
-            kind=obj.kind,
-            name=obj.name,
-            manifest_sha256=obj.sha256,
-            result="ok" if outcome.ok else "failed",
-            error=None if outcome.error is None else _describe(obj, outcome.error),
+        _audit_object(
+            d, "apply", task, obj, result="ok" if outcome.ok else "failed", error=outcome.error, sha256=True
         )
     failures = [(o, out.error) for o, out in zip(objs, outcomes, strict=True) if out.error is not None]
     if not failures:
@@ -285,24 +275,46 @@ async def launch(d: Daemon, task: dict[str, Any]) -> None:
     blog.warning("dockyard launch failed", error=message, retryable=retryable)
 
 
+def _audit_object(
+    d: Daemon,
+    action: str,
+    task: Mapping[str, Any],
+    obj: DockyardObject,
+    *,
+    result: str,
+    error: KubeError | None,
+    sha256: bool = False,
+) -> None:
+    """One audit record for one dockyard object of a task."""
+    d.audit.append(
+        action,
+        task=task.get("taskId"),
+        instance=task.get("instanceId"),
+        namespace=obj.namespace,
+        node=d.node,
+        requester=task.get("requester"),
+        kind=obj.kind,
+        name=obj.name,
+        manifest_sha256=obj.sha256 if sha256 else None,
+        result=result,
+        error=None if error is None else _describe(obj, error),
+    )
+
+
 async def _rollback(d: Daemon, task: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]]) -> None:
     """After a permanent failure: delete what this attempt applied (reverse order)."""
     if not manifests:
         return
     results = await _delete(_kubectl(d), manifests)
     for manifest, result in zip(manifests, results, strict=True):
-        obj = DockyardObject.of(manifest)
-        d.audit.append(
+        failed = isinstance(result, KubeError)
+        _audit_object(
+            d,
             "delete",
-            task=task.get("taskId"),
-            instance=task.get("instanceId"),
-            namespace=obj.namespace,
-            node=d.node,
-            requester=task.get("requester"),
-            kind=obj.kind,
-            name=obj.name,
-            result="rolled-back" if not isinstance(result, KubeError) else "rollback-failed",
-            error=_describe(obj, result) if isinstance(result, KubeError) else None,
+            task,
+            DockyardObject.of(manifest),
+            result="rollback-failed" if failed else "rolled-back",
+            error=result if isinstance(result, KubeError) else None,
         )
 
 
@@ -311,7 +323,6 @@ async def stop(d: Daemon, task: dict[str, Any]) -> None:
     tid = str(task["taskId"])
     iid = str(task.get("instanceId"))
     ns = str(task.get("kubeNamespace") or "")
-    requester = task.get("requester")
     spec = (task.get("spec") or {}).get("dockyard")
     try:
         manifests = list(reversed(await _render(spec, namespace=ns)))
@@ -334,17 +345,13 @@ async def stop(d: Daemon, task: dict[str, Any]) -> None:
             deleted.append(obj.ref)
         else:
             gone.append(obj.ref)
-        d.audit.append(
+        _audit_object(
+            d,
             "delete",
-            task=tid,
-            instance=iid,
-            namespace=ns,
-            node=d.node,
-            requester=requester,
-            kind=obj.kind,
-            name=obj.name,
+            task,
+            obj,
             result="failed" if isinstance(result, KubeError) else "deleted" if result else "already-gone",
-            error=_describe(obj, result) if isinstance(result, KubeError) else None,
+            error=result if isinstance(result, KubeError) else None,
         )
     if errors:
         d.metrics.stops.labels("failed").inc()
