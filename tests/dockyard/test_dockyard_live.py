@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from live_helpers import live_infra
 
 from nymph.cli import main
 from nymph.dockyard.dispatch import DOCKYARD_ROLE_RULES, dockyard_task_manifests
@@ -30,30 +31,9 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 RAY = "/apis/ray.io/v1/namespaces"
 
-INFRA: dict[str, Any] = {
-    "image": "dockyard/img:1",
-    "launch": {"mode": "rayjob", "entrypoint": "python -c \"print('dockyard-ok')\""},
-    # kwok keeps these pods Running (default: they succeed after 1 s and get replaced).
-    "sandbox": {"name": "sbx", "replicas": 2, "labels": {"sim.nymph.io/run": "1h"}},
-    "kuberay": {
-        "name": "grpo",
-        "spec": {
-            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head"}]}}},
-            "workerGroupSpecs": [
-                {
-                    "groupName": "trainer",
-                    "replicas": 1,
-                    "template": {"spec": {"containers": [{"name": "w"}]}},
-                },
-                {
-                    "groupName": "inference",
-                    "replicas": 1,
-                    "template": {"spec": {"containers": [{"name": "w"}]}},
-                },
-            ],
-        },
-    },
-}
+INFRA: dict[str, Any] = live_infra(
+    launch={"mode": "rayjob", "entrypoint": "python -c \"print('dockyard-ok')\""}, sandbox_replicas=2
+)
 
 Run = Callable[..., tuple[int, str, str]]
 

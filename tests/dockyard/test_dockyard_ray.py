@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from live_helpers import live_infra
 
 from nymph.cli import main
 from nymph.dockyard.errors import DockyardLiveError
@@ -157,29 +158,9 @@ def test_job_verbs(ray_head: str, cli: Cli) -> None:
 # -- run in bringup / attach mode ------------------------------------------------------------------
 
 
-INFRA: dict[str, Any] = {
-    "image": "dockyard/img:1",
-    "launch": {"mode": "bringup", "entrypoint": OK_ENTRYPOINT, "env": {"DOCKYARD_X": "1"}},
-    "sandbox": {"name": "sbx", "replicas": 1, "labels": {"sim.nymph.io/run": "1h"}},
-    "kuberay": {
-        "name": "grpo",
-        "spec": {
-            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head"}]}}},
-            "workerGroupSpecs": [
-                {
-                    "groupName": "trainer",
-                    "replicas": 1,
-                    "template": {"spec": {"containers": [{"name": "w"}]}},
-                },
-                {
-                    "groupName": "inference",
-                    "replicas": 1,
-                    "template": {"spec": {"containers": [{"name": "w"}]}},
-                },
-            ],
-        },
-    },
-}
+INFRA: dict[str, Any] = live_infra(
+    launch={"mode": "bringup", "entrypoint": OK_ENTRYPOINT, "env": {"DOCKYARD_X": "1"}}, sandbox_replicas=1
+)
 
 
 @pytest.fixture
