@@ -57,11 +57,8 @@ def _claimable(req: ClaimRequest, *, scope: str | None, now: float, fallback: fl
         "t.not_before <= ?",
         f"(t.after_task IS NULL OR a.status IN ({_FINISHED_SQL}))",
         "(t.kind != 'stop' OR i.node IS NULL OR i.node = ? OR " + _READY_SINCE + " <= ?)",
-        # What ``retire`` settles is never handed out, even before the sweeper has run.
-        "(t.kind != 'launch' OR i.state IS NULL OR i.state != 'stopped')",
-        "(t.status = 'pending' OR t.attempts < ?)",
     ]
-    params: list[Any] = [now, now, req.node, now - fallback, MAX_DELIVERIES]
+    params: list[Any] = [now, now, req.node, now - fallback]
     if scope is not None:
         clauses.append("t.namespace = ?")
         params.append(scope)
@@ -119,9 +116,6 @@ MAX_DELIVERIES = 10
 def retire(conn: sqlite3.Connection, *, now: float) -> set[str]:
     """Settle tasks that must not be handed out again; returns instances that changed.
 
-    Run by the sweeper; claims already skip these tasks, so the claim path stays read-only
-    when there is no work.
-
     * a launch (or dockyard launch) whose instance already stopped (it was applied and ran;
       only its completion was lost) is done: redelivering it after the Pod was reaped would run
       the job twice;
@@ -171,6 +165,7 @@ def claim(
     lease: LeaseSettings,
 ) -> ClaimResult:
     _seen(conn, req=req, now=now)
+    retire(conn, now=now)
     tasks = []
     if req.capacity > 0:
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
