@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install nymph with its test tools
 
-envtest: ## build the local control plane (kube-apiserver, etcd, kwok...) into .cache/envtest
+envtest: ## build the local control plane (kube-apiserver, etcd, kwok...) into ~/.cache/nymph/envtest
 	@if [[ -n "$$KUBEBUILDER_ASSETS" ]] || command -v go >/dev/null; then \
 	  tests/envtest/build.sh >/dev/null; \
 	elif [[ "$$NYMPH_E2E" == "require" ]]; then \
@@ -73,5 +73,5 @@ deploy: install ## apply an overlay (OVERLAY=kind|k3d), creating the daemon toke
 undeploy: ## remove nymph from the cluster
 	$(BIN)/kubectl delete -k manifests/overlays/$(OVERLAY) --ignore-not-found
 
-clean: ## remove the venv (the Go cache in .cache/ is kept; rm -rf .cache to drop it)
+clean: 
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import aiohttp
 
 from nymph.errors import NymphError
-from nymph.queue.models import (
+from nymph.protocol import (
     ActiveJSON,
     DaemonJSON,
     InstanceJSON,

@@ -9,8 +9,8 @@ from nymph.errors import NymphError
 
 REQUIRED = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok")
 HOW_TO_GET = (
-    "run `make envtest` (builds them from Go modules into .cache/envtest, several minutes the "
-    "first time) or point KUBEBUILDER_ASSETS at a directory holding etcd, kube-apiserver, "
+    "run `make envtest` (builds them from Go modules into ~/.cache/nymph/envtest, shared by every "
+    "clone, several minutes the first time) or point KUBEBUILDER_ASSETS at a directory holding etcd, kube-apiserver, "
     "kube-scheduler, kube-controller-manager and kwok"
 )
 
@@ -19,8 +19,13 @@ class AssetsMissing(NymphError):
     pass
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+def cache_root() -> Path:
+    """The per-user asset cache shared by every clone: ``$NYMPH_CACHE_DIR`` or ``$XDG_CACHE_HOME/nymph``."""
+    explicit = os.environ.get("NYMPH_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "nymph"
 
 
 def missing_in(path: Path) -> list[str]:
@@ -36,7 +41,7 @@ def find_assets() -> Path:
         if not missing:
             return path
         raise AssetsMissing(f"KUBEBUILDER_ASSETS={env} lacks {', '.join(missing)}; {HOW_TO_GET}")
-    cache = Path(os.environ.get("NYMPH_CACHE_DIR") or _repo_root() / ".cache") / "envtest"
+    cache = cache_root() / "envtest"
     candidates = (
         sorted(cache.glob("*/bin"), key=lambda p: p.stat().st_mtime, reverse=True) if cache.is_dir() else []
     )

@@ -1,44 +1,61 @@
-"""Value types of the queue: roles, task kinds and statuses, settings, JSON shapes, time."""
+"""Value types of the queue service: roles, principals, settings, checked reports and claims.
+
+The wire types (task kinds, statuses, JSON shapes, time) live in :mod:`nymph.protocol` and are
+re-exported here for the service's own modules."""
 
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, NotRequired, TypedDict
+
+from nymph.protocol import (
+    FINISHED_STATUSES,
+    START_KINDS,
+    ActiveJSON,
+    DaemonJSON,
+    HistoryEntry,
+    InstanceJSON,
+    LaunchAccepted,
+    TaskJSON,
+    TaskKind,
+    TaskStatus,
+    TaskStatusJSON,
+    iso,
+    now,
+    parse_iso,
+)
+
+__all__ = [
+    "FINISHED_STATUSES",
+    "START_KINDS",
+    "ActiveJSON",
+    "ClaimRequest",
+    "ClaimResult",
+    "DaemonJSON",
+    "HistoryEntry",
+    "InstanceJSON",
+    "LaunchAccepted",
+    "LeaseSettings",
+    "LimitSettings",
+    "PollSettings",
+    "Principal",
+    "QueueSettings",
+    "Report",
+    "RetrySettings",
+    "Role",
+    "TaskJSON",
+    "TaskKind",
+    "TaskStatus",
+    "TaskStatusJSON",
+    "iso",
+    "now",
+    "parse_iso",
+]
 
 
 class Role(str, enum.Enum):
     USER = "user"
     DAEMON = "daemon"
-
-
-class TaskKind(str, enum.Enum):
-    LAUNCH = "launch"
-    STOP = "stop"
-    PROBE = "probe"
-    #: A dockyard recipe + infra, rendered and applied in order by the daemon (no Pod of its own).
-    DOCKYARD = "dockyard"
-
-
-#: Task kinds that bring an instance up; a stop is ordered after the latest one of these.
-START_KINDS = (TaskKind.LAUNCH.value, TaskKind.DOCKYARD.value)
-
-
-class TaskStatus(str, enum.Enum):
-    PENDING = "pending"
-    LEASED = "leased"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)
-
-
-FINISHED_STATUSES = tuple(s.value for s in TaskStatus if s.finished)
 
 
 @dataclass(frozen=True)
@@ -105,78 +122,6 @@ class QueueSettings:
     limits: LimitSettings = field(default_factory=LimitSettings)
 
 
-# --- JSON shapes -----------------------------------------------------------------------------
-
-
-class HistoryEntry(TypedDict):
-    state: str
-    reason: str | None
-    message: str
-    at: str
-
-
-class InstanceJSON(TypedDict):
-    instanceId: str
-    providerName: str
-    namespace: str
-    kubeNamespace: str
-    state: str
-    reason: str | None
-    message: str
-    node: str | None
-    launchedAt: str
-    updatedAt: str
-    version: int
-    requester: str
-    history: list[HistoryEntry]
-
-
-class LaunchAccepted(TypedDict):
-    instanceId: str
-    state: str
-    providerName: str
-    launchedAt: str
-
-
-class TaskJSON(TypedDict):
-    taskId: str
-    kind: str
-    instanceId: str | None
-    namespace: str
-    kubeNamespace: str
-    provider: str
-    spec: dict[str, Any] | None
-    requester: str
-    attempt: int
-    leaseExpiresAt: str
-    gracePeriodSeconds: NotRequired[int]
-
-
-class TaskStatusJSON(TypedDict):
-    taskId: str
-    kind: str
-    status: str
-    result: dict[str, Any] | None
-    error: str | None
-    attempts: int
-
-
-class DaemonJSON(TypedDict):
-    daemonId: str
-    node: str
-    namespaces: list[str]
-    lastSeen: str
-    capacity: int
-
-
-class ActiveJSON(TypedDict):
-    instanceId: str
-    namespace: str
-    kubeNamespace: str
-    state: str
-    node: str | None
-
-
 @dataclass(frozen=True)
 class Report:
     """One state report from a daemon, already checked."""
@@ -205,23 +150,3 @@ class ClaimResult:
     #: Epoch seconds at which some task may become claimable without a new insert (a backoff
     #: ending, a lease expiring, a stop task's node pin lapsing), or None.
     next_due: float | None
-
-
-# --- time ------------------------------------------------------------------------------------
-
-
-def now() -> float:
-    return time.time()
-
-
-def iso(ts: float) -> str:
-    """Epoch seconds -> ``2024-05-01T12:00:00.123Z``."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> float:
-    """ISO 8601 -> epoch seconds; a value without zone is taken as UTC. Raises ValueError."""
-    dt = datetime.fromisoformat(text)
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()

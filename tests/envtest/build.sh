@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Build the local test control plane (kube-apiserver, kube-scheduler, etcd, kwok)
-# from Go modules into a git-ignored cache keyed by version.
+# Build the local test control plane (kube-apiserver, kube-scheduler, etcd, kwok) and the
+# real node's binaries (kubelet, containerd, ctr, the runc shim) from Go modules into a
+# per-user cache shared by every clone on the machine (the envtest convention), keyed by version.
 #
 #   tests/envtest/build.sh            build (or reuse) and print the assets dir
+#   NYMPH_NODE_BINARIES=0 ...         skip kubelet and containerd (control plane and kwok only)
 #   KUBEBUILDER_ASSETS=DIR ...        honoured: if DIR has the binaries, nothing is built
-#   NYMPH_CACHE_DIR=DIR ...           where the cache lives (default: <repo>/.cache)
+#   NYMPH_CACHE_DIR=DIR ...           where the cache lives (default: $XDG_CACHE_HOME/nymph,
+#                                     i.e. ~/.cache/nymph)
 #
 # The last line printed on stdout is the assets directory.
 set -euo pipefail
@@ -15,6 +18,7 @@ repo="$(cd "$here/../.." && pwd)"
 source "$here/versions.env"
 
 need=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok)
+if [[ "${NYMPH_NODE_BINARIES:-1}" != 0 ]]; then need+=(kubelet containerd ctr containerd-shim-runc-v2); fi
 
 have_all() {
   local d="$1"
@@ -29,8 +33,8 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" ]] && have_all "$KUBEBUILDER_ASSETS"; then
   exit 0
 fi
 
-cache="${NYMPH_CACHE_DIR:-$repo/.cache}"
-assets="$cache/envtest/k8s-${KUBERNETES_VERSION}_kwok-${KWOK_VERSION}/bin"
+cache="${NYMPH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nymph}"
+assets="$cache/envtest/k8s-${KUBERNETES_VERSION}_kwok-${KWOK_VERSION}_containerd-${CONTAINERD_VERSION}/bin"
 if have_all "$assets"; then
   log "reusing $assets"
   echo "$assets"
@@ -62,7 +66,7 @@ with_heartbeat() {
 work="$cache/envtest/src-${KUBERNETES_VERSION}"
 mkdir -p "$work/cmd/etcd"
 
-log "[1/5] reading the staging module list from k8s.io/kubernetes@${KUBERNETES_VERSION} ($(elapsed))"
+log "[1/6] reading the staging module list from k8s.io/kubernetes@${KUBERNETES_VERSION} ($(elapsed))"
 modfile=$(go mod download -json "k8s.io/kubernetes@${KUBERNETES_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
 [[ -f "$modfile" ]] || { log "could not download k8s.io/kubernetes@${KUBERNETES_VERSION}"; exit 1; }
 staging_version="v0.${KUBERNETES_VERSION#v1.}"
@@ -95,6 +99,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
 cat > "$work/cmd/etcd/main.go" <<'GO'
@@ -111,7 +116,7 @@ func main() { etcdmain.Main(os.Args) }
 GO
 
 cd "$work"
-log "[2/5] resolving modules ($(elapsed))"
+log "[2/6] resolving modules ($(elapsed))"
 go mod tidy -e >/dev/null 2>"$work/tidy.log" || { cat "$work/tidy.log" >&2; exit 1; }
 go mod download
 
@@ -125,12 +130,12 @@ ldflags="-s -w \
  -X k8s.io/client-go/pkg/version.gitVersion=${KUBERNETES_VERSION}"
 
 p="${NYMPH_BUILD_PARALLELISM:-$(nproc)}"
-log "[3/5] building kube-apiserver (the long one, several minutes on 2 cores) ($(elapsed))"
+log "[3/6] building kube-apiserver (the long one, several minutes on 2 cores) ($(elapsed))"
 if [[ ! -x "$assets/kube-apiserver" ]]; then
   with_heartbeat go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
   mv "$assets/kube-apiserver.tmp" "$assets/kube-apiserver"
 fi
-log "[4/5] building kube-scheduler, kube-controller-manager and etcd ($(elapsed))"
+log "[4/6] building kube-scheduler, kube-controller-manager and etcd ($(elapsed))"
 for c in kube-scheduler kube-controller-manager; do
   [[ -x "$assets/$c" ]] && continue
   with_heartbeat go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/$c.tmp" "k8s.io/kubernetes/cmd/$c"
@@ -141,11 +146,46 @@ if [[ ! -x "$assets/etcd" ]]; then
   mv "$assets/etcd.tmp" "$assets/etcd"
 fi
 
-log "[5/5] building kwok ${KWOK_VERSION} ($(elapsed))"
+log "[5/6] building kwok ${KWOK_VERSION} ($(elapsed))"
 if [[ ! -x "$assets/kwok" ]]; then
   with_heartbeat env GOBIN="$work/kwok-bin" GOFLAGS="-buildvcs=false" go install -trimpath \
     -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
   mv "$work/kwok-bin/kwok" "$assets/kwok"
+fi
+
+if [[ "${NYMPH_NODE_BINARIES:-1}" != 0 ]]; then
+  log "[6/6] building kubelet and containerd ${CONTAINERD_VERSION} (the real node) ($(elapsed))"
+  if [[ ! -x "$assets/kubelet" ]]; then
+    with_heartbeat go build -p "$p" -trimpath -ldflags "$ldflags" -o "$assets/kubelet.tmp" k8s.io/kubernetes/cmd/kubelet
+    mv "$assets/kubelet.tmp" "$assets/kubelet"
+  fi
+  ctrwork="$cache/envtest/src-containerd-${CONTAINERD_VERSION}"
+  mkdir -p "$ctrwork"
+  if [[ ! -f "$ctrwork/go.mod" ]]; then
+    printf 'module nymph.local/containerd\n\ngo 1.24\n\nrequire github.com/containerd/containerd/v2 %s\n' \
+      "$CONTAINERD_VERSION" > "$ctrwork/go.mod"
+    cat > "$ctrwork/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "github.com/containerd/containerd/v2/cmd/containerd"
+	_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+	_ "github.com/containerd/containerd/v2/cmd/ctr"
+)
+GO
+  fi
+  ( cd "$ctrwork"
+    go mod tidy -e >/dev/null 2>"$ctrwork/tidy.log" || { cat "$ctrwork/tidy.log" >&2; exit 1; }
+    pkg=github.com/containerd/containerd/v2
+    ctr_ldflags="-s -w -X $pkg/version.Version=${CONTAINERD_VERSION} -X $pkg/version.Package=$pkg"
+    for c in containerd ctr containerd-shim-runc-v2; do
+      [[ -x "$assets/$c" ]] && continue
+      with_heartbeat go build -p "$p" -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+        -ldflags "$ctr_ldflags" -o "$assets/$c.tmp" "$pkg/cmd/$c"
+      mv "$assets/$c.tmp" "$assets/$c"
+    done )
 fi
 
 "$assets/kube-apiserver" --version >&2

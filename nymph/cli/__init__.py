@@ -1,6 +1,7 @@
 """The ``nymph`` command.
 
-Each area registers its own subcommands (``register(sub)`` in its ``cli`` module); a handler
+All argparse lives in this package, one module per area (``nymph.cli.<area>``); library code
+never parses arguments. Each area registers its own subcommands (``register(sub)``); a handler
 takes the parsed ``argparse.Namespace`` and returns an exit code. A :class:`NymphError` becomes
 one clear line on stderr and exit code 2; nothing else is caught here.
 """
@@ -18,11 +19,11 @@ from nymph.errors import NymphError
 #: Modules that contribute subcommands, in ``--help`` order. Missing ones are skipped so a
 #: partial install still runs.
 _AREAS = (
-    "nymph.launch.cli",
-    "nymph.queue.cli",
-    "nymph.daemon.cli",
-    "nymph.dev",
-    "nymph.dockyard.cli",
+    "nymph.cli.render",
+    "nymph.cli.queue",
+    "nymph.cli.daemon",
+    "nymph.cli.dev",
+    "nymph.cli.dockyard",
 )
 
 
@@ -73,7 +74,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("nymph: interrupted", file=sys.stderr)
         return 130
     return code
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

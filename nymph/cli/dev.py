@@ -1,0 +1,5 @@
+"""``nymph`` subcommands of this area (moving here from ``nymph.dev``)."""
+
+from nymph.dev import register
+
+__all__ = ["register"]

@@ -1,0 +1,132 @@
+"""The wire contract shared by the queue, its client and the daemon (pure: no I/O).
+
+Task kinds and statuses as ``str`` enums, the JSON shapes of tasks, instances, reports and the
+active list, and the one time format every route uses. The queue, :mod:`nymph.client` and the
+daemon import their types from here; none of them imports another for a type.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from datetime import UTC, datetime
+from typing import Any, NotRequired, TypedDict
+
+
+class TaskKind(str, enum.Enum):
+    LAUNCH = "launch"
+    STOP = "stop"
+    PROBE = "probe"
+    #: A dockyard recipe + infra, rendered and applied in order by the daemon (no Pod of its own).
+    DOCKYARD = "dockyard"
+
+
+#: Task kinds that bring an instance up; a stop is ordered after the latest one of these.
+START_KINDS = (TaskKind.LAUNCH.value, TaskKind.DOCKYARD.value)
+
+
+class TaskStatus(str, enum.Enum):
+    PENDING = "pending"
+    LEASED = "leased"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+FINISHED_STATUSES = tuple(s.value for s in TaskStatus if s.finished)
+
+
+# --- JSON shapes -----------------------------------------------------------------------------
+
+
+class HistoryEntry(TypedDict):
+    state: str
+    reason: str | None
+    message: str
+    at: str
+
+
+class InstanceJSON(TypedDict):
+    instanceId: str
+    providerName: str
+    namespace: str
+    kubeNamespace: str
+    state: str
+    reason: str | None
+    message: str
+    node: str | None
+    launchedAt: str
+    updatedAt: str
+    version: int
+    requester: str
+    history: list[HistoryEntry]
+
+
+class LaunchAccepted(TypedDict):
+    instanceId: str
+    state: str
+    providerName: str
+    launchedAt: str
+
+
+class TaskJSON(TypedDict):
+    taskId: str
+    kind: str
+    instanceId: str | None
+    namespace: str
+    kubeNamespace: str
+    provider: str
+    spec: dict[str, Any] | None
+    requester: str
+    attempt: int
+    leaseExpiresAt: str
+    gracePeriodSeconds: NotRequired[int]
+
+
+class TaskStatusJSON(TypedDict):
+    taskId: str
+    kind: str
+    status: str
+    result: dict[str, Any] | None
+    error: str | None
+    attempts: int
+
+
+class DaemonJSON(TypedDict):
+    daemonId: str
+    node: str
+    namespaces: list[str]
+    lastSeen: str
+    capacity: int
+
+
+class ActiveJSON(TypedDict):
+    instanceId: str
+    namespace: str
+    kubeNamespace: str
+    state: str
+    node: str | None
+
+
+# --- time ------------------------------------------------------------------------------------
+
+
+def now() -> float:
+    return time.time()
+
+
+def iso(ts: float) -> str:
+    """Epoch seconds -> ``2024-05-01T12:00:00.123Z``."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> float:
+    """ISO 8601 -> epoch seconds; a value without zone is taken as UTC. Raises ValueError."""
+    dt = datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
