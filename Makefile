@@ -36,10 +36,11 @@ test: install envtest ## run the whole suite (unit, queue, daemon, real-cluster 
 test-unit: install ## unit tests only (no cluster)
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
-lint: install ## ruff and mypy --strict
+lint: install ## ruff, mypy --strict and the import-linter layer contracts (.importlinter)
 	$(BIN)/ruff check nymph tests benchmarks
 	$(BIN)/ruff format --check nymph tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 fmt: install ## format the code
 	$(BIN)/ruff format nymph tests benchmarks
