@@ -19,9 +19,12 @@ import aiohttp
 from nymph.errors import NymphError
 from nymph.protocol import (
     ActiveJSON,
+    CompleteAnswer,
     DaemonJSON,
     InstanceJSON,
     LaunchAccepted,
+    RenewAnswer,
+    ReportAck,
     TaskJSON,
     TaskStatusJSON,
 )
@@ -403,11 +406,11 @@ class QueueClient:
 
     async def renew(
         self, *, daemon_id: str, task_ids: Sequence[str], lease_seconds: int | None = None
-    ) -> dict[str, list[str]]:
+    ) -> RenewAnswer:
         body: dict[str, Any] = {"daemonId": daemon_id, "taskIds": list(task_ids)}
         if lease_seconds is not None:
             body["leaseSeconds"] = lease_seconds
-        return cast(dict[str, list[str]], await self.request("POST", "/v1/dispatch/renew", json=body))
+        return cast(RenewAnswer, await self.request("POST", "/v1/dispatch/renew", json=body))
 
     async def release(self, *, daemon_id: str, task_ids: Sequence[str]) -> list[str]:
         body = {"daemonId": daemon_id, "taskIds": list(task_ids)}
@@ -422,19 +425,18 @@ class QueueClient:
         error: str | None = None,
         retryable: bool = False,
         result: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> CompleteAnswer:
         body: dict[str, Any] = {"daemonId": daemon_id, "taskId": task_id, "ok": ok, "retryable": retryable}
         if error is not None:
             body["error"] = error
         if result is not None:
             body["result"] = dict(result)
-        return cast(dict[str, Any], await self.request("POST", "/v1/dispatch/complete", json=body))
+        return cast(CompleteAnswer, await self.request("POST", "/v1/dispatch/complete", json=body))
 
-    async def report(
-        self, *, daemon_id: str, stream: str, reports: Sequence[Mapping[str, Any]]
-    ) -> dict[str, int]:
+    async def report(self, *, daemon_id: str, stream: str, reports: Sequence[Mapping[str, Any]]) -> ReportAck:
+        """Send reports (each shaped as :class:`nymph.protocol.ReportJSON`)."""
         body = {"daemonId": daemon_id, "stream": stream, "reports": [dict(r) for r in reports]}
-        return cast(dict[str, int], await self.request("POST", "/v1/dispatch/report", json=body))
+        return cast(ReportAck, await self.request("POST", "/v1/dispatch/report", json=body))
 
     async def upload_logs(self, *, daemon_id: str, instance_id: str, logs: str) -> None:
         body = {"daemonId": daemon_id, "instanceId": instance_id, "logs": logs}
