@@ -2,8 +2,8 @@
 
 Each method is one transaction on the database thread (see :mod:`nymph.queue.db`); after a
 commit that can make a task claimable or change an instance, the matching long-polls are woken
-(:mod:`nymph.queue.notify`). Nothing here renders or validates a launch body: the routes do that
-before they call the store.
+(:mod:`nymph.queue.notify`). A dockyard launch is rendered by its route before the store is
+called; nothing here renders one.
 """
 
 from __future__ import annotations
