@@ -12,75 +12,45 @@ import json as jsonlib
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, cast
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import aiohttp
 
-from nymph.errors import NymphError
+from nymph.client_errors import (
+    BY_STATUS,
+    QueueAuthError,
+    QueueBadRequest,
+    QueueConflict,
+    QueueError,
+    QueueNotFound,
+    QueueUnavailable,
+    safe_url,
+)
 from nymph.protocol import (
     ActiveJSON,
+    CompleteAnswer,
     DaemonJSON,
     InstanceJSON,
     LaunchAccepted,
+    RenewAnswer,
+    ReportAck,
     TaskJSON,
     TaskStatusJSON,
 )
 
+__all__ = [
+    "DEFAULT_URL",
+    "QueueAuthError",
+    "QueueBadRequest",
+    "QueueClient",
+    "QueueConflict",
+    "QueueError",
+    "QueueNotFound",
+    "QueueUnavailable",
+    "safe_url",
+]
+
 DEFAULT_URL = "http://127.0.0.1:8700"
-
-
-class QueueError(NymphError):
-    """A queue call failed. ``status`` is the HTTP status (None when no answer came)."""
-
-    def __init__(
-        self, message: str, *, status: int | None = None, code: str | None = None, detail: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.detail = detail
-
-
-class QueueUnavailable(QueueError):
-    """No answer: connection refused or reset, a timeout, or a 5xx."""
-
-
-class QueueAuthError(QueueError):
-    """401 (missing or unknown token) or 403 (wrong role or namespace)."""
-
-
-class QueueNotFound(QueueError):
-    """404."""
-
-
-class QueueConflict(QueueError):
-    """409: already exists, a reused idempotency key, or a lost lease."""
-
-
-class QueueBadRequest(QueueError):
-    """400, 413 or 422: the request was refused as invalid."""
-
-
-_BY_STATUS: dict[int, type[QueueError]] = {
-    400: QueueBadRequest,
-    401: QueueAuthError,
-    403: QueueAuthError,
-    404: QueueNotFound,
-    409: QueueConflict,
-    413: QueueBadRequest,
-    422: QueueBadRequest,
-}
-
-
-def safe_url(url: str) -> str:
-    """``url`` without any user:password part, for messages."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    netloc = parts.hostname or ""
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _seg(value: str) -> str:
@@ -185,7 +155,7 @@ class QueueClient:
                 code=code,
                 detail=detail,
             )
-        cls = _BY_STATUS.get(status, QueueError)
+        cls = BY_STATUS.get(status, QueueError)
         raise cls(f"{detail} (HTTP {status})", status=status, code=code, detail=detail)
 
     # --- health ---------------------------------------------------------------------------
@@ -403,11 +373,11 @@ class QueueClient:
 
     async def renew(
         self, *, daemon_id: str, task_ids: Sequence[str], lease_seconds: int | None = None
-    ) -> dict[str, list[str]]:
+    ) -> RenewAnswer:
         body: dict[str, Any] = {"daemonId": daemon_id, "taskIds": list(task_ids)}
         if lease_seconds is not None:
             body["leaseSeconds"] = lease_seconds
-        return cast(dict[str, list[str]], await self.request("POST", "/v1/dispatch/renew", json=body))
+        return cast(RenewAnswer, await self.request("POST", "/v1/dispatch/renew", json=body))
 
     async def release(self, *, daemon_id: str, task_ids: Sequence[str]) -> list[str]:
         body = {"daemonId": daemon_id, "taskIds": list(task_ids)}
@@ -422,19 +392,18 @@ class QueueClient:
         error: str | None = None,
         retryable: bool = False,
         result: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> CompleteAnswer:
         body: dict[str, Any] = {"daemonId": daemon_id, "taskId": task_id, "ok": ok, "retryable": retryable}
         if error is not None:
             body["error"] = error
         if result is not None:
             body["result"] = dict(result)
-        return cast(dict[str, Any], await self.request("POST", "/v1/dispatch/complete", json=body))
+        return cast(CompleteAnswer, await self.request("POST", "/v1/dispatch/complete", json=body))
 
-    async def report(
-        self, *, daemon_id: str, stream: str, reports: Sequence[Mapping[str, Any]]
-    ) -> dict[str, int]:
+    async def report(self, *, daemon_id: str, stream: str, reports: Sequence[Mapping[str, Any]]) -> ReportAck:
+        """Send reports (each shaped as :class:`nymph.protocol.ReportJSON`)."""
         body = {"daemonId": daemon_id, "stream": stream, "reports": [dict(r) for r in reports]}
-        return cast(dict[str, int], await self.request("POST", "/v1/dispatch/report", json=body))
+        return cast(ReportAck, await self.request("POST", "/v1/dispatch/report", json=body))
 
     async def upload_logs(self, *, daemon_id: str, instance_id: str, logs: str) -> None:
         body = {"daemonId": daemon_id, "instanceId": instance_id, "logs": logs}

@@ -112,6 +112,38 @@ class ActiveJSON(TypedDict):
     node: str | None
 
 
+class ReportJSON(TypedDict):
+    """One state report a daemon sends in ``POST /v1/dispatch/report`` (``at`` is ISO 8601)."""
+
+    seq: int
+    instanceId: str
+    state: str
+    reason: NotRequired[str | None]
+    message: NotRequired[str | None]
+    node: NotRequired[str | None]
+    at: NotRequired[str]
+
+
+class ReportAck(TypedDict):
+    """The answer to a report batch: how many were new, and the stream's highest seq."""
+
+    accepted: int
+    lastSeq: int
+
+
+class RenewAnswer(TypedDict):
+    renewed: list[str]
+    lost: list[str]
+
+
+class CompleteAnswer(TypedDict):
+    """``status`` is done, failed, cancelled or requeued (then ``notBefore``)."""
+
+    status: str
+    duplicate: NotRequired[bool]
+    notBefore: NotRequired[str]
+
+
 # --- time ------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,128 @@
-"""``nymph`` subcommands of this area (moving here from ``nymph.queue.cli``)."""
+"""``nymph queue serve`` and ``nymph queue token create``; the user verbs over the API
+(:mod:`nymph.cli.user`) are registered from here, right after ``queue``."""
 
-from nymph.queue.cli import register
+from __future__ import annotations
 
-__all__ = ["register"]
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from nymph.cli import user
+from nymph.errors import ConfigError
+from nymph.netaddr import parse_listen
+from nymph.queue.auth import create_token, import_token
+from nymph.queue.db import connect, transaction
+from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
+from nymph.queue.serve import DEFAULT_LISTEN, default_db_path, serve
+
+
+def _db_path(args: argparse.Namespace) -> Path:
+    return Path(args.db).expanduser() if args.db else default_db_path()
+
+
+def _import_tokens(path: Path, specs: list[str]) -> None:
+    """``--import-token ROLE:FILE``: make the token in FILE (e.g. a mounted Secret) valid."""
+    for spec in specs:
+        role_text, sep, file = spec.partition(":")
+        if not sep or role_text not in [r.value for r in Role] or not file:
+            raise ConfigError(f"--import-token {spec!r}: expected ROLE:FILE with ROLE user or daemon")
+        try:
+            token = Path(file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"--import-token: cannot read {file} ({exc.__class__.__name__})") from None
+        conn = connect(path)
+        try:
+            with transaction(conn, write=True):
+                import_token(conn, token=token, role=Role(role_text))
+        except ValueError as exc:
+            raise ConfigError(f"--import-token {file}: {exc}") from None
+        finally:
+            conn.close()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    host, port = parse_listen(args.listen, example=DEFAULT_LISTEN)
+    _import_tokens(_db_path(args), args.import_token)
+    settings = QueueSettings(
+        lease=LeaseSettings(sweep_interval=args.sweep_interval, stop_node_fallback=args.stop_node_fallback),
+        retry=RetrySettings(max_attempts=args.max_attempts, backoff_base=args.backoff_base),
+    )
+    asyncio.run(serve(db_path=_db_path(args), host=host, port=port, settings=settings))
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    path = _db_path(args)
+    conn = connect(path)
+    try:
+        with transaction(conn, write=True):
+            created = create_token(conn, role=Role(args.role), namespace=args.namespace, name=args.name)
+    finally:
+        conn.close()
+    scope = f"namespace {created.namespace}" if created.namespace else "all namespaces"
+    print(f"created {created.role.value} token {created.token_id} for {scope} in {path}")
+    print("it is shown only this once; the queue stores only its hash")
+    print(f"token: {created.token}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    queue = sub.add_parser(
+        "queue",
+        help="run the control-plane queue, manage its tokens",
+        description="The control-plane queue: users send launches, daemons claim them.",
+    )
+    qsub = queue.add_subparsers(dest="queue_command", metavar="COMMAND", required=True)
+
+    db_help = f"SQLite file (default: {default_db_path()})"
+    p = qsub.add_parser(
+        "serve",
+        help="serve the queue API",
+        description="Serve the queue API until SIGTERM or SIGINT. Example: "
+        "nymph queue serve --db /var/lib/nymph/queue.db --listen 0.0.0.0:8700",
+    )
+    p.add_argument("--db", help=db_help)
+    p.add_argument(
+        "--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN}; port 0 picks one)"
+    )
+    p.add_argument(
+        "--import-token",
+        action="append",
+        default=[],
+        metavar="ROLE:FILE",
+        help="make the token in FILE valid for ROLE (user or daemon), e.g. a mounted Secret; repeatable",
+    )
+    p.add_argument("--max-attempts", type=int, default=5, help="tries per task before it fails (default 5)")
+    p.add_argument(
+        "--backoff-base",
+        type=float,
+        default=2.0,
+        help="first retry delay in seconds, doubled per try (default 2)",
+    )
+    p.add_argument(
+        "--sweep-interval", type=float, default=5.0, help="seconds between expired-lease sweeps (default 5)"
+    )
+    p.add_argument(
+        "--stop-node-fallback",
+        type=float,
+        default=30.0,
+        help="seconds a stop task waits for the instance's node before any daemon may take it (default 30)",
+    )
+    p.set_defaults(func=cmd_serve)
+
+    token = qsub.add_parser("token", help="manage API tokens")
+    tsub = token.add_subparsers(dest="token_command", metavar="COMMAND", required=True)
+    p = tsub.add_parser(
+        "create",
+        help="create a bearer token (printed once, as the last word)",
+        description="Create a token for users (providers, modes, launches) or daemons (the "
+        "dispatch API). Example: nymph queue token create --role daemon --namespace team-a",
+    )
+    p.add_argument("--db", help=db_help)
+    p.add_argument("--role", required=True, choices=[r.value for r in Role])
+    p.add_argument("--namespace", help="limit the token to this namespace (default: all)")
+    p.add_argument("--name", help="a label recorded as the requester of launches")
+    p.set_defaults(func=cmd_token_create)
+
+    user.register(sub)

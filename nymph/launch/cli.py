@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from nymph.errors import ConfigError
 from nymph.launch import names
 from nymph.launch.config import load_dreamrc, parse_assignments
 from nymph.launch.render import render_pod, to_json, to_yaml
+from nymph.launch.script import read_script
 from nymph.launch.spec import build_launch_spec
-
-
-def read_script(path: str) -> str:
-    """The text of ``--script PATH`` (``-`` for stdin), or a one-line ConfigError."""
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"--script {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--script {path}: cannot read ({exc.__class__.__name__})") from None
 
 
 def cmd_render(args: argparse.Namespace) -> int:

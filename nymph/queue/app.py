@@ -16,51 +16,19 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from nymph.queue import dispatch_routes, routes
-from nymph.queue.auth import Authenticator, Handler, auth_middleware
+from nymph.queue.auth import Authenticator
 from nymph.queue.db import Database
-from nymph.queue.errors import ServiceError
 from nymph.queue.keys import AUTH, SETTINGS, STORE
+from nymph.queue.middlewares import auth_middleware, error_middleware
 from nymph.queue.models import QueueSettings
+from nymph.queue.routes import daemon as daemon_routes
+from nymph.queue.routes import user as user_routes
 from nymph.queue.store import Store
 
 log = structlog.get_logger(__name__, component="queue.app")
 
 SWEEPER_TASK = "nymph-queue-lease-sweeper"
 OPENAPI_YAML = resources.files("nymph.queue").joinpath("openapi.yaml").read_bytes()
-
-_HTTP_CODES = {
-    400: ("bad_request", "the request is malformed"),
-    404: ("not_found", "no such route: see GET /openapi.yaml for the API"),
-    405: ("method_not_allowed", "this route does not take that method: see GET /openapi.yaml"),
-    413: ("too_large", "the request body is too large: send less"),
-}
-
-
-def error_body(*, code: str, detail: str) -> dict[str, str]:
-    return {"error": code, "detail": detail}
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ServiceError as exc:
-        return web.json_response(error_body(code=exc.code, detail=exc.detail), status=exc.status)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code, detail = _HTTP_CODES.get(exc.status, ("http_error", exc.reason))
-        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        return web.json_response(error_body(code=code, detail=detail), status=exc.status, headers=headers)
-    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
-        raise
-    except Exception:
-        log.exception("unhandled error", method=request.method, path=request.path)
-        return web.json_response(
-            error_body(code="internal", detail="the queue hit an unexpected error: see its log"),
-            status=500,
-        )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -118,6 +86,6 @@ def create_app(*, db_path: Path, settings: QueueSettings | None = None) -> web.A
     app.on_shutdown.append(_release_long_polls)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.yaml", openapi)
-    app.add_routes(routes.routes)
-    app.add_routes(dispatch_routes.routes)
+    app.add_routes(user_routes.routes)
+    app.add_routes(daemon_routes.routes)
     return app

@@ -1,4 +1,5 @@
-"""Bearer tokens: creation, lookup, and the middleware that enforces role and namespace scope.
+"""Bearer tokens: creation, import and lookup (the middleware that enforces role and namespace
+scope is in :mod:`nymph.queue.middlewares`).
 
 A token is shown once, when created, and stored only as its sha256 hash. Callers are known by
 the token's id (``tok-<hex>``) and optional name, which is what gets recorded as requester and
@@ -11,28 +12,13 @@ import hashlib
 import secrets
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import structlog
-from aiohttp import web
-
-from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.queue.db import Database
-from nymph.queue.errors import BadRequest, Forbidden, Unauthorized
-from nymph.queue.keys import AUTH, PRINCIPAL
 from nymph.queue.models import Principal, Role
 
-log = structlog.get_logger(__name__, component="queue.auth")
-
 TOKEN_PREFIX = "nyq_"  # noqa: S105 - a prefix, not a secret
-PUBLIC_ROUTES = frozenset(
-    (method, path) for method in ("GET", "HEAD") for path in ("/healthz", "/openapi.yaml")
-)
-_READ_METHODS = frozenset({"GET", "HEAD"})
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def hash_token(token: str) -> str:
@@ -109,65 +95,3 @@ class Authenticator:
                 self._cache.clear()
             self._cache[digest] = (principal, now + self._cache_seconds)
         return principal
-
-
-def _bearer(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized(
-            "send 'Authorization: Bearer <token>'; create a token with "
-            "'nymph queue token create --role user' on the queue host",
-            code="missing_token",
-        )
-    return token
-
-
-def _check_scope(request: web.Request, principal: Principal) -> None:
-    path = request.path
-    if path.startswith("/v1/dispatch/") or path == "/v1/dispatch":
-        if principal.role is not Role.DAEMON:
-            raise Forbidden(
-                "the dispatch API is for nymph daemons: use a token created with --role daemon",
-                code="wrong_role",
-            )
-        return
-    ns = request.match_info.get("ns")
-    if ns is None:
-        return
-    try:
-        names.check_namespace(ns, field="namespace")
-    except ValidationError as exc:
-        raise BadRequest(f"{exc}", code="invalid_namespace") from None
-    if principal.role is Role.DAEMON and request.method not in _READ_METHODS:
-        raise Forbidden(
-            "daemon tokens cannot create or change providers, modes or launches: use a token "
-            "created with --role user",
-            code="wrong_role",
-        )
-    if not principal.may_touch(ns):
-        raise Forbidden(
-            f"this token is scoped to namespace {principal.namespace!r} and cannot use "
-            f"namespace {ns!r}: use a token for that namespace",
-            code="wrong_namespace",
-        )
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if (request.method, request.path) in PUBLIC_ROUTES:
-        return await handler(request)
-    token = _bearer(request)
-    principal = await request.app[AUTH].authenticate(token)
-    del token
-    if principal is None:
-        log.warning("unknown token refused", method=request.method, path=request.path, peer=request.remote)
-        raise Unauthorized(
-            "the token is not known to this queue: check NYMPH_TOKEN (or --token) or create "
-            "one with 'nymph queue token create'",
-            code="invalid_token",
-        )
-    _check_scope(request, principal)
-    request[PRINCIPAL] = principal
-    return await handler(request)

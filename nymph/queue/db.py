@@ -28,7 +28,7 @@ from typing import TypeVar
 import structlog
 
 from nymph.errors import NymphError
-from nymph.queue.schema import MIGRATIONS
+from nymph.queue.sql.migrations import MIGRATIONS
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__, component="queue.db")

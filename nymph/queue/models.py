@@ -1,56 +1,13 @@
 """Value types of the queue service: roles, principals, settings, checked reports and claims.
 
-The wire types (task kinds, statuses, JSON shapes, time) live in :mod:`nymph.protocol` and are
-re-exported here for the service's own modules."""
+The wire types (task kinds, statuses, JSON shapes, time) live in :mod:`nymph.protocol`."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from nymph.protocol import (
-    FINISHED_STATUSES,
-    START_KINDS,
-    ActiveJSON,
-    DaemonJSON,
-    HistoryEntry,
-    InstanceJSON,
-    LaunchAccepted,
-    TaskJSON,
-    TaskKind,
-    TaskStatus,
-    TaskStatusJSON,
-    iso,
-    now,
-    parse_iso,
-)
-
-__all__ = [
-    "FINISHED_STATUSES",
-    "START_KINDS",
-    "ActiveJSON",
-    "ClaimRequest",
-    "ClaimResult",
-    "DaemonJSON",
-    "HistoryEntry",
-    "InstanceJSON",
-    "LaunchAccepted",
-    "LeaseSettings",
-    "LimitSettings",
-    "PollSettings",
-    "Principal",
-    "QueueSettings",
-    "Report",
-    "RetrySettings",
-    "Role",
-    "TaskJSON",
-    "TaskKind",
-    "TaskStatus",
-    "TaskStatusJSON",
-    "iso",
-    "now",
-    "parse_iso",
-]
+from nymph.protocol import TaskJSON
 
 
 class Role(str, enum.Enum):
@@ -150,3 +107,5 @@ class ClaimResult:
     #: Epoch seconds at which some task may become claimable without a new insert (a backoff
     #: ending, a lease expiring, a stop task's node pin lapsing), or None.
     next_due: float | None
+    #: Instances that this claim's housekeeping (see ``retire``) changed; their waiters are woken.
+    settled: frozenset[str] = frozenset()

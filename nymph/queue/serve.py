@@ -16,6 +16,7 @@ import platformdirs
 import structlog
 from aiohttp import web
 
+from nymph import netaddr
 from nymph.errors import ConfigError
 from nymph.queue.app import create_app
 from nymph.queue.models import QueueSettings
@@ -29,21 +30,8 @@ def default_db_path() -> Path:
     return platformdirs.user_data_path("nymph") / "queue.db"
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8700`` for IPv6) -> (host, port); port 0 picks a free one."""
-    host, sep, port_text = text.rpartition(":")
-    host = host.strip("[]")
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = -1
-    if not sep or not host or not 0 <= port <= 65535:
-        raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
-    return host, port
-
-
 def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{netaddr.url_host(host)}:{port}"
 
 
 async def serve(

@@ -11,7 +11,7 @@ import pytest
 from queue_helpers import FAST, Queue, add_kind, open_queue
 
 from nymph.client import QueueConflict
-from nymph.queue.models import parse_iso
+from nymph.protocol import parse_iso
 
 NS = "/v1/namespaces/default"
 CLAIM = "/v1/dispatch/claim"
@@ -308,7 +308,7 @@ async def test_launch_of_an_already_stopped_instance_is_not_redelivered(kind: Qu
 async def test_a_task_whose_daemons_keep_dying_is_given_up(
     kind: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nymph.queue import leases
+    from nymph.queue.sql import dispatch as leases
 
     monkeypatch.setattr(leases, "MAX_DELIVERIES", 3)
     [iid] = await _launch(kind)

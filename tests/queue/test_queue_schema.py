@@ -10,7 +10,7 @@ import pytest
 from queue_helpers import FAST, open_queue
 
 from nymph.queue.db import DatabaseError, connect
-from nymph.queue.schema import MIGRATIONS
+from nymph.queue.sql.migrations import MIGRATIONS
 
 NS = "/v1/namespaces/default"
 

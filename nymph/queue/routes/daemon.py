@@ -1,4 +1,4 @@
-"""Dispatch routes, for nymph daemons (daemon tokens only; the auth middleware checks).
+"""Daemon routes (the dispatch API), for nymph daemons (daemon tokens only; the auth middleware checks).
 
 A daemon claims tasks by long-poll, renews its leases while it works, hands back what it did
 not start, completes each task, streams state reports, uploads logs before reaping, and asks
@@ -17,10 +17,11 @@ from aiohttp import web
 from nymph.errors import ValidationError
 from nymph.launch.names import check_namespace
 from nymph.launch.state import InstanceState, Reason
+from nymph.protocol import RenewAnswer, ReportAck, parse_iso
 from nymph.queue.bodies import Fields, read_object
 from nymph.queue.errors import BadRequest, Unprocessable
 from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
-from nymph.queue.models import ClaimRequest, ClaimResult, Report, parse_iso
+from nymph.queue.models import ClaimRequest, ClaimResult, Report
 from nymph.queue.notify import wait_for_event
 
 routes = web.RouteTableDef()
@@ -108,7 +109,7 @@ async def renew(request: web.Request) -> web.Response:
             maximum=settings.lease.max_seconds,
         ),
     )
-    return web.json_response({"renewed": renewed, "lost": lost})
+    return web.json_response(RenewAnswer(renewed=renewed, lost=lost))
 
 
 @routes.post("/v1/dispatch/release")
@@ -174,7 +175,7 @@ async def report(request: web.Request) -> web.Response:
     stream = f.req_string("stream")
     reports = [_report(r, i) for i, r in enumerate(f.objects("reports", max_items=10_000))]
     accepted, last = await request.app[STORE].report(stream=stream, reports=reports, scope=_scope(request))
-    return web.json_response({"accepted": accepted, "lastSeq": last})
+    return web.json_response(ReportAck(accepted=accepted, lastSeq=last))
 
 
 @routes.post("/v1/dispatch/logs")

@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from nymph.queue.models import (
+from nymph.protocol import (
     HistoryEntry,
     InstanceJSON,
     TaskJSON,

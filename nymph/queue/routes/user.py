@@ -2,23 +2,27 @@
 daemons.
 
 Every route is under ``/v1/namespaces/{ns}``; the auth middleware has already checked the
-token, its role and its namespace scope, and that ``ns`` is a DNS-1123 label.
+token, its role and its namespace scope, and that ``ns`` is a DNS-1123 label. A dockyard launch
+is rendered here, in full and off the event loop, before the store is asked to queue it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
+from nymph.dockyard.dispatch import dockyard_task_manifests
+from nymph.dockyard.errors import DockyardConfigError
 from nymph.errors import ConfigError
 from nymph.launch.config import LAUNCHER, Mode, Provider, check_launcher
 from nymph.launch.state import InstanceState
+from nymph.protocol import InstanceJSON
 from nymph.queue.bodies import Fields, query_int, query_number, read_object
 from nymph.queue.errors import BadRequest
 from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
-from nymph.queue.models import InstanceJSON
 from nymph.queue.notify import wait_for_event
 
 routes = web.RouteTableDef()
@@ -102,6 +106,25 @@ def _mode_from(data: dict[str, Any], *, path_name: str | None) -> Mode:
         return Mode(name=name, provider=provider, fields=fields)
     except ConfigError as exc:
         raise BadRequest(str(exc), code="invalid_mode") from None
+
+
+def check_dockyard(spec: Mapping[str, Any]) -> None:
+    """Render a dockyard task spec exactly as the daemon will (pure, CPU only); raises
+    :class:`BadRequest` with the renderer's one-line message (file, key path, what is allowed)."""
+    try:
+        dockyard_task_manifests(
+            recipe=spec["recipe"],
+            infra=spec["infra"],
+            overrides=spec["overrides"],
+            namespace=spec["namespace"],
+        )
+    except DockyardConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_dockyard") from None
+    except RecursionError:
+        raise BadRequest(
+            "the dockyard launch is nested too deep to render: flatten the recipe or infra",
+            code="invalid_dockyard",
+        ) from None
 
 
 def _json(data: Any, *, status: int = 200) -> web.Response:
@@ -223,12 +246,15 @@ async def launch_dockyard(request: web.Request) -> web.Response:
     assert recipe is not None
     infra = f.mapping("infra") or {}
     overrides = f.strings("overrides", required=False, max_items=_MAX_OVERRIDES)
-    accepted = await request.app[STORE].launch_dockyard(
+    store = request.app[STORE]
+    kube_ns = await store.provider_kube_namespace(ns=m["ns"], name=m["name"])
+    body = {"recipe": dict(recipe), "infra": dict(infra), "overrides": list(overrides)}
+    await asyncio.to_thread(check_dockyard, {**body, "namespace": kube_ns})
+    accepted = await store.launch_dockyard(
         ns=m["ns"],
         provider=m["name"],
-        recipe=recipe,
-        infra=infra,
-        overrides=overrides,
+        body=body,
+        kube_ns=kube_ns,
         idempotency_key=key,
         principal=request[PRINCIPAL],
     )

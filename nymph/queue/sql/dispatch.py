@@ -1,5 +1,5 @@
-"""The dispatch side of the store: claim, renew, release, complete, report (synchronous SQL,
-each function called inside one write transaction on the database thread).
+"""Claims and leases: claim, renew, release, complete, retire, sweep, and the daemons table
+(synchronous SQL, each function called inside one write transaction on the database thread).
 
 A task is claimable when it is ``pending`` (or ``leased`` with an expired lease), its
 ``not_before`` has passed, the task it is ordered after (a stop after its launch) has
@@ -16,19 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from nymph.launch.state import InstanceState, Reason
+from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, DaemonJSON, iso
 from nymph.queue.errors import Conflict, NotFound
-from nymph.queue.models import (
-    FINISHED_STATUSES,
-    START_KINDS,
-    ActiveJSON,
-    ClaimRequest,
-    ClaimResult,
-    LeaseSettings,
-    Report,
-    RetrySettings,
-    iso,
-)
-from nymph.queue.rows import fetch_instance, task_json, transition
+from nymph.queue.models import ClaimRequest, ClaimResult, LeaseSettings, RetrySettings
+from nymph.queue.sql.rows import fetch_instance, task_json, transition
 
 _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
 _START_SQL = ",".join(f"'{k}'" for k in START_KINDS)
@@ -165,7 +156,7 @@ def claim(
     lease: LeaseSettings,
 ) -> ClaimResult:
     _seen(conn, req=req, now=now)
-    retire(conn, now=now)
+    settled = retire(conn, now=now)
     tasks = []
     if req.capacity > 0:
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
@@ -179,7 +170,7 @@ def claim(
     next_due = None
     if not tasks:
         next_due = _next_due(conn, node=req.node, now=now, fallback=lease.stop_node_fallback)
-    return ClaimResult(tasks=tasks, next_due=next_due)
+    return ClaimResult(tasks=tasks, next_due=next_due, settled=frozenset(settled))
 
 
 def renew(
@@ -233,7 +224,7 @@ def complete(
     scope: str | None,
     now: float,
     retry: RetrySettings,
-) -> tuple[dict[str, Any], str | None]:
+) -> tuple[CompleteAnswer, str | None]:
     """Finish a leased task. Returns the response body and the instance id that changed."""
     row = conn.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
     if row is None or (scope is not None and row["namespace"] != scope):
@@ -241,7 +232,7 @@ def complete(
             f"no task {task_id!r}: complete only task ids returned by claim", code="task_not_found"
         )
     if row["status"] in FINISHED_STATUSES and row["lease_owner"] == daemon_id:
-        return {"status": row["status"], "duplicate": True}, None
+        return CompleteAnswer(status=row["status"], duplicate=True), None
     if row["status"] != "leased" or row["lease_owner"] != daemon_id:
         raise Conflict(
             f"daemon {daemon_id!r} no longer holds the lease on task {task_id!r} (it expired, was "
@@ -274,7 +265,7 @@ def complete(
                 reason=Reason.STOPPED.value,
                 message="stopped on request",
             )
-        body: dict[str, Any] = {"status": "done"}
+        body = CompleteAnswer(status="done")
     elif kind == "launch" and instance_id and _stop_requested(conn, instance_id):
         # The user asked to stop it: do not try again; the stop task ordered after this one
         # cleans up whatever exists and ends the instance.
@@ -283,7 +274,7 @@ def complete(
             "lease_expires = NULL WHERE seq = ?",
             (error_text, now, now, row["seq"]),
         )
-        body = {"status": "cancelled"}
+        body = CompleteAnswer(status="cancelled")
     elif retryable and row["attempts"] < retry.max_attempts:
         not_before = now + retry.backoff(row["attempts"])
         conn.execute(
@@ -291,7 +282,7 @@ def complete(
             "not_before = ?, error = ?, updated_at = ? WHERE seq = ?",
             (not_before, error_text, now, row["seq"]),
         )
-        body = {"status": "requeued", "notBefore": iso(not_before)}
+        body = CompleteAnswer(status="requeued", notBefore=iso(not_before))
     else:
         conn.execute(
             "UPDATE tasks SET status = 'failed', error = ?, result = ?, finished_at = ?, "
@@ -307,113 +298,31 @@ def complete(
                 reason=Reason.LAUNCH_FAILED.value,
                 message=error_text,
             )
-        body = {"status": "failed"}
+        body = CompleteAnswer(status="failed")
     return body, instance_id if changed else None
 
 
-def report(
-    conn: sqlite3.Connection,
-    *,
-    stream: str,
-    reports: Sequence[Report],
-    scope: str | None,
-    now: float,
-) -> tuple[int, int, set[str]]:
-    """Apply reports with seq above the stream's mark, in the order given.
-
-    Returns (accepted, last_seq, changed instance ids); ``last_seq`` is -1 for a new stream.
-    """
-    row = conn.execute("SELECT last_seq FROM report_streams WHERE stream = ?", (stream,)).fetchone()
-    last = -1 if row is None else int(row[0])
-    accepted = 0
-    changed: set[str] = set()
-    for r in reports:
-        if r.seq <= last:
-            continue
-        last = r.seq
-        accepted += 1
-        inst = fetch_instance(conn, r.instance_id)
-        if inst is None or (scope is not None and inst["namespace"] != scope):
-            continue
-        if inst["stop_requested_at"] is not None and r.state not in (
-            InstanceState.STOPPING.value,
-            InstanceState.STOPPED.value,
-        ):
-            continue  # a stop was asked for: a late "starting"/"running" must not undo it
-        if transition(
-            conn,
-            instance_id=r.instance_id,
-            now=now,
-            state=r.state,
-            reason=r.reason,
-            message=r.message or "",
-            node=r.node,
-            at=r.at,
-        ):
-            changed.add(r.instance_id)
-    if accepted:
-        conn.execute(
-            "INSERT INTO report_streams (stream, last_seq, updated_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq, "
-            "updated_at = excluded.updated_at",
-            (stream, last, now),
-        )
-    return accepted, last, changed
-
-
-def store_logs(
-    conn: sqlite3.Connection,
-    *,
-    instance_id: str,
-    logs: str,
-    scope: str | None,
-    max_bytes: int,
-    now: float,
-) -> None:
-    inst = fetch_instance(conn, instance_id)
-    if inst is None or (scope is not None and inst["namespace"] != scope):
-        raise NotFound(
-            f"no instance {instance_id!r}: upload logs only for instances you run", code="instance_not_found"
-        )
-    data = logs.encode("utf-8", errors="replace")
-    if len(data) > max_bytes:
-        dropped = len(data) - max_bytes
-        marker = f"[nymph: first {dropped} bytes of the log dropped]\n".encode()
-        data = marker + data[len(data) - max_bytes + len(marker) :]
-    conn.execute(
-        "INSERT INTO instance_logs (instance_id, text, updated_at) VALUES (?, ?, ?) "
-        "ON CONFLICT (instance_id) DO UPDATE SET text = excluded.text, updated_at = excluded.updated_at",
-        (instance_id, data.decode("utf-8", errors="ignore"), now),
-    )
-
-
-def active(conn: sqlite3.Connection, *, node: str, scope: str | None) -> list[ActiveJSON]:
-    sql = (
-        "SELECT instance_id, namespace, kube_namespace, state, node FROM instances "
-        "WHERE node = ? AND state != 'stopped'"
-    )
-    params: list[Any] = [node]
-    if scope is not None:
-        sql += " AND namespace = ?"
-        params.append(scope)
-    return [
-        ActiveJSON(
-            instanceId=r["instance_id"],
-            namespace=r["namespace"],
-            kubeNamespace=r["kube_namespace"],
-            state=r["state"],
-            node=r["node"],
-        )
-        for r in conn.execute(sql + " ORDER BY launched_at", params)
-    ]
-
-
-def sweep(conn: sqlite3.Connection, *, now: float) -> int:
-    """Hand expired leases back; returns how many."""
-    retire(conn, now=now)
+def sweep(conn: sqlite3.Connection, *, now: float) -> tuple[int, set[str]]:
+    """Settle what :func:`retire` settles, then hand expired leases back; returns how many were
+    handed back and the instances that changed."""
+    settled = retire(conn, now=now)
     cur = conn.execute(
         "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "
         "updated_at = ? WHERE status = 'leased' AND lease_expires <= ?",
         (now, now),
     )
-    return cur.rowcount
+    return cur.rowcount, settled
+
+
+def list_daemons(conn: sqlite3.Connection) -> list[DaemonJSON]:
+    rows = conn.execute("SELECT * FROM daemons ORDER BY node, daemon_id").fetchall()
+    return [
+        DaemonJSON(
+            daemonId=r["daemon_id"],
+            node=r["node"],
+            namespaces=json.loads(r["namespaces"]),
+            lastSeen=iso(r["last_seen"]),
+            capacity=r["capacity"],
+        )
+        for r in rows
+    ]

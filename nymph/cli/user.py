@@ -1,0 +1,196 @@
+"""The user verbs over the queue API: ``providers``, ``modes``, ``launch``, ``launch-dockyard``,
+``instances``, ``stop``, ``logs`` (argparse; the handlers are in :mod:`nymph.cli.userverbs`).
+
+The server URL and token come from ``--url`` / ``--token``, else ``NYMPH_URL`` /
+``NYMPH_TOKEN``, else the ``.dreamrc`` ``server: {url, token}``; the namespace from
+``--namespace`` (default ``default``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nymph.cli.userverbs import (
+    cmd_instances,
+    cmd_launch,
+    cmd_launch_dockyard,
+    cmd_logs,
+    cmd_modes_add,
+    cmd_modes_list,
+    cmd_modes_rm,
+    cmd_modes_show,
+    cmd_providers_add,
+    cmd_providers_list,
+    cmd_providers_rm,
+    cmd_providers_show,
+    cmd_providers_test,
+    cmd_stop,
+)
+from nymph.client import DEFAULT_URL
+from nymph.launch.state import InstanceState
+
+_STATES = [s.value for s in InstanceState]
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("queue connection")
+    g.add_argument(
+        "--url", help=f"queue URL (default: $NYMPH_URL, the .dreamrc server.url, or {DEFAULT_URL})"
+    )
+    g.add_argument("--token", help="API token (default: $NYMPH_TOKEN or the .dreamrc server.token)")
+    g.add_argument(
+        "--dreamrc",
+        default=".dreamrc",
+        help="config file with server: {url, token} (default ./.dreamrc; may be missing)",
+    )
+    g.add_argument("-n", "--namespace", default="default", help="control-plane namespace (default: default)")
+    return common
+
+
+def register(sub: Any) -> None:
+    common = _common()
+
+    providers = sub.add_parser("providers", help="add, list, show, remove and test providers")
+    psub = providers.add_subparsers(dest="providers_command", metavar="COMMAND", required=True)
+    p = psub.add_parser(
+        "add",
+        parents=[common],
+        help="add a provider",
+        description="Example: nymph providers add my-cluster --launcher Kube --kwarg namespace=lakeshore",
+    )
+    p.add_argument("name")
+    p.add_argument("--launcher", required=True, help="must be exactly Kube")
+    p.add_argument(
+        "--kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="connection kwarg: namespace, context, kubeconfig (repeatable; JSON/YAML values)",
+    )
+    p.add_argument("--dispatch", default="daemon", help="how launches reach the cluster (only: daemon)")
+    p.add_argument("--replace", action="store_true", help="replace an existing provider of that name")
+    p.set_defaults(func=cmd_providers_add)
+    p = psub.add_parser("list", parents=[common], help="list providers")
+    p.set_defaults(func=cmd_providers_list)
+    for verb, func, text in (
+        ("show", cmd_providers_show, "show a provider"),
+        ("rm", cmd_providers_rm, "remove a provider"),
+    ):
+        p = psub.add_parser(verb, parents=[common], help=text)
+        p.add_argument("name")
+        p.set_defaults(func=func)
+    p = psub.add_parser("instances", parents=[common], help="list a provider's instances")
+    p.add_argument("provider", metavar="name")
+    p.add_argument("--state", choices=_STATES)
+    p.set_defaults(func=cmd_instances)
+    p = psub.add_parser(
+        "test",
+        parents=[common],
+        help="prove the path end to end with a dry-run probe",
+        description="Queue a probe that a daemon runs as a server-side dry run, wait, print each check.",
+    )
+    p.add_argument("name")
+    p.add_argument("--mode", help="mode whose Pod shape to probe (default: a tiny busybox Pod)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a daemon (default 60)")
+    p.set_defaults(func=cmd_providers_test)
+
+    modes = sub.add_parser("modes", help="add, list, show and remove modes")
+    msub = modes.add_subparsers(dest="modes_command", metavar="COMMAND", required=True)
+    p = msub.add_parser(
+        "add",
+        parents=[common],
+        help="add a mode",
+        description="Example: nymph modes add k8s-gpu --provider my-cluster --field image=python:3.12-slim",
+    )
+    p.add_argument("name")
+    p.add_argument("--provider", help="the provider this mode belongs to")
+    p.add_argument(
+        "--field",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Pod-shape field (repeatable; JSON/YAML values)",
+    )
+    p.add_argument("--replace", action="store_true", help="replace an existing mode of that name")
+    p.set_defaults(func=cmd_modes_add)
+    p = msub.add_parser("list", parents=[common], help="list modes")
+    p.set_defaults(func=cmd_modes_list)
+    for verb, func, text in (("show", cmd_modes_show, "show a mode"), ("rm", cmd_modes_rm, "remove a mode")):
+        p = msub.add_parser(verb, parents=[common], help=text)
+        p.add_argument("name")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "launch",
+        parents=[common],
+        help="queue a launch; prints the instance id",
+        description="Example: nymph launch my-cluster --mode k8s-gpu --script train.py --tag team=ml --wait",
+    )
+    p.add_argument("provider")
+    p.add_argument("--mode", required=True)
+    p.add_argument("--script", required=True, help="Python file to run ('-' for stdin)")
+    p.add_argument(
+        "--tag", action="append", default=[], metavar="KEY=VALUE", help="extra Pod label (repeatable)"
+    )
+    p.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra env var (repeatable)"
+    )
+    p.add_argument(
+        "--field",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a mode field for this launch",
+    )
+    p.add_argument("--idempotency-key", help="retry-safe key (default: a fresh UUID, reused on retries)")
+    p.add_argument("--wait", action="store_true", help="show each state change; exit 1 if the run failed")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser(
+        "launch-dockyard",
+        parents=[common],
+        help="queue a dockyard launch (recipe + infra) for a daemon to apply; prints the instance id",
+        description="A daemon serving the provider's kube namespace renders the recipe and infra "
+        "(shipped defaults, then the infra, then the overrides; no user defaults, kube context or "
+        "environment of its own) and applies the objects in order. The queue renders it first and "
+        "refuses an invalid one. Stop it with 'nymph stop PROVIDER ID' (the objects are deleted). "
+        "Example: nymph launch-dockyard my-cluster grpo.yaml --infra grpo.infra.yaml "
+        "--set infra.scheduler.queue=team-a --wait",
+    )
+    p.add_argument("provider")
+    p.add_argument(
+        "recipe", help="recipe YAML (an infra: block inside, or --infra; defaults: is not followed)"
+    )
+    p.add_argument("--infra", metavar="FILE", help="infra YAML (dockyard-k8s InfraConfig)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Hydra-style override, e.g. infra.sandbox.replicas=4 (keys without infra. target the "
+        "recipe; ~KEY deletes; repeatable)",
+    )
+    p.add_argument("--idempotency-key", help="retry-safe key (default: a fresh UUID, reused on retries)")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="show each state change until the objects are applied; exit 1 if it failed",
+    )
+    p.set_defaults(func=cmd_launch_dockyard)
+
+    p = sub.add_parser("instances", parents=[common], help="list a provider's instances")
+    p.add_argument("provider")
+    p.add_argument("--state", choices=_STATES)
+    p.set_defaults(func=cmd_instances)
+
+    p = sub.add_parser("stop", parents=[common], help="stop an instance")
+    p.add_argument("provider")
+    p.add_argument("instance_id", metavar="ID")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("logs", parents=[common], help="print an instance's logs (uploaded when reaped)")
+    p.add_argument("provider")
+    p.add_argument("instance_id", metavar="ID")
+    p.set_defaults(func=cmd_logs)

@@ -1,0 +1,292 @@
+"""The handlers of the user verbs over the queue API: ``providers``, ``modes``, ``launch``,
+``launch-dockyard``, ``instances``, ``stop``, ``logs`` (their parsers are in :mod:`nymph.cli.user`).
+
+The server URL and token come from ``--url`` / ``--token``, else ``NYMPH_URL`` /
+``NYMPH_TOKEN``, else the ``.dreamrc`` ``server: {url, token}``; the namespace from
+``--namespace`` (default ``default``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nymph.client import DEFAULT_URL, QueueClient
+from nymph.dockyard.yamlio import load_file
+from nymph.errors import ConfigError, NymphError
+from nymph.launch.config import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
+from nymph.launch.script import read_script
+from nymph.userview import follow, print_checks, print_instances, table
+
+
+class ProbeTimeout(NymphError):
+    """No daemon finished a probe in time."""
+
+
+def connection(args: argparse.Namespace) -> QueueClient:
+    url = args.url or os.environ.get("NYMPH_URL")
+    token = args.token or os.environ.get("NYMPH_TOKEN")
+    if (url is None or token is None) and Path(args.dreamrc).expanduser().is_file():
+        server = load_dreamrc(args.dreamrc).server
+        url = url or server.get("url")
+        token = token or server.get("token")
+    return QueueClient(base_url=url or DEFAULT_URL, token=token, namespace=args.namespace)
+
+
+def _run(args: argparse.Namespace, body: Callable[[QueueClient], Awaitable[int]]) -> int:
+    async def main() -> int:
+        async with connection(args) as client:
+            return await body(client)
+
+    return asyncio.run(main())
+
+
+# --- providers -----------------------------------------------------------------------------
+
+
+def cmd_providers_add(args: argparse.Namespace) -> int:
+    provider = provider_from_cli(args.name, launcher=args.launcher, kwargs=args.kwarg)
+
+    async def body(client: QueueClient) -> int:
+        await client.create_provider(
+            name=provider.name, kwargs=provider.kwargs, dispatch=args.dispatch, replace=args.replace
+        )
+        print(f"provider {provider.name} saved in namespace {client.namespace}")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_providers_list(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        items = await client.list_providers()
+        if not items:
+            print(f"no providers in namespace {client.namespace}")
+            return 0
+        rows = [
+            (
+                p["name"],
+                p["launcher"],
+                p["dispatch"],
+                p["kwargs"].get("namespace", "default"),
+                p["kwargs"].get("context", ""),
+            )
+            for p in items
+        ]
+        print(table(("NAME", "LAUNCHER", "DISPATCH", "KUBE NAMESPACE", "CONTEXT"), rows))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_providers_show(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        print(yaml.safe_dump(await client.get_provider(name=args.name), sort_keys=False), end="")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_providers_rm(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        await client.delete_provider(name=args.name)
+        print(f"provider {args.name} removed")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_instances(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        print_instances(await client.list_instances(provider=args.provider, state=args.state))  # type: ignore[arg-type]
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_providers_test(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        task_id = await client.test_provider(provider=args.name, mode=args.mode)
+        print(f"probe {task_id} queued for provider {args.name}; waiting up to {args.timeout:g}s")
+        deadline = time.monotonic() + args.timeout
+        while True:
+            task = await client.get_task(task_id=task_id)
+            if task["status"] in ("done", "failed", "cancelled"):
+                break
+            if time.monotonic() >= deadline:
+                if task["status"] == "pending":
+                    raise ProbeTimeout(
+                        f"no daemon picked up probe {task_id} within {args.timeout:g}s: is a nymph "
+                        f"daemon running and serving the provider's kube namespace? "
+                        f"(see 'GET /v1/namespaces/{client.namespace}/daemons')"
+                    )
+                raise ProbeTimeout(
+                    f"a daemon claimed probe {task_id} but did not finish it within {args.timeout:g}s"
+                )
+            await asyncio.sleep(0.25)
+        ok = print_checks(task["result"]) and task["status"] == "done"
+        if task["error"]:
+            print(f"  error: {task['error']}")
+        print(f"provider {args.name}: {'ok' if ok else 'FAILED'}")
+        return 0 if ok else 1
+
+    return _run(args, body)
+
+
+# --- modes ---------------------------------------------------------------------------------
+
+
+def cmd_modes_add(args: argparse.Namespace) -> int:
+    mode = mode_from_cli(args.name, provider=args.provider, fields=args.field)
+
+    async def body(client: QueueClient) -> int:
+        await client.create_mode(
+            name=mode.name, provider=mode.provider, fields=mode.fields, replace=args.replace
+        )
+        print(f"mode {mode.name} saved in namespace {client.namespace}")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_modes_list(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        items = await client.list_modes()
+        if not items:
+            print(f"no modes in namespace {client.namespace}")
+            return 0
+        rows = [(m["name"], m["provider"] or "", m["fields"].get("image", "")) for m in items]
+        print(table(("NAME", "PROVIDER", "IMAGE"), rows))
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_modes_show(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        print(yaml.safe_dump(await client.get_mode(name=args.name), sort_keys=False), end="")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_modes_rm(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        await client.delete_mode(name=args.name)
+        print(f"mode {args.name} removed")
+        return 0
+
+    return _run(args, body)
+
+
+# --- launch, stop, logs --------------------------------------------------------------------
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    script = read_script(args.script)
+    tags: dict[str, str] = {}
+    for item in args.tag:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--tag {item!r}: expected KEY=VALUE")
+        tags[key] = value
+    env = parse_assignments(args.env, flag="--env")
+    fields = parse_assignments(args.field, flag="--field")
+    key = args.idempotency_key or str(uuid.uuid4())
+
+    async def body(client: QueueClient) -> int:
+        accepted = await client.launch(
+            provider=args.provider,
+            mode=args.mode,
+            script=script,
+            tags=tags,
+            env=env,
+            fields=fields,
+            idempotency_key=key,
+            retries=2,
+        )
+        print(accepted["instanceId"], flush=True)
+        if not args.wait:
+            return 0
+        return await follow(client, provider=args.provider, instance_id=accepted["instanceId"])
+
+    return _run(args, body)
+
+
+def _read_mapping(path: str, *, what: str) -> dict[str, Any]:
+    """A YAML file (anchors expanded) as a JSON-ready mapping; errors name the file."""
+    doc = load_file(Path(path))
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{what} {path}: expected a mapping at the top level")
+    if "defaults" in doc:
+        raise ConfigError(
+            f"{what} {path}: defaults: (file inheritance) is not followed for a launch a daemon "
+            "renders; merge the parent files into this one"
+        )
+    try:
+        json.dumps(doc, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{what} {path}: holds a value JSON cannot carry ({exc}); quote dates and use string keys"
+        ) from None
+    return doc
+
+
+def cmd_launch_dockyard(args: argparse.Namespace) -> int:
+    recipe = _read_mapping(args.recipe, what="recipe")
+    infra = _read_mapping(args.infra, what="--infra") if args.infra else None
+    key = args.idempotency_key or str(uuid.uuid4())
+
+    async def body(client: QueueClient) -> int:
+        accepted = await client.launch_dockyard(
+            provider=args.provider,
+            recipe=recipe,
+            infra=infra,
+            overrides=args.set,
+            idempotency_key=key,
+            retries=2,
+        )
+        print(accepted["instanceId"], flush=True)
+        if not args.wait:
+            return 0
+        return await follow(
+            client, provider=args.provider, instance_id=accepted["instanceId"], until_running=True
+        )
+
+    return _run(args, body)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        await client.stop(provider=args.provider, instance_id=args.instance_id)
+        print(f"stop requested for {args.instance_id}")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        logs = await client.get_logs(provider=args.provider, instance_id=args.instance_id)
+        if logs is None:
+            print(
+                f"no logs for {args.instance_id} yet: the daemon uploads them when the Pod is reaped",
+                file=sys.stderr,
+            )
+            return 1
+        sys.stdout.write(logs)
+        return 0
+
+    return _run(args, body)

@@ -1,0 +1,126 @@
+"""The service's middlewares, outermost first: errors to JSON bodies, then bearer-token auth.
+
+``error_middleware`` turns a :class:`ServiceError` (and aiohttp's own 4xx) into
+``{"error": code, "detail": text}`` and anything unexpected into a logged 500 that shows no
+internals. ``auth_middleware`` resolves the bearer token to a :class:`Principal`, checks its
+role and namespace scope and that the URL's namespace is a DNS-1123 label; the token itself is
+never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from nymph.errors import ValidationError
+from nymph.launch import names
+from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unauthorized
+from nymph.queue.keys import AUTH, PRINCIPAL
+from nymph.queue.models import Principal, Role
+
+log = structlog.get_logger(__name__, component="queue.middlewares")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+PUBLIC_ROUTES = frozenset(
+    (method, path) for method in ("GET", "HEAD") for path in ("/healthz", "/openapi.yaml")
+)
+_READ_METHODS = frozenset({"GET", "HEAD"})
+
+_HTTP_CODES = {
+    400: ("bad_request", "the request is malformed"),
+    404: ("not_found", "no such route: see GET /openapi.yaml for the API"),
+    405: ("method_not_allowed", "this route does not take that method: see GET /openapi.yaml"),
+    413: ("too_large", "the request body is too large: send less"),
+}
+
+
+def error_body(*, code: str, detail: str) -> dict[str, str]:
+    return {"error": code, "detail": detail}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ServiceError as exc:
+        return web.json_response(error_body(code=exc.code, detail=exc.detail), status=exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code, detail = _HTTP_CODES.get(exc.status, ("http_error", exc.reason))
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return web.json_response(error_body(code=code, detail=detail), status=exc.status, headers=headers)
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception:
+        log.exception("unhandled error", method=request.method, path=request.path)
+        return web.json_response(
+            error_body(code="internal", detail="the queue hit an unexpected error: see its log"),
+            status=500,
+        )
+
+
+def _bearer(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized(
+            "send 'Authorization: Bearer <token>'; create a token with "
+            "'nymph queue token create --role user' on the queue host",
+            code="missing_token",
+        )
+    return token
+
+
+def _check_scope(request: web.Request, principal: Principal) -> None:
+    path = request.path
+    if path.startswith("/v1/dispatch/") or path == "/v1/dispatch":
+        if principal.role is not Role.DAEMON:
+            raise Forbidden(
+                "the dispatch API is for nymph daemons: use a token created with --role daemon",
+                code="wrong_role",
+            )
+        return
+    ns = request.match_info.get("ns")
+    if ns is None:
+        return
+    try:
+        names.check_namespace(ns, field="namespace")
+    except ValidationError as exc:
+        raise BadRequest(f"{exc}", code="invalid_namespace") from None
+    if principal.role is Role.DAEMON and request.method not in _READ_METHODS:
+        raise Forbidden(
+            "daemon tokens cannot create or change providers, modes or launches: use a token "
+            "created with --role user",
+            code="wrong_role",
+        )
+    if not principal.may_touch(ns):
+        raise Forbidden(
+            f"this token is scoped to namespace {principal.namespace!r} and cannot use "
+            f"namespace {ns!r}: use a token for that namespace",
+            code="wrong_namespace",
+        )
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if (request.method, request.path) in PUBLIC_ROUTES:
+        return await handler(request)
+    token = _bearer(request)
+    principal = await request.app[AUTH].authenticate(token)
+    del token
+    if principal is None:
+        log.warning("unknown token refused", method=request.method, path=request.path, peer=request.remote)
+        raise Unauthorized(
+            "the token is not known to this queue: check NYMPH_TOKEN (or --token) or create "
+            "one with 'nymph queue token create'",
+            code="invalid_token",
+        )
+    _check_scope(request, principal)
+    request[PRINCIPAL] = principal
+    return await handler(request)

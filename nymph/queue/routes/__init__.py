@@ -1,0 +1,2 @@
+"""HTTP routes by audience: :mod:`.user` (providers, modes, launches, instances; user tokens)
+and :mod:`.daemon` (the dispatch API; daemon tokens)."""

@@ -1,0 +1,128 @@
+"""Providers and modes of each namespace (synchronous SQL inside the caller's transaction)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from nymph.errors import ValidationError
+from nymph.launch.config import Mode, Provider
+from nymph.launch.names import check_namespace
+from nymph.protocol import now
+from nymph.queue.errors import BadRequest, Conflict, NotFound
+
+
+def get_provider(conn: sqlite3.Connection, *, ns: str, name: str) -> Provider:
+    row = conn.execute("SELECT body FROM providers WHERE namespace = ? AND name = ?", (ns, name)).fetchone()
+    if row is None:
+        raise NotFound(
+            f"no provider {name!r} in namespace {ns!r}: create it with 'nymph providers add'",
+            code="provider_not_found",
+        )
+    body = json.loads(row[0])
+    return Provider(
+        name=body["name"], kwargs=body["kwargs"], launcher=body["launcher"], dispatch=body["dispatch"]
+    )
+
+
+def kube_namespace(provider: Provider) -> str:
+    """The provider's kube namespace, checked; a :class:`BadRequest` if it is not a valid one."""
+    try:
+        return check_namespace(provider.namespace, field="provider.namespace")
+    except ValidationError as exc:
+        raise BadRequest(str(exc), code="invalid_provider") from None
+
+
+def put_provider(conn: sqlite3.Connection, *, ns: str, provider: Provider, replace: bool) -> dict[str, Any]:
+    body = provider.to_json()
+    ts = now()
+    exists = conn.execute(
+        "SELECT 1 FROM providers WHERE namespace = ? AND name = ?", (ns, provider.name)
+    ).fetchone()
+    if exists and not replace:
+        raise Conflict(
+            f"provider {provider.name!r} already exists in namespace {ns!r}: delete it "
+            "first or PUT to replace it",
+            code="provider_exists",
+        )
+    conn.execute(
+        "INSERT INTO providers (namespace, name, body, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, name) DO UPDATE SET "
+        "body = excluded.body, updated_at = excluded.updated_at",
+        (ns, provider.name, json.dumps(body), ts, ts),
+    )
+    return body
+
+
+def list_providers(conn: sqlite3.Connection, *, ns: str) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT body FROM providers WHERE namespace = ? ORDER BY name", (ns,)).fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+def delete_provider(conn: sqlite3.Connection, *, ns: str, name: str) -> None:
+    cur = conn.execute("DELETE FROM providers WHERE namespace = ? AND name = ?", (ns, name))
+    if not cur.rowcount:
+        get_provider(conn, ns=ns, name=name)
+
+
+def get_mode(conn: sqlite3.Connection, *, ns: str, name: str) -> Mode:
+    row = conn.execute("SELECT body FROM modes WHERE namespace = ? AND name = ?", (ns, name)).fetchone()
+    if row is None:
+        raise NotFound(
+            f"no mode {name!r} in namespace {ns!r}: create it with 'nymph modes add'",
+            code="mode_not_found",
+        )
+    body = json.loads(row[0])
+    return Mode(name=body["name"], provider=body["provider"], fields=body["fields"])
+
+
+def mode_for(conn: sqlite3.Connection, *, ns: str, provider: Provider, mode_name: str) -> Mode:
+    """The mode, which must belong to ``provider`` or to no provider."""
+    mode = get_mode(conn, ns=ns, name=mode_name)
+    if mode.provider not in (None, provider.name):
+        raise BadRequest(
+            f"mode {mode.name!r} belongs to provider {mode.provider!r}, not {provider.name!r}: "
+            "launch it on that provider or pick another mode",
+            code="mode_provider_mismatch",
+        )
+    return mode
+
+
+def put_mode(conn: sqlite3.Connection, *, ns: str, mode: Mode, replace: bool) -> dict[str, Any]:
+    body = mode.to_json()
+    if mode.provider is not None:
+        row = conn.execute(
+            "SELECT 1 FROM providers WHERE namespace = ? AND name = ?", (ns, mode.provider)
+        ).fetchone()
+        if row is None:
+            raise BadRequest(
+                f"mode {mode.name!r} names provider {mode.provider!r}, which does not "
+                f"exist in namespace {ns!r}: create the provider first",
+                code="unknown_provider",
+            )
+    exists = conn.execute("SELECT 1 FROM modes WHERE namespace = ? AND name = ?", (ns, mode.name)).fetchone()
+    if exists and not replace:
+        raise Conflict(
+            f"mode {mode.name!r} already exists in namespace {ns!r}: delete it first or PUT to replace it",
+            code="mode_exists",
+        )
+    ts = now()
+    conn.execute(
+        "INSERT INTO modes (namespace, name, provider, body, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, name) DO UPDATE SET "
+        "provider = excluded.provider, body = excluded.body, updated_at = excluded.updated_at",
+        (ns, mode.name, mode.provider, json.dumps(body), ts, ts),
+    )
+    return body
+
+
+def list_modes(conn: sqlite3.Connection, *, ns: str) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT body FROM modes WHERE namespace = ? ORDER BY name", (ns,)).fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+def delete_mode(conn: sqlite3.Connection, *, ns: str, name: str) -> None:
+    cur = conn.execute("DELETE FROM modes WHERE namespace = ? AND name = ?", (ns, name))
+    if not cur.rowcount:
+        get_mode(conn, ns=ns, name=name)

@@ -1,0 +1,384 @@
+"""Launches, instances, stops, probes and task status (synchronous SQL inside the caller's
+transaction on the database thread).
+
+A launch inserts its instance (``queued``), its first history entry and its task together; an
+Idempotency-Key remembers the 202 body so a retried launch with the same body gets it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from nymph.errors import ConfigError, ValidationError
+from nymph.launch.config import Mode, Provider
+from nymph.launch.names import new_instance_id
+from nymph.launch.spec import LaunchSpec, build_launch_spec
+from nymph.launch.state import InstanceState, Reason
+from nymph.protocol import START_KINDS, InstanceJSON, LaunchAccepted, TaskKind, TaskStatusJSON, iso, now
+from nymph.queue.errors import BadRequest, Conflict, NotFound
+from nymph.queue.sql import catalog
+from nymph.queue.sql.rows import (
+    INSTANCE_COLUMNS,
+    fetch_instance,
+    instances_json,
+    task_status_json,
+    transition,
+)
+
+PROBE_SCRIPT = "print('nymph probe')\n"
+PROBE_IMAGE = "busybox"
+
+
+def new_task_id() -> str:
+    return "task-" + secrets.token_hex(8)
+
+
+def body_digest(body: Mapping[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _build(*, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str) -> LaunchSpec:
+    try:
+        return build_launch_spec(
+            provider=provider, mode=mode, body=body, instance_id=new_instance_id(), owner_namespace=ns
+        )
+    except (ValidationError, ConfigError) as exc:
+        raise BadRequest(str(exc), code="invalid_launch") from None
+
+
+def instance_row(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str) -> sqlite3.Row:
+    row = fetch_instance(conn, instance_id)
+    if row is None or row["namespace"] != ns or row["provider"] != provider:
+        raise NotFound(
+            f"no instance {instance_id!r} of provider {provider!r} in namespace {ns!r}: "
+            "list them with 'nymph instances PROVIDER'",
+            code="instance_not_found",
+        )
+    return row
+
+
+def _insert_task(
+    conn: sqlite3.Connection,
+    *,
+    kind: str,
+    ns: str,
+    kube_ns: str,
+    provider: str,
+    instance_id: str | None,
+    spec: dict[str, Any] | None,
+    requester: str,
+    ts: float,
+    after: str | None = None,
+    grace: int | None = None,
+) -> str:
+    task_id = new_task_id()
+    conn.execute(
+        "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
+        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at) "
+        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            task_id,
+            kind,
+            ns,
+            kube_ns,
+            provider,
+            instance_id,
+            json.dumps(spec) if spec is not None else None,
+            requester,
+            after,
+            grace,
+            ts,
+            ts,
+        ),
+    )
+    return task_id
+
+
+def launch(
+    conn: sqlite3.Connection,
+    *,
+    ns: str,
+    provider_name: str,
+    body: Mapping[str, Any],
+    idempotency_key: str | None,
+    requester: str,
+) -> tuple[LaunchAccepted, bool]:
+    digest = body_digest(body)
+    replay = _replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
+    if replay is not None:
+        return replay, False
+    provider = catalog.get_provider(conn, ns=ns, name=provider_name)
+    mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
+    spec = _build(provider=provider, mode=mode, body={k: v for k, v in body.items() if k != "mode"}, ns=ns)
+    ts = now()
+    accepted = _new_instance(
+        conn,
+        instance_id=spec.instance_id,
+        ns=ns,
+        provider=provider.name,
+        kube_ns=spec.namespace,
+        requester=requester,
+        ts=ts,
+    )
+    _insert_task(
+        conn,
+        kind=TaskKind.LAUNCH.value,
+        ns=ns,
+        kube_ns=spec.namespace,
+        provider=provider.name,
+        instance_id=spec.instance_id,
+        spec=spec.to_json(),
+        requester=requester,
+        ts=ts,
+    )
+    _remember(
+        conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
+    )
+    return accepted, True
+
+
+def launch_dockyard(
+    conn: sqlite3.Connection,
+    *,
+    ns: str,
+    provider_name: str,
+    body: Mapping[str, Any],
+    kube_ns: str,
+    idempotency_key: str | None,
+    requester: str,
+) -> tuple[LaunchAccepted, bool]:
+    """Queue a dockyard launch whose spec the route rendered and accepted for ``kube_ns``."""
+    digest = body_digest({"dockyard": body})
+    replay = _replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
+    if replay is not None:
+        return replay, False
+    provider = catalog.get_provider(conn, ns=ns, name=provider_name)
+    if catalog.kube_namespace(provider) != kube_ns:
+        raise Conflict(
+            f"provider {provider_name!r} changed its kube namespace while this launch was being "
+            "checked: send it again",
+            code="provider_changed",
+        )
+    instance_id = new_instance_id()
+    ts = now()
+    accepted = _new_instance(
+        conn,
+        instance_id=instance_id,
+        ns=ns,
+        provider=provider.name,
+        kube_ns=kube_ns,
+        requester=requester,
+        ts=ts,
+    )
+    _insert_task(
+        conn,
+        kind=TaskKind.DOCKYARD.value,
+        ns=ns,
+        kube_ns=kube_ns,
+        provider=provider.name,
+        instance_id=instance_id,
+        spec={**body, "namespace": kube_ns},
+        requester=requester,
+        ts=ts,
+    )
+    _remember(
+        conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
+    )
+    return accepted, True
+
+
+def _replay(
+    conn: sqlite3.Connection, *, ns: str, provider: str, key: str | None, digest: str
+) -> LaunchAccepted | None:
+    """The 202 body a launch sent earlier with this Idempotency-Key, if any (same body only)."""
+    if key is None:
+        return None
+    row = conn.execute(
+        "SELECT body_sha256, response FROM idempotency_keys WHERE namespace = ? AND provider = ? AND key = ?",
+        (ns, provider, key),
+    ).fetchone()
+    if row is None:
+        return None
+    if row["body_sha256"] != digest:
+        raise Conflict(
+            "this Idempotency-Key was already used for a different launch body: use a "
+            "new key for a new launch",
+            code="idempotency_key_reused",
+        )
+    replay: LaunchAccepted = json.loads(row["response"])
+    return replay
+
+
+def _remember(
+    conn: sqlite3.Connection,
+    *,
+    ns: str,
+    provider: str,
+    key: str | None,
+    digest: str,
+    accepted: LaunchAccepted,
+    ts: float,
+) -> None:
+    if key is not None:
+        conn.execute(
+            "INSERT INTO idempotency_keys (namespace, provider, key, body_sha256, instance_id, "
+            "response, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (ns, provider, key, digest, accepted["instanceId"], json.dumps(accepted), ts),
+        )
+
+
+def _new_instance(
+    conn: sqlite3.Connection,
+    *,
+    instance_id: str,
+    ns: str,
+    provider: str,
+    kube_ns: str,
+    requester: str,
+    ts: float,
+) -> LaunchAccepted:
+    conn.execute(
+        "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, reason, "
+        "message, node, launched_at, updated_at, version, requester) "
+        "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?)",
+        (instance_id, ns, provider, kube_ns, InstanceState.QUEUED.value, ts, ts, requester),
+    )
+    conn.execute(
+        "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, NULL, '', ?)",
+        (instance_id, InstanceState.QUEUED.value, ts),
+    )
+    return LaunchAccepted(
+        instanceId=instance_id,
+        state=InstanceState.QUEUED.value,
+        providerName=provider,
+        launchedAt=iso(ts),
+    )
+
+
+def stop(
+    conn: sqlite3.Connection,
+    *,
+    ns: str,
+    provider: str,
+    instance_id: str,
+    grace: int | None,
+    requester: str,
+) -> tuple[bool, bool]:
+    """Returns (instance changed, task queued)."""
+    row = instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
+    if row["state"] == InstanceState.STOPPED.value or row["stop_requested_at"] is not None:
+        return False, False
+    ts = now()
+    conn.execute("UPDATE instances SET stop_requested_at = ? WHERE instance_id = ?", (ts, instance_id))
+    marks = ",".join("?" * len(START_KINDS))
+    launch = conn.execute(
+        "SELECT task_id, kind, status, attempts, spec FROM tasks "  # noqa: S608 - placeholders only
+        f"WHERE instance_id = ? AND kind IN ({marks}) ORDER BY seq DESC LIMIT 1",
+        (instance_id, *START_KINDS),
+    ).fetchone()
+    if launch is not None and launch["status"] == "pending":
+        conn.execute(
+            "UPDATE tasks SET status = 'cancelled', finished_at = ?, updated_at = ?, "
+            "error = 'stopped before it was applied' WHERE task_id = ?",
+            (ts, ts, launch["task_id"]),
+        )
+        if launch["attempts"] == 0:
+            transition(
+                conn,
+                instance_id=instance_id,
+                now=ts,
+                state=InstanceState.STOPPED.value,
+                reason=Reason.STOPPED.value,
+                message="stopped before a daemon picked up the launch",
+            )
+            return True, False
+    after = launch["task_id"] if launch is not None and launch["status"] == "leased" else None
+    # A dockyard instance has no Pod named after it: its stop task carries the dockyard spec, so
+    # the daemon renders the same objects again and deletes them.
+    stop_spec = None
+    if launch is not None and launch["kind"] == TaskKind.DOCKYARD.value:
+        stop_spec = {"dockyard": json.loads(launch["spec"])}
+    _insert_task(
+        conn,
+        kind=TaskKind.STOP.value,
+        ns=ns,
+        kube_ns=row["kube_namespace"],
+        provider=provider,
+        instance_id=instance_id,
+        spec=stop_spec,
+        requester=requester,
+        ts=ts,
+        after=after,
+        grace=grace,
+    )
+    transition(
+        conn,
+        instance_id=instance_id,
+        now=ts,
+        state=InstanceState.STOPPING.value,
+        reason=None,
+        message="stop requested",
+    )
+    return True, True
+
+
+def probe(
+    conn: sqlite3.Connection, *, ns: str, provider_name: str, mode_name: str | None, requester: str
+) -> str:
+    provider = catalog.get_provider(conn, ns=ns, name=provider_name)
+    if mode_name is not None:
+        mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=mode_name)
+    else:
+        mode = Mode(name="probe", provider=provider.name, fields={"image": PROBE_IMAGE})
+    spec = _build(
+        provider=provider,
+        mode=mode,
+        body={"script": PROBE_SCRIPT, "tags": {"nymph-probe": "true"}},
+        ns=ns,
+    )
+    return _insert_task(
+        conn,
+        kind=TaskKind.PROBE.value,
+        ns=ns,
+        kube_ns=spec.namespace,
+        provider=provider.name,
+        instance_id=spec.instance_id,
+        spec=spec.to_json(),
+        requester=requester,
+        ts=now(),
+    )
+
+
+def list_instances(
+    conn: sqlite3.Connection, *, ns: str, provider: str, state: str | None
+) -> list[InstanceJSON]:
+    sql = f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE namespace = ? AND provider = ?"  # noqa: S608
+    params: list[Any] = [ns, provider]
+    if state is not None:
+        sql += " AND state = ?"
+        params.append(state)
+    rows = conn.execute(sql + " ORDER BY launched_at, instance_id", params).fetchall()
+    return instances_json(conn, rows)
+
+
+def get_instance(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str) -> InstanceJSON:
+    return instances_json(conn, [instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)])[0]
+
+
+def get_logs(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str) -> str | None:
+    instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
+    row = conn.execute("SELECT text FROM instance_logs WHERE instance_id = ?", (instance_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def get_task(conn: sqlite3.Connection, *, ns: str, task_id: str) -> TaskStatusJSON:
+    row = conn.execute("SELECT * FROM tasks WHERE task_id = ? AND namespace = ?", (task_id, ns)).fetchone()
+    if row is None:
+        raise NotFound(f"no task {task_id!r} in namespace {ns!r}", code="task_not_found")
+    return task_status_json(row)

@@ -1,0 +1,106 @@
+"""How the user verbs show the queue's answers: tables, local times, probe checks, and following
+an instance's state changes (library code: no argument parsing)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from nymph.client import QueueClient
+from nymph.launch.state import InstanceState, Reason
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def when(ts: str) -> str:
+    try:
+        return datetime.fromisoformat(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return ts
+
+
+def print_instances(items: Sequence[dict[str, Any]]) -> None:
+    if not items:
+        print("no instances")
+        return
+    rows = [
+        (
+            i["instanceId"],
+            i["state"],
+            i["reason"] or "",
+            i["node"] or "",
+            when(i["launchedAt"]),
+            i["message"],
+        )
+        for i in items
+    ]
+    print(table(("INSTANCE", "STATE", "REASON", "NODE", "LAUNCHED", "MESSAGE"), rows))
+
+
+def failed(reason: str | None) -> bool:
+    if reason is None:
+        return False
+    try:
+        return Reason(reason).failed
+    except ValueError:
+        return True
+
+
+def print_checks(result: dict[str, Any] | None) -> bool:
+    """Print a probe's checks; False if any failed."""
+    all_ok = True
+    checks = (result or {}).get("checks")
+    if isinstance(checks, list):
+        for check in checks:
+            if not isinstance(check, dict):
+                continue
+            ok = bool(check.get("ok"))
+            all_ok = all_ok and ok
+            detail = check.get("detail") or ""
+            print(
+                f"  {'ok  ' if ok else 'FAIL'}  {check.get('name', '?')}" + (f": {detail}" if detail else "")
+            )
+    elif result:
+        print(f"  result: {result}")
+    if isinstance(result, dict) and result.get("ok") is False:
+        all_ok = False
+    return all_ok
+
+
+async def follow(
+    client: QueueClient,
+    *,
+    provider: str,
+    instance_id: str,
+    poll_wait: float = 30.0,
+    until_running: bool = False,
+) -> int:
+    """Print each state change as it happens until the instance stops (or, with
+    ``until_running``, runs); 1 if it failed."""
+    shown = 0
+    version = -1
+    while True:
+        inst = await client.get_instance(
+            provider=provider, instance_id=instance_id, after=version, wait=poll_wait
+        )
+        version = inst["version"]
+        for entry in inst["history"][shown:]:
+            reason = f" ({entry['reason']})" if entry["reason"] else ""
+            message = f": {entry['message']}" if entry["message"] else ""
+            print(f"{when(entry['at'])}  {entry['state']}{reason}{message}", file=sys.stderr, flush=True)
+        shown = len(inst["history"])
+        if until_running and inst["state"] == InstanceState.RUNNING.value:
+            return 0
+        if inst["state"] == InstanceState.STOPPED.value:
+            if failed(inst["reason"]):
+                print(f"{instance_id} failed: {inst['reason']}", file=sys.stderr)
+                return 1
+            return 0
