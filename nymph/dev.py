@@ -196,7 +196,7 @@ def _cluster(args: argparse.Namespace, state: Path) -> Iterator[Cluster]:
 
 
 async def _demo(url: str, user_token: str, *, embedded: bool, script: str) -> tuple[str, int]:
-    from nymph.queue.commands import _print_instances, follow
+    from nymph.userview import follow, print_instances
 
     async with QueueClient(base_url=url, token=user_token) as c:
         await c.create_provider(name="dev", launcher="Kube", kwargs={"namespace": "default"}, replace=True)
@@ -207,7 +207,7 @@ async def _demo(url: str, user_token: str, *, embedded: bool, script: str) -> tu
         print(f"      launched {iid}; following its state:", file=sys.stderr, flush=True)
         code = await asyncio.wait_for(follow(c, provider="dev", instance_id=iid, poll_wait=10), 180)
         print(file=sys.stderr)
-        _print_instances([dict(i) for i in await c.list_instances(provider="dev")])
+        print_instances([dict(i) for i in await c.list_instances(provider="dev")])
         return iid, code
 
 
