@@ -1,19 +1,23 @@
 """Reading request bodies and query strings into checked values.
 
 Malformed JSON is a 400; a body that is JSON but has the wrong shape (not an object, a missing
-key, a value of the wrong type) is a 422 naming the key; a body over the size cap is a 413.
+key, a value of the wrong type) is a 422 naming the key; a body over the size cap (before or
+after decoding) is a 413. A ``Content-Encoding`` of ``gzip`` or ``deflate`` is decoded here (the
+server leaves bodies encoded, see :mod:`nymph.queue.runner`): a body that does not decode is a
+400, any other encoding a 415.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 from collections.abc import Collection, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from nymph.queue.errors import BadRequest, PayloadTooLarge, Unprocessable
+from nymph.queue.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
 
 _MISSING = object()
 
@@ -22,14 +26,66 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+#: Content codings a request body may use (applied in the order the header lists them).
+ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the request body is larger than {limit} bytes: send less "
+        "(scripts are capped at 120 KiB; put large code in the image)",
+    )
+
+
+def _inflate(data: bytes, *, wbits: int, limit: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=wbits)
+    out = inflater.decompress(data, limit + 1)
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise _too_large(limit)
+    if not inflater.eof or inflater.unused_data:
+        raise zlib.error("truncated or trailing data")
+    return out
+
+
+def decode_body(raw: bytes, *, content_encoding: str, limit: int) -> bytes:
+    """``raw`` with its content codings undone; 415 for an unknown one, 400 for a corrupt body,
+    413 when the decoded body exceeds ``limit`` bytes (a decompression bomb stops there)."""
+    codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
+    unknown = [c for c in codings if c not in ENCODINGS]
+    if unknown:
+        raise UnsupportedMediaType(
+            f"Content-Encoding {unknown[0][:40]!r} is not supported: send the body plain or with "
+            f"one of {', '.join(ENCODINGS)}",
+            code="unsupported_encoding",
+        )
+    data = raw
+    for coding in reversed(codings):
+        try:
+            if coding in ("gzip", "x-gzip"):
+                data = _inflate(data, wbits=16 + zlib.MAX_WBITS, limit=limit)
+            elif coding == "deflate":
+                # RFC 9110 deflate is zlib-wrapped; some clients send raw deflate.
+                try:
+                    data = _inflate(data, wbits=zlib.MAX_WBITS, limit=limit)
+                except zlib.error:
+                    data = _inflate(data, wbits=-zlib.MAX_WBITS, limit=limit)
+        except zlib.error:
+            raise BadRequest(
+                f"the request body does not decode as Content-Encoding {coding}: send it plain "
+                "or encode it correctly",
+                code="invalid_encoding",
+            ) from None
+    return data
+
+
 async def read_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(
-            f"the request body is larger than {request.client_max_size} bytes: send less "
-            "(scripts are capped at 120 KiB; put large code in the image)",
-        ) from None
+        raise _too_large(request.client_max_size) from None
+    encoding = request.headers.get("Content-Encoding", "")
+    if encoding:
+        raw = decode_body(raw, content_encoding=encoding, limit=request.client_max_size)
     if not raw.strip():
         if allow_empty:
             return {}

@@ -58,6 +58,13 @@ class PayloadTooLarge(ServiceError):
     default_code = "too_large"
 
 
+class UnsupportedMediaType(ServiceError):
+    """The body uses a content coding the queue does not decode (415)."""
+
+    status = 415
+    default_code = "unsupported_encoding"
+
+
 class Unprocessable(ServiceError):
     """The body is JSON but has the wrong shape: a missing key or a value of the wrong type (422)."""
 

@@ -35,6 +35,7 @@ _HTTP_CODES = {
     404: ("not_found", "no such route: see GET /openapi.yaml for the API"),
     405: ("method_not_allowed", "this route does not take that method: see GET /openapi.yaml"),
     413: ("too_large", "the request body is too large: send less"),
+    415: ("unsupported_encoding", "the request body's encoding is not supported"),
 }
 
 

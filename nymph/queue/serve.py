@@ -20,6 +20,7 @@ from nymph import netaddr
 from nymph.errors import ConfigError
 from nymph.queue.app import create_app
 from nymph.queue.models import QueueSettings
+from nymph.queue.runner import make_runner
 
 log = structlog.get_logger(__name__, component="queue.serve")
 
@@ -43,7 +44,7 @@ async def serve(
     shutdown_timeout: float = 10.0,
 ) -> None:
     app = create_app(db_path=db_path, settings=settings)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=shutdown_timeout)
+    runner = make_runner(app, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -18,6 +18,7 @@ from nymph.queue.app import create_app
 from nymph.queue.auth import create_token
 from nymph.queue.keys import STORE
 from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
+from nymph.queue.runner import make_runner
 from nymph.queue.store import Store
 
 T = TypeVar("T")
@@ -111,7 +112,7 @@ class Queue:
 
 
 async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, shutdown_timeout=2.0)
+    runner = make_runner(app, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -1,0 +1,93 @@
+"""Bodies that do not decode, requests the HTTP parser refuses, instance id collisions and
+launches the daemon could not render (issue 11, bugs 4, 6 and 7): every error a documented 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import zlib
+
+import pytest
+from queue_helpers import Queue
+
+NS = "/v1/namespaces/default"
+CLAIM = "/v1/dispatch/claim"
+LAUNCH = NS + "/providers/kind/launch"
+
+
+async def _raw(q: Queue, request: bytes) -> tuple[int, bytes]:
+    host, port = q.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+def _json_error(body: bytes) -> dict[str, str]:
+    import json
+
+    data = json.loads(body)
+    assert set(data) == {"error", "detail"}, data
+    return data  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "x-gzip", "gzip, deflate"])
+async def test_corrupt_compressed_body_is_a_400(kind: Queue, encoding: str) -> None:
+    for body in (b"garbage!!", zlib.compress(b'{"mode": "small"}')[:6], gzip.compress(b"{}")[:-3]):
+        r = await kind.call(
+            "POST",
+            LAUNCH,
+            data=body,
+            headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        )
+        assert r.status == 400, (encoding, r.status, r.text)
+        assert r.body["error"] == "invalid_encoding", r.body
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress"),
+    [("gzip", gzip.compress), ("deflate", zlib.compress), ("deflate", lambda b: zlib.compress(b)[2:-4])],
+)
+async def test_compressed_bodies_still_work(kind: Queue, encoding: str, compress: object) -> None:
+    body = compress(b'{"mode": "small", "script": "print(1)"}')  # type: ignore[operator]
+    r = await kind.call(
+        "POST", LAUNCH, data=body, headers={"Content-Type": "application/json", "Content-Encoding": encoding}
+    )
+    assert r.status == 202, r.text
+
+
+@pytest.mark.parametrize("encoding", ["br", "zstd", "compress", "foo"])
+async def test_unknown_encoding_is_a_415(kind: Queue, encoding: str) -> None:
+    r = await kind.call(
+        "POST", LAUNCH, data=b"{}", headers={"Content-Type": "application/json", "Content-Encoding": encoding}
+    )
+    assert r.status == 415, (r.status, r.text)
+    assert r.body["error"] == "unsupported_encoding"
+
+
+async def test_gzip_bomb_is_a_413(kind: Queue) -> None:
+    bomb = gzip.compress(b'{"script": "' + b" " * (8 * 1024 * 1024) + b'"}')
+    r = await kind.call(
+        "POST", LAUNCH, data=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    )
+    assert r.status == 413 and r.body["error"] == "too_large", r.text
+
+
+@pytest.mark.parametrize("method", [b"FOO", b"BREW", b"G@T"])
+async def test_unknown_method_is_json_405(queue: Queue, method: bytes) -> None:
+    status, body = await _raw(
+        queue, method + b" /v1/dispatch/claim HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    assert status == 405
+    assert _json_error(body)["error"] == "method_not_allowed"
+
+
+async def test_malformed_request_is_json_400(queue: Queue) -> None:
+    status, body = await _raw(queue, b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+    assert status == 400
+    assert _json_error(body)["error"] == "bad_request"
