@@ -36,6 +36,10 @@ WORKDIR_VOLUME = "workdir"
 CONTAINER_NAME = "user"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOTATION_MANIFEST_SHA = "nymph.io/script-sha256"
+#: Identifies the launch a Pod was rendered for: the spec's ``launch_uid`` (random, given by the
+#: queue), or for a spec without one a digest of the whole spec. A Pod of the same name without
+#: the matching value is not this launch's Pod.
+ANNOTATION_LAUNCH = "nymph.io/launch"
 
 
 class ObjectMeta(TypedDict):
@@ -101,6 +105,14 @@ def workdir_path(root: str, instance_id: str) -> str:
     return posixpath.join(norm, "work", instance_id)
 
 
+def launch_annotation(spec: LaunchSpec) -> str:
+    """The value of :data:`ANNOTATION_LAUNCH` for ``spec``'s Pod."""
+    if spec.launch_uid is not None:
+        return spec.launch_uid
+    canon = json.dumps(spec.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256-" + hashlib.sha256(canon.encode("utf-8")).hexdigest()[:32]
+
+
 def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str | None = None) -> PodManifest:
     labels = names.selector_labels(owner_namespace=spec.owner_namespace, provider=spec.provider)
     for k, v in spec.labels:
@@ -157,6 +169,7 @@ def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str |
         pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
 
     script_sha = hashlib.sha256(spec.script.encode("utf-8")).hexdigest()
+    annotations = {ANNOTATION_MANIFEST_SHA: script_sha, ANNOTATION_LAUNCH: launch_annotation(spec)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -164,7 +177,7 @@ def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str |
             "name": spec.instance_id,
             "namespace": spec.namespace,
             "labels": labels,
-            "annotations": {ANNOTATION_MANIFEST_SHA: script_sha},
+            "annotations": annotations,
         },
         "spec": pod_spec,
     }

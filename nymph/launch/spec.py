@@ -49,10 +49,13 @@ class LaunchSpec:
     service_account: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+    #: A random id of this launch, given by the queue when it accepts it (see
+    #: :data:`nymph.launch.render.ANNOTATION_LAUNCH`); None for specs made before it existed.
+    launch_uid: str | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "instanceId": self.instance_id,
             "provider": self.provider,
             "ownerNamespace": self.owner_namespace,
@@ -67,6 +70,9 @@ class LaunchSpec:
             "imagePullSecrets": list(self.image_pull_secrets),
             "labels": [[k, v] for k, v in self.labels],
         }
+        if self.launch_uid is not None:
+            data["launchUid"] = self.launch_uid
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LaunchSpec:
@@ -85,12 +91,21 @@ class LaunchSpec:
                 service_account=data.get("serviceAccount"),
                 image_pull_secrets=tuple(data.get("imagePullSecrets") or ()),
                 labels=tuple((str(k), str(v)) for k, v in data.get("labels") or ()),
+                launch_uid=_check_launch_uid(data.get("launchUid")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValidationError(
                 "spec", f"malformed launch spec ({exc.__class__.__name__}: {exc})"
             ) from None
         return spec
+
+
+def _check_launch_uid(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not names.is_label_value(value) or not value:
+        raise ValidationError("spec.launchUid", f"{value!r} is not a launch uid")
+    return value
 
 
 def _check_image(value: object, fld: str) -> str:
@@ -221,6 +236,7 @@ def build_launch_spec(
     body: Mapping[str, Any],
     instance_id: str,
     owner_namespace: str = "default",
+    launch_uid: str | None = None,
 ) -> LaunchSpec:
     """Merge provider + mode + launch body into a validated :class:`LaunchSpec`."""
     if not isinstance(body, Mapping):
@@ -272,5 +288,6 @@ def build_launch_spec(
         service_account=None if sa in (None, "") else names.check_dns_subdomain(sa, field=sa_fld),
         image_pull_secrets=_check_pull_secrets(*pick("image_pull_secrets")),
         labels=tuple(sorted(labels.items())),
+        launch_uid=_check_launch_uid(launch_uid),
         warnings=tuple(notes),
     )

@@ -91,3 +91,48 @@ async def test_malformed_request_is_json_400(queue: Queue) -> None:
     status, body = await _raw(queue, b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
     assert status == 400
     assert _json_error(body)["error"] == "bad_request"
+
+
+async def test_instance_id_collision_retries_with_a_fresh_id(
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nymph.launch.spec import LaunchSpec
+    from nymph.queue.sql import launches
+
+    user = kind.user()
+    first = (await user.launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    fresh = "lakeshore-0000beef"
+    ids = iter([first, first, fresh])
+    monkeypatch.setattr(launches, "new_instance_id", lambda: next(ids))
+    accepted = await user.launch(provider="kind", mode="small", script="print(2)", idempotency_key="k1")
+    assert accepted["instanceId"] == fresh
+    # The same key and body answer the same instance; the task's spec names the id it got.
+    assert (
+        await user.launch(provider="kind", mode="small", script="print(2)", idempotency_key="k1") == accepted
+    )
+    tasks = await kind.daemon().claim(daemon_id="d1", node="n1", capacity=5, wait=0)
+    by_instance = {t["instanceId"]: t for t in tasks}
+    assert set(by_instance) == {first, fresh}
+    spec = by_instance[fresh]["spec"]
+    assert spec is not None and LaunchSpec.from_json(spec).instance_id == fresh
+    assert (
+        LaunchSpec.from_json(spec).launch_uid
+        != LaunchSpec.from_json(by_instance[first]["spec"] or {}).launch_uid
+    )
+    assert (await user.get_instance(provider="kind", instance_id=first))["state"] == "queued"
+
+
+async def test_instance_ids_exhausted_is_a_409(kind: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nymph.queue.sql import launches
+
+    user = kind.user()
+    first = (await user.launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    monkeypatch.setattr(launches, "new_instance_id", lambda: first)
+    r = await kind.call("POST", LAUNCH, json_body={"mode": "small", "script": "print(2)"})
+    assert r.status == 409 and r.body["error"] == "instance_id_taken", r.body
+    from test_queue_dockyard import BODY
+
+    ids = iter([first, "lakeshore-0000abcd"])
+    monkeypatch.setattr(launches, "new_instance_id", lambda: next(ids))
+    r = await kind.call("POST", NS + "/providers/kind/dockyard", json_body=BODY)
+    assert r.status == 202 and r.body["instanceId"] == "lakeshore-0000abcd", r.body

@@ -178,3 +178,22 @@ def test_script_survives_yaml_and_json_serialisation(script: str) -> None:
     arg = pod["spec"]["containers"][0]["args"][0]
     assert yaml.safe_load(to_yaml(pod))["spec"]["containers"][0]["args"][0] == arg
     assert json.loads(to_json(pod))["spec"]["containers"][0]["args"][0] == arg
+
+
+def test_pod_carries_the_launch_annotation() -> None:
+    from dataclasses import replace
+
+    from nymph.launch.render import ANNOTATION_LAUNCH
+
+    plain = spec()
+    derived = render_pod(plain)["metadata"]["annotations"][ANNOTATION_LAUNCH]
+    assert (
+        derived.startswith("sha256-")
+        and derived == render_pod(spec())["metadata"]["annotations"][ANNOTATION_LAUNCH]
+    )
+    assert render_pod(spec("print(2)\n"))["metadata"]["annotations"][ANNOTATION_LAUNCH] != derived
+    uid = replace(plain, launch_uid="0123456789abcdef0123456789abcdef")
+    assert render_pod(uid)["metadata"]["annotations"][ANNOTATION_LAUNCH] == uid.launch_uid
+    assert LaunchSpec.from_json(uid.to_json()) == uid
+    with pytest.raises(ValidationError):
+        LaunchSpec.from_json({**uid.to_json(), "launchUid": "a b"})

@@ -7,6 +7,7 @@ Idempotency-Key remembers the 202 body so a retried launch with the same body ge
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import secrets
@@ -15,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from nymph.errors import ConfigError, ValidationError
+from nymph.launch import names
 from nymph.launch.config import Mode, Provider
-from nymph.launch.names import new_instance_id
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import START_KINDS, InstanceJSON, LaunchAccepted, TaskKind, TaskStatusJSON, iso, now
@@ -32,6 +33,12 @@ from nymph.queue.sql.rows import (
 
 PROBE_SCRIPT = "print('nymph probe')\n"
 PROBE_IMAGE = "busybox"
+#: Fresh instance ids tried when an id is already taken (32 random bits each: a second
+#: collision in a row needs billions of instances).
+MAX_ID_ATTEMPTS = 8
+
+#: Where fresh instance ids come from (``lakeshore-<8 hex>``); a seam for tests.
+new_instance_id = names.new_instance_id
 
 
 def new_task_id() -> str:
@@ -43,10 +50,19 @@ def body_digest(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
+def new_launch_uid() -> str:
+    return secrets.token_hex(16)
+
+
 def _build(*, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str) -> LaunchSpec:
     try:
         return build_launch_spec(
-            provider=provider, mode=mode, body=body, instance_id=new_instance_id(), owner_namespace=ns
+            provider=provider,
+            mode=mode,
+            body=body,
+            instance_id=new_instance_id(),
+            owner_namespace=ns,
+            launch_uid=new_launch_uid(),
         )
     except (ValidationError, ConfigError) as exc:
         raise BadRequest(str(exc), code="invalid_launch") from None
@@ -119,13 +135,15 @@ def launch(
     ts = now()
     accepted = _new_instance(
         conn,
-        instance_id=spec.instance_id,
+        first_id=spec.instance_id,
         ns=ns,
         provider=provider.name,
         kube_ns=spec.namespace,
         requester=requester,
         ts=ts,
     )
+    if accepted["instanceId"] != spec.instance_id:
+        spec = dataclasses.replace(spec, instance_id=accepted["instanceId"])
     _insert_task(
         conn,
         kind=TaskKind.LAUNCH.value,
@@ -165,17 +183,17 @@ def launch_dockyard(
             "checked: send it again",
             code="provider_changed",
         )
-    instance_id = new_instance_id()
     ts = now()
     accepted = _new_instance(
         conn,
-        instance_id=instance_id,
+        first_id=new_instance_id(),
         ns=ns,
         provider=provider.name,
         kube_ns=kube_ns,
         requester=requester,
         ts=ts,
     )
+    instance_id = accepted["instanceId"]
     _insert_task(
         conn,
         kind=TaskKind.DOCKYARD.value,
@@ -236,19 +254,35 @@ def _remember(
 def _new_instance(
     conn: sqlite3.Connection,
     *,
-    instance_id: str,
+    first_id: str,
     ns: str,
     provider: str,
     kube_ns: str,
     requester: str,
     ts: float,
 ) -> LaunchAccepted:
-    conn.execute(
-        "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, reason, "
-        "message, node, launched_at, updated_at, version, requester) "
-        "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?)",
-        (instance_id, ns, provider, kube_ns, InstanceState.QUEUED.value, ts, ts, requester),
-    )
+    """Insert a queued instance under ``first_id``, or, when that id is taken (ids are never
+    reused: old instances stay), under a fresh one; the answer carries the id used."""
+    instance_id = first_id
+    for attempt in range(MAX_ID_ATTEMPTS):
+        if attempt:
+            instance_id = new_instance_id()
+        try:
+            conn.execute(
+                "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, "
+                "reason, message, node, launched_at, updated_at, version, requester) "
+                "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?)",
+                (instance_id, ns, provider, kube_ns, InstanceState.QUEUED.value, ts, ts, requester),
+            )
+            break
+        except sqlite3.IntegrityError as exc:
+            if "instances.instance_id" not in str(exc):
+                raise
+    else:
+        raise Conflict(
+            f"no free instance id after {MAX_ID_ATTEMPTS} attempts: send the launch again",
+            code="instance_id_taken",
+        )
     conn.execute(
         "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, NULL, '', ?)",
         (instance_id, InstanceState.QUEUED.value, ts),
