@@ -9,7 +9,9 @@ The Pod:
 * labels: ``lakeshore=true``, ``lakeshore.namespace=<owner ns>``, ``lakeshore.provider=<slug>``
   plus the launch tags;
 * one container ``user`` running ``/bin/sh -c`` with a script that heredocs the Python launch
-  script into ``/tmp/u.py`` and runs ``python3 /tmp/u.py``;
+  script into ``/tmp/u.py`` and runs ``python3 /tmp/u.py`` (a script whose lines start with so
+  many different bytes that no safe delimiter exists travels compressed and base64-encoded
+  instead, decoded by ``python3``; see :func:`heredoc_command`);
 * ``restartPolicy: Never``;
 * on the daemon path, a hostPath volume ``<root>/work/<instanceId>`` (``type: Directory``,
   created by the daemon) mounted at :data:`WORKDIR_MOUNT`, and a required node affinity on
@@ -18,10 +20,12 @@ The Pod:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import posixpath
 import string
+import zlib
 from typing import Any, NotRequired, TypedDict
 
 import yaml
@@ -66,15 +70,28 @@ _LEADS = [c for c in string.ascii_uppercase + string.ascii_lowercase + string.di
 ]
 
 
-def heredoc_delimiter(script: str) -> str:
+#: Linux's cap on one argv string (MAX_ARG_STRLEN), counting its terminating NUL: the whole
+#: ``/bin/sh -c`` text must fit in it.
+MAX_COMMAND_BYTES = 128 * 1024 - 1
+#: The delimiter of an encoded script: ``_`` is not a base64 character, so it starts no line
+#: of the encoded body and can never partly match one.
+_ENCODED_DELIMITER = "_NYMPH_B64"
+_DECODE = (
+    "python3 -c 'import base64,sys,zlib;"
+    "sys.stdout.buffer.write(zlib.decompress(base64.b64decode(sys.stdin.buffer.read())))'"
+)
+
+
+def heredoc_delimiter(script: str) -> str | None:
     """A heredoc delimiter that is not a line of ``script`` and whose first byte starts none
-    of its lines (deterministic for a given script)."""
+    of its lines (deterministic for a given script); None when every candidate byte starts
+    some line (then the script is embedded encoded, see :func:`heredoc_command`)."""
     lines = script.split("\n")
     starts = {ln.encode("utf-8")[:1] for ln in lines}
     digest = hashlib.sha256(script.encode("utf-8")).hexdigest()[:16].upper()
     lead = next((c for c in _LEADS if c.encode() not in starts), None)
     if lead is None:  # every candidate byte starts a line: the script is hundreds of odd lines
-        raise ValidationError("script", "too many distinct line-leading characters to embed safely")
+        return None
     candidate = f"{lead}NYMPH_{digest}"
     n = 0
     while candidate in lines:  # cannot happen (no line starts with lead), kept as a guard
@@ -88,10 +105,26 @@ def heredoc_command(script: str, *, path: str = SCRIPT_PATH) -> str:
 
     The delimiter is quoted (no expansion of ``$``, backticks or backslashes) and chosen so
     it is not a line of the script. The file gets a final newline if the script lacks one.
+    When no safe delimiter exists (see :func:`heredoc_delimiter`) the heredoc carries the
+    script zlib-compressed and base64-encoded (ASCII lines, none starting with the delimiter's
+    first byte) and ``python3`` decodes it into ``path``. Raises :class:`ValidationError`
+    (field ``script``) when the text would not fit in one argument (:data:`MAX_COMMAND_BYTES`).
     """
     delim = heredoc_delimiter(script)
     body = script if script.endswith("\n") else script + "\n"
-    return f"cat > {path} <<'{delim}'\n{body}{delim}\nexec python3 {path}\n"
+    if delim is not None:
+        command = f"cat > {path} <<'{delim}'\n{body}{delim}\nexec python3 {path}\n"
+    else:
+        packed = base64.encodebytes(zlib.compress(body.encode("utf-8"), 9)).decode("ascii")
+        command = f"{_DECODE} > {path} <<'{_ENCODED_DELIMITER}'\n{packed}{_ENCODED_DELIMITER}\nexec python3 {path}\n"
+    size = len(command.encode("utf-8"))
+    if size > MAX_COMMAND_BYTES:
+        raise ValidationError(
+            "script",
+            f"needs {size} bytes as the container's command; the limit is {MAX_COMMAND_BYTES} "
+            "(one argument to /bin/sh). Put large code in the image or the workdir",
+        )
+    return command
 
 
 def workdir_path(root: str, instance_id: str) -> str:

@@ -28,6 +28,9 @@ RESERVED_ENV = frozenset({"NYMPH_INSTANCE_ID", "NYMPH_WORKDIR"})
 #: A script travels as one argv string of ``/bin/sh -c``; Linux caps a single argument at
 #: 128 KiB (MAX_ARG_STRLEN), so scripts are capped below that with room for the wrapper.
 MAX_SCRIPT_BYTES = 120 * 1024
+#: How deeply a mode field or launch value (resources, tolerations, env, tags, ...) may nest
+#: lists and mappings; the Pod fields nymph renders need a handful of levels.
+MAX_DEPTH = 32
 _BODY_KEYS = frozenset({"script", "tags", "env", "fields", "mode"})
 _RESOURCE_KEYS = frozenset({"requests", "limits", "claims"})
 
@@ -76,6 +79,8 @@ class LaunchSpec:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LaunchSpec:
+        for key in ("resources", "tolerations", "env", "nodeSelector", "labels", "imagePullSecrets"):
+            check_depth(data.get(key), f"spec.{key}")
         try:
             spec = cls(
                 instance_id=names.check_instance_id(data["instanceId"]),
@@ -98,6 +103,23 @@ class LaunchSpec:
                 "spec", f"malformed launch spec ({exc.__class__.__name__}: {exc})"
             ) from None
         return spec
+
+
+def check_depth(value: object, fld: str, *, limit: int = MAX_DEPTH) -> None:
+    """Refuse ``value`` if its lists and mappings nest deeper than ``limit`` (iterative, so any
+    depth is measured without recursion). A scalar has depth 0, ``[1]`` depth 1."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth + 1 > limit:
+            raise ValidationError(fld, f"is nested deeper than {limit} levels of lists and mappings")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def _check_launch_uid(value: object) -> str | None:
@@ -257,8 +279,14 @@ def build_launch_spec(
 
     def pick(name: str) -> tuple[Any, str]:
         if name in overrides:
-            return overrides[name], f"launch.fields.{name}"
-        return mode.fields.get(name), f"mode.{name}"
+            value, fld = overrides[name], f"launch.fields.{name}"
+        else:
+            value, fld = mode.fields.get(name), f"mode.{name}"
+        check_depth(value, fld)
+        return value, fld
+
+    for key in ("tags", "env"):
+        check_depth(body.get(key), f"launch.{key}")
 
     image, image_fld = pick("image")
     env_raw, env_fld = pick("env")

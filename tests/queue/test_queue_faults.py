@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import subprocess
+import sys
 import zlib
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from queue_helpers import Queue
 
 NS = "/v1/namespaces/default"
@@ -136,3 +141,71 @@ async def test_instance_ids_exhausted_is_a_409(kind: Queue, monkeypatch: pytest.
     monkeypatch.setattr(launches, "new_instance_id", lambda: next(ids))
     r = await kind.call("POST", NS + "/providers/kind/dockyard", json_body=BODY)
     assert r.status == 202 and r.body["instanceId"] == "lakeshore-0000abcd", r.body
+
+
+async def test_script_with_no_free_delimiter_byte_is_accepted_and_renders(
+    kind: Queue, tmp_path: Path
+) -> None:
+    from nymph.launch.render import _LEADS, render_pod, to_yaml
+    from nymph.launch.spec import LaunchSpec
+
+    script = "\n".join(['s = """', *(f"{c}x" for c in _LEADS), "N\u00e9", '"""', "print('ok')"]) + "\n"
+    r = await kind.call("POST", LAUNCH, json_body={"mode": "small", "script": script})
+    assert r.status == 202, r.body
+    [task] = await kind.daemon().claim(daemon_id="d1", node="n1", capacity=1, wait=0)
+    assert task["spec"] is not None
+    pod = render_pod(LaunchSpec.from_json(task["spec"]), node="n1", workdir_root="/w")
+    arg = yaml.safe_load(to_yaml(pod))["spec"]["containers"][0]["args"][0]
+    out, written = await asyncio.to_thread(_run_pod_command, arg, tmp_path / "u.py")
+    assert out == "ok\n"
+    assert written == script.encode("utf-8")
+
+
+def _run_pod_command(arg: str, target: Path) -> tuple[str, bytes]:
+    """Run a rendered container command under dash (or /bin/sh) with the script at ``target``."""
+    cmd = arg.replace("/tmp/u.py", str(target)).replace("python3", sys.executable)
+    shell = "/bin/dash" if Path("/bin/dash").exists() else "/bin/sh"
+    done = subprocess.run([shell, "-c", cmd], capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout, target.read_bytes()
+
+
+def _nest(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tolerations", [{"key": "k", "value": _nest(900)}]),
+        ("resources", {"requests": {"cpu": "1"}, "claims": _nest(900)}),
+        ("env", {"A": _nest(900)}),
+    ],
+)
+async def test_nesting_beyond_the_documented_limit_is_a_400_naming_the_field(
+    kind: Queue, field: str, value: Any
+) -> None:
+    body = {"mode": "small", "script": "print(1)", "fields": {field: value}}
+    r = await kind.call("POST", LAUNCH, json_body=body)
+    assert r.status == 400 and r.body["error"] == "invalid_launch", r.body
+    assert r.body["detail"].startswith(f"launch.fields.{field}:"), r.body
+    # the same through a mode: named as the mode's field
+    r = await kind.call(
+        "PUT",
+        NS + "/modes/deep",
+        json_body={"name": "deep", "provider": "kind", "fields": {"image": "python:3.12", field: value}},
+    )
+    assert r.status in (200, 201, 400), r.body
+    if r.status != 400:
+        r = await kind.call("POST", LAUNCH, json_body={"mode": "deep", "script": "print(1)"})
+        assert r.status == 400 and r.body["detail"].startswith(f"mode.{field}:"), r.body
+    assert await kind.daemon().claim(daemon_id="d1", node="n1", capacity=5, wait=0) == []
+
+
+async def test_deep_tags_are_a_400(kind: Queue) -> None:
+    r = await kind.call(
+        "POST", LAUNCH, json_body={"mode": "small", "script": "print(1)", "tags": {"a": _nest(900)}}
+    )
+    assert r.status == 400 and r.body["detail"].startswith("launch.tags"), r.body

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -197,3 +198,86 @@ def test_pod_carries_the_launch_annotation() -> None:
     assert LaunchSpec.from_json(uid.to_json()) == uid
     with pytest.raises(ValidationError):
         LaunchSpec.from_json({**uid.to_json(), "launchUid": "a b"})
+
+
+def exhausting_script() -> str:
+    """A script in which every byte the delimiter rule could lead with starts some line."""
+    from nymph.launch.render import _LEADS
+
+    lines = ['s = """'] + [f"{lead}x = 1" for lead in _LEADS]
+    lines += ["N\u00e9 = 1", "_NYMPH_B64", "\u00e9\u00e8", '"""', "print('ok')"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_script_with_no_free_lead_byte_is_embedded_encoded() -> None:
+    script = exhausting_script()
+    assert heredoc_delimiter(script) is None
+    cmd = heredoc_command(script)
+    assert cmd.endswith("exec python3 /tmp/u.py\n") and "python3 -c 'import base64" in cmd
+    body = cmd.split("\n")[1:-3]
+    assert body and all(line and line[0] != "_" and line.isascii() for line in body)
+    # scripts with a free lead byte keep the plain heredoc, byte for byte
+    digest = hashlib.sha256(b"print(1)\n").hexdigest()[:16].upper()
+    assert heredoc_command("print(1)\n") == (
+        f"cat > /tmp/u.py <<'ANYMPH_{digest}'\nprint(1)\nANYMPH_{digest}\nexec python3 /tmp/u.py\n"
+    )
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_encoded_script_round_trips_in_every_shell_here(tmp_path: Path, shell: str) -> None:
+    script = exhausting_script()
+    target = tmp_path / "u.py"
+    cmd = heredoc_command(script, path=str(target)).replace("python3 -c", f"{sys.executable} -c")
+    cmd = cmd.replace(f"exec python3 {target}\n", "")
+    argv = [shell, "sh", "-c", cmd] if shell.endswith("busybox") else [shell, "-c", cmd]
+    subprocess.run(argv, check=True, env={"PATH": os.environ["PATH"]})
+    assert target.read_bytes() == script.encode("utf-8")
+
+
+def test_rendered_pod_of_an_exhausting_script_runs_under_sh(tmp_path: Path) -> None:
+    script = exhausting_script()
+    pod = render_pod(spec(script))
+    arg = yaml.safe_load(to_yaml(pod))["spec"]["containers"][0]["args"][0]
+    target = tmp_path / "u.py"
+    cmd = arg.replace("/tmp/u.py", str(target)).replace("python3", sys.executable)
+    shell = "/bin/dash" if Path("/bin/dash").exists() else "/bin/sh"
+    out = subprocess.run([shell, "-c", cmd], capture_output=True, text=True, check=True).stdout
+    assert out == "ok\n"
+    assert target.read_bytes() == script.encode("utf-8")
+
+
+def test_command_over_one_argument_is_refused_naming_the_script() -> None:
+    import random
+
+    rng = random.Random(7)
+    # incompressible and no free lead byte: the encoded form outgrows one argv string
+    from nymph.launch.spec import MAX_SCRIPT_BYTES
+
+    noise = "".join(chr(rng.randrange(33, 127)) for _ in range(118_000))
+    script = exhausting_script() + noise + "\n"
+    assert len(script.encode()) <= MAX_SCRIPT_BYTES
+    with pytest.raises(ValidationError) as err:
+        heredoc_command(script)
+    assert err.value.field == "script"
+
+
+@pytest.mark.parametrize("field", ["tolerations", "resources", "node_selector", "env"])
+def test_nesting_beyond_the_limit_is_refused_naming_the_field(field: str) -> None:
+    from nymph.launch.spec import MAX_DEPTH
+
+    deep: Any = "x"
+    for _ in range(900):
+        deep = [deep]
+    value = {"tolerations": [{"key": deep}], "resources": {"claims": deep}}.get(field, {"A": deep})
+    with pytest.raises(ValidationError) as err:
+        spec(**{field: value})
+    assert err.value.field == f"mode.{field}"
+    shallow: Any = "x"
+    for _ in range(MAX_DEPTH - 2):
+        shallow = [shallow]
+    if field == "tolerations":
+        render_pod(spec(tolerations=[{"key": shallow}]))
+    good = spec()
+    with pytest.raises(ValidationError) as err:
+        LaunchSpec.from_json({**good.to_json(), "tolerations": [{"key": deep}]})
+    assert err.value.field == "spec.tolerations"

@@ -18,6 +18,7 @@ from typing import Any
 from nymph.errors import ConfigError, ValidationError
 from nymph.launch import names
 from nymph.launch.config import Mode, Provider
+from nymph.launch.render import manifest_sha256, render_pod
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import START_KINDS, InstanceJSON, LaunchAccepted, TaskKind, TaskStatusJSON, iso, now
@@ -37,6 +38,10 @@ PROBE_IMAGE = "busybox"
 #: collision in a row needs billions of instances).
 MAX_ID_ATTEMPTS = 8
 
+#: The node and workdir root a launch is test-rendered with when it is accepted (any valid values:
+#: the daemon renders with its own).
+RENDER_CHECK_NODE = "node"
+RENDER_CHECK_ROOT = "/var/lib/nymph"
 #: Where fresh instance ids come from (``lakeshore-<8 hex>``); a seam for tests.
 new_instance_id = names.new_instance_id
 
@@ -55,8 +60,10 @@ def new_launch_uid() -> str:
 
 
 def _build(*, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str) -> LaunchSpec:
+    """The launch's spec, accepted only if its Pod renders exactly as a daemon will render it
+    (same limits: nesting, the size of the container command)."""
     try:
-        return build_launch_spec(
+        spec = build_launch_spec(
             provider=provider,
             mode=mode,
             body=body,
@@ -64,8 +71,16 @@ def _build(*, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str) 
             owner_namespace=ns,
             launch_uid=new_launch_uid(),
         )
+        manifest_sha256(render_pod(spec, node=RENDER_CHECK_NODE, workdir_root=RENDER_CHECK_ROOT))
     except (ValidationError, ConfigError) as exc:
         raise BadRequest(str(exc), code="invalid_launch") from None
+    except (RecursionError, TypeError, ValueError) as exc:
+        raise BadRequest(
+            f"the launch cannot be rendered as a Pod ({exc.__class__.__name__}): check its mode "
+            "fields and launch fields",
+            code="invalid_launch",
+        ) from None
+    return spec
 
 
 def instance_row(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str) -> sqlite3.Row:
