@@ -104,6 +104,18 @@ class DaemonJSON(TypedDict):
     capacity: int
 
 
+class SessionJSON(TypedDict):
+    """The answer to ``POST /v1/dispatch/register``: a daemon's own credential (shown once) and
+    the identity it is bound to."""
+
+    sessionToken: str
+    daemonId: str
+    node: str
+    namespaces: list[str]
+    expiresAt: str
+    ttlSeconds: float
+
+
 class ActiveJSON(TypedDict):
     instanceId: str
     namespace: str

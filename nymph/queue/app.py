@@ -18,11 +18,12 @@ from aiohttp import web
 
 from nymph.queue.auth import Authenticator
 from nymph.queue.db import Database
-from nymph.queue.keys import AUTH, SETTINGS, STORE
+from nymph.queue.keys import AUTH, SESSIONS, SETTINGS, STORE
 from nymph.queue.middlewares import auth_middleware, error_middleware
 from nymph.queue.models import QueueSettings
 from nymph.queue.routes import daemon as daemon_routes
 from nymph.queue.routes import user as user_routes
+from nymph.queue.sessions import SessionStore
 from nymph.queue.store import Store
 
 log = structlog.get_logger(__name__, component="queue.app")
@@ -81,6 +82,7 @@ def create_app(*, db_path: Path, settings: QueueSettings | None = None) -> web.A
     app[SETTINGS] = settings
     app[STORE] = Store(db=db, settings=settings)
     app[AUTH] = Authenticator(db=db, cache_seconds=settings.limits.token_cache_seconds)
+    app[SESSIONS] = SessionStore(settings=settings.sessions)
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sweeper_ctx)
     app.on_shutdown.append(_release_long_polls)

@@ -11,10 +11,12 @@ from nymph.queue.models import Principal
 if TYPE_CHECKING:
     from nymph.queue.auth import Authenticator
     from nymph.queue.models import QueueSettings
+    from nymph.queue.sessions import SessionStore
     from nymph.queue.store import Store
 
 SETTINGS: web.AppKey[QueueSettings] = web.AppKey("nymph.settings")
 STORE: web.AppKey[Store] = web.AppKey("nymph.store")
 AUTH: web.AppKey[Authenticator] = web.AppKey("nymph.auth")
+SESSIONS: web.AppKey[SessionStore] = web.AppKey("nymph.sessions")
 #: The authenticated caller of a request.
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("nymph.principal", Principal)

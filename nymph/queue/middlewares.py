@@ -2,9 +2,12 @@
 
 ``error_middleware`` turns a :class:`ServiceError` (and aiohttp's own 4xx) into
 ``{"error": code, "detail": text}`` and anything unexpected into a logged 500 that shows no
-internals. ``auth_middleware`` resolves the bearer token to a :class:`Principal`, checks its
-role and namespace scope and that the URL's namespace is a DNS-1123 label; the token itself is
-never logged.
+internals. ``auth_middleware`` resolves the bearer token (or a daemon's session credential, see
+:mod:`nymph.queue.sessions`) to a :class:`Principal`, checks its role and namespace scope and
+that the URL's namespace is a DNS-1123 label; the credential itself is never logged.
+
+Who may call what: user routes take user tokens only; ``POST /v1/dispatch/register`` takes the
+daemon bootstrap token only; every other dispatch route takes a daemon session only.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from aiohttp import web
 from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unauthorized
-from nymph.queue.keys import AUTH, PRINCIPAL
+from nymph.queue.keys import AUTH, PRINCIPAL, SESSIONS
 from nymph.queue.models import Principal, Role
+from nymph.queue.sessions import SESSION_PREFIX, session_principal
 
 log = structlog.get_logger(__name__, component="queue.middlewares")
 
@@ -28,7 +32,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_ROUTES = frozenset(
     (method, path) for method in ("GET", "HEAD") for path in ("/healthz", "/openapi.yaml")
 )
-_READ_METHODS = frozenset({"GET", "HEAD"})
+REGISTER_PATH = "/v1/dispatch/register"
 
 _HTTP_CODES = {
     400: ("bad_request", "the request is malformed"),
@@ -86,7 +90,20 @@ def _check_scope(request: web.Request, principal: Principal) -> None:
                 "the dispatch API is for nymph daemons: use a token created with --role daemon",
                 code="wrong_role",
             )
+        if path == REGISTER_PATH and principal.session is not None:
+            raise Forbidden("register with the daemon bootstrap token, not with a session", code="wrong_role")
+        if path != REGISTER_PATH and principal.session is None:
+            raise Unauthorized(
+                f"dispatch calls need a daemon session: register first (POST {REGISTER_PATH} "
+                "with this token) and send the session credential it returns",
+                code="session_required",
+            )
         return
+    if principal.role is Role.DAEMON:
+        raise Forbidden(
+            "daemon credentials cannot use the user API: use a token created with --role user",
+            code="wrong_role",
+        )
     ns = request.match_info.get("ns")
     if ns is None:
         return
@@ -94,12 +111,6 @@ def _check_scope(request: web.Request, principal: Principal) -> None:
         names.check_namespace(ns, field="namespace")
     except ValidationError as exc:
         raise BadRequest(f"{exc}", code="invalid_namespace") from None
-    if principal.role is Role.DAEMON and request.method not in _READ_METHODS:
-        raise Forbidden(
-            "daemon tokens cannot create or change providers, modes or launches: use a token "
-            "created with --role user",
-            code="wrong_role",
-        )
     if not principal.may_touch(ns):
         raise Forbidden(
             f"this token is scoped to namespace {principal.namespace!r} and cannot use "
@@ -113,8 +124,24 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if (request.method, request.path) in PUBLIC_ROUTES:
         return await handler(request)
     token = _bearer(request)
-    principal = await request.app[AUTH].authenticate(token)
+    principal: Principal | None = None
+    lapsed = False
+    if token.startswith(SESSION_PREFIX):
+        session, lapsed = request.app[SESSIONS].authenticate(token)
+        if session is not None:
+            principal = session_principal(session)
+    if principal is None and not lapsed:
+        principal = await request.app[AUTH].authenticate(token)
+    is_session = token.startswith(SESSION_PREFIX)
     del token
+    if principal is None and is_session:
+        raise Unauthorized(
+            "this daemon session has lapsed: register again"
+            if lapsed
+            else "this daemon session is not known (the queue restarted, or the daemon id "
+            "registered again): register again",
+            code="session_expired" if lapsed else "unknown_session",
+        )
     if principal is None:
         log.warning("unknown token refused", method=request.method, path=request.path, peer=request.remote)
         raise Unauthorized(

@@ -16,13 +16,34 @@ class Role(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class DaemonSession:
+    """A registered daemon: its own credential's identity (never the credential itself).
+
+    ``namespaces`` are the kube namespaces it serves (empty: every namespace); ``scope`` is the
+    owner-namespace scope of the bootstrap token it registered with (None: every namespace).
+    """
+
+    session_id: str
+    daemon_id: str
+    node: str
+    namespaces: tuple[str, ...]
+    token_id: str
+    scope: str | None
+
+    def serves(self, kube_namespace: str) -> bool:
+        return not self.namespaces or kube_namespace in self.namespaces
+
+
+@dataclass(frozen=True)
 class Principal:
-    """Who is calling: a token's id, role and namespace scope (never the token itself)."""
+    """Who is calling: a token's id, role and namespace scope (never the token itself), and for
+    a registered daemon its session."""
 
     token_id: str
     role: Role
     namespace: str | None = None
     name: str | None = None
+    session: DaemonSession | None = None
 
     @property
     def requester(self) -> str:
@@ -70,6 +91,14 @@ class LimitSettings:
 
 
 @dataclass(frozen=True)
+class SessionSettings:
+    #: A daemon session lapses this long after its last dispatch call (each call extends it).
+    ttl_seconds: float = 900.0
+    #: Live sessions kept at most; registering beyond that (after expired ones are dropped) is a 429.
+    max_sessions: int = 10_000
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     """All tunables of the service, grouped; passed to :func:`nymph.queue.app.create_app`."""
 
@@ -77,6 +106,7 @@ class QueueSettings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     poll: PollSettings = field(default_factory=PollSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    sessions: SessionSettings = field(default_factory=SessionSettings)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from nymph.protocol import (
     now,
 )
 from nymph.queue.db import Database
-from nymph.queue.models import ClaimRequest, ClaimResult, Principal, QueueSettings, Report
+from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, Signal
 from nymph.queue.sql import catalog, dispatch, launches
 from nymph.queue.sql import reports as sql_reports
@@ -198,8 +198,8 @@ class Store:
     async def get_task(self, *, ns: str, task_id: str) -> TaskStatusJSON:
         return await self.db.read(lambda conn: launches.get_task(conn, ns=ns, task_id=task_id))
 
-    async def list_daemons(self) -> list[DaemonJSON]:
-        return await self.db.read(dispatch.list_daemons)
+    async def list_daemons(self, *, principal: Principal) -> list[DaemonJSON]:
+        return await self.db.read(lambda conn: dispatch.list_daemons(conn, visible_to=principal.namespace))
 
     # dispatch
 
@@ -212,17 +212,17 @@ class Store:
         return result
 
     async def renew(
-        self, *, daemon_id: str, task_ids: Sequence[str], lease_seconds: int
+        self, *, session: DaemonSession, task_ids: Sequence[str], lease_seconds: int
     ) -> tuple[list[str], list[str]]:
         return await self.db.write(
             lambda conn: dispatch.renew(
-                conn, daemon_id=daemon_id, task_ids=task_ids, lease_seconds=lease_seconds, now=now()
+                conn, session=session, task_ids=task_ids, lease_seconds=lease_seconds, now=now()
             )
         )
 
-    async def release(self, *, daemon_id: str, task_ids: Sequence[str]) -> list[str]:
+    async def release(self, *, session: DaemonSession, task_ids: Sequence[str]) -> list[str]:
         released = await self.db.write(
-            lambda conn: dispatch.release(conn, daemon_id=daemon_id, task_ids=task_ids, now=now())
+            lambda conn: dispatch.release(conn, session=session, task_ids=task_ids, now=now())
         )
         if released:
             self.tasks_changed.notify()
@@ -231,25 +231,23 @@ class Store:
     async def complete(
         self,
         *,
-        daemon_id: str,
+        session: DaemonSession,
         task_id: str,
         ok: bool,
         error: str | None,
         retryable: bool,
         result: dict[str, Any] | None,
-        scope: str | None,
     ) -> CompleteAnswer:
         retry = self.settings.retry
         body, changed = await self.db.write(
             lambda conn: dispatch.complete(
                 conn,
-                daemon_id=daemon_id,
+                session=session,
                 task_id=task_id,
                 ok=ok,
                 error=error,
                 retryable=retryable,
                 result=result,
-                scope=scope,
                 now=now(),
                 retry=retry,
             )
@@ -257,26 +255,28 @@ class Store:
         self.tasks_changed.notify()
         if changed is not None:
             self.instance_changed.notify(changed)
-        log.info("task completed", task=task_id, daemon=daemon_id, status=body["status"])
+        log.info("task completed", task=task_id, daemon=session.daemon_id, status=body["status"])
         return body
 
-    async def report(self, *, stream: str, reports: Sequence[Report], scope: str | None) -> tuple[int, int]:
+    async def report(
+        self, *, session: DaemonSession, stream: str, reports: Sequence[Report]
+    ) -> tuple[int, int]:
         accepted, last, changed = await self.db.write(
-            lambda conn: sql_reports.report(conn, stream=stream, reports=reports, scope=scope, now=now())
+            lambda conn: sql_reports.report(conn, session=session, stream=stream, reports=reports, now=now())
         )
         self._changed(changed)
         return accepted, last
 
-    async def upload_logs(self, *, instance_id: str, logs: str, scope: str | None) -> None:
+    async def upload_logs(self, *, session: DaemonSession, instance_id: str, logs: str) -> None:
         max_bytes = self.settings.limits.max_log_bytes
         await self.db.write(
             lambda conn: sql_reports.store_logs(
-                conn, instance_id=instance_id, logs=logs, scope=scope, max_bytes=max_bytes, now=now()
+                conn, session=session, instance_id=instance_id, logs=logs, max_bytes=max_bytes, now=now()
             )
         )
 
-    async def active(self, *, node: str, scope: str | None) -> list[ActiveJSON]:
-        return await self.db.read(lambda conn: sql_reports.active(conn, node=node, scope=scope))
+    async def active(self, *, session: DaemonSession) -> list[ActiveJSON]:
+        return await self.db.read(lambda conn: sql_reports.active(conn, session=session))
 
     async def sweep(self) -> int:
         count, settled = await self.db.write(lambda conn: dispatch.sweep(conn, now=now()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -29,6 +30,30 @@ FAST = QueueSettings(
 )
 
 
+REGISTER = "/v1/dispatch/register"
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def identity_of(body: Any, path: str = "") -> tuple[str, str, tuple[str, ...]]:
+    """The daemon a raw dispatch call acts as: the body's daemonId, node and namespaces (or the
+    ``node`` query), with d1 / n1 / () for values absent or invalid (so the route validates them)."""
+    data = body if isinstance(body, dict) else {}
+    daemon_id = data.get("daemonId")
+    node = data.get("node")
+    if node is None and "node=" in path:
+        node = path.split("node=", 1)[1].split("&", 1)[0]
+    namespaces = data.get("namespaces")
+    if not isinstance(namespaces, list) or not all(
+        isinstance(n, str) and _LABEL.match(n) for n in namespaces
+    ):
+        namespaces = []
+    return (
+        daemon_id if isinstance(daemon_id, str) and daemon_id.strip() else "d1",
+        node if isinstance(node, str) else "n1",
+        tuple(namespaces),
+    )
+
+
 @dataclass
 class Answer:
     status: int
@@ -47,6 +72,7 @@ class Queue:
     daemon_token: str
     _clients: list[QueueClient] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
+    _sessions: dict[tuple[str, str, tuple[str, ...], str], str] = field(default_factory=dict)
 
     @property
     def store(self) -> Store:
@@ -73,6 +99,22 @@ class Queue:
     def daemon(self) -> QueueClient:
         return self.client("daemon")
 
+    async def session(
+        self, daemon_id: str = "d1", node: str = "n1", namespaces: tuple[str, ...] = (), token: str = "daemon"
+    ) -> str:
+        """A daemon session credential for this identity (registered once, then reused)."""
+        key = (daemon_id, node, namespaces, token)
+        if key not in self._sessions:
+            r = await self.call(
+                "POST",
+                REGISTER,
+                token=token,
+                json_body={"daemonId": daemon_id, "node": node, "namespaces": list(namespaces)},
+            )
+            assert r.status == 201, r.body
+            self._sessions[key] = r.body["sessionToken"]
+        return self._sessions[key]
+
     async def call(
         self,
         method: str,
@@ -83,10 +125,14 @@ class Queue:
         data: bytes | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> Answer:
-        """A raw HTTP call, for checking statuses and error bodies exactly."""
+        """A raw HTTP call, for checking statuses and error bodies exactly. ``token="daemon"``
+        on a dispatch route uses a session registered as the body's daemonId / node / namespaces
+        (d1 / n1 / every namespace when absent or invalid)."""
         if self._session is None:
             self._session = aiohttp.ClientSession()
         hdrs = dict(headers or {})
+        if token == "daemon" and path.startswith("/v1/dispatch/") and path != REGISTER:
+            token = await self.session(*identity_of(json_body, path))
         if token == "user":
             token = self.user_token
         elif token == "daemon":

@@ -94,15 +94,15 @@ async def test_kube_namespace_filter(queue: Queue) -> None:
 
 async def test_renew_release_and_lost(kind: Queue) -> None:
     await _launch(kind, 2)
-    d = kind.daemon()
+    d, d2 = kind.daemon(), kind.daemon()  # one client (and session) per daemon
     a, b = await d.claim(daemon_id="d1", node="n1", capacity=2, wait=0, lease_seconds=30)
     r = await d.renew(daemon_id="d1", task_ids=[a["taskId"], "task-nope"], lease_seconds=30)
     assert r == {"renewed": [a["taskId"]], "lost": ["task-nope"]}
-    assert await d.renew(daemon_id="d2", task_ids=[a["taskId"]]) == {"renewed": [], "lost": [a["taskId"]]}
-    assert await d.release(daemon_id="d2", task_ids=[b["taskId"]]) == []
+    assert await d2.renew(daemon_id="d2", task_ids=[a["taskId"]]) == {"renewed": [], "lost": [a["taskId"]]}
+    assert await d2.release(daemon_id="d2", task_ids=[b["taskId"]]) == []
     assert await d.release(daemon_id="d1", task_ids=[b["taskId"]]) == [b["taskId"]]
     # Released: claimable again at once, and the attempt was not counted.
-    [again] = await d.claim(daemon_id="d2", node="n2", capacity=5, wait=0)
+    [again] = await d2.claim(daemon_id="d2", node="n2", capacity=5, wait=0)
     assert again["taskId"] == b["taskId"] and again["attempt"] == 1
     assert (await d.renew(daemon_id="d1", task_ids=[b["taskId"]]))["lost"] == [b["taskId"]]
     with pytest.raises(QueueConflict):
@@ -111,11 +111,11 @@ async def test_renew_release_and_lost(kind: Queue) -> None:
 
 async def test_expired_lease_is_redelivered(kind: Queue) -> None:
     [iid] = await _launch(kind)
-    d = kind.daemon()
+    d, alive = kind.daemon(), kind.daemon()
     [first] = await d.claim(daemon_id="dead", node="n1", capacity=1, wait=0, lease_seconds=1)
-    assert await d.claim(daemon_id="alive", node="n2", capacity=1, wait=0) == []
+    assert await alive.claim(daemon_id="alive", node="n2", capacity=1, wait=0) == []
     t0 = time.monotonic()
-    [second] = await d.claim(daemon_id="alive", node="n2", capacity=1, wait=5)
+    [second] = await alive.claim(daemon_id="alive", node="n2", capacity=1, wait=5)
     assert 0.6 < time.monotonic() - t0 < 4  # woken when the lease ran out (wait was 5 s)
     assert second["taskId"] == first["taskId"] and second["instanceId"] == iid
     assert second["attempt"] == 2 and second["leaseExpiresAt"] > first["leaseExpiresAt"]
@@ -124,7 +124,7 @@ async def test_expired_lease_is_redelivered(kind: Queue) -> None:
     with pytest.raises(QueueConflict) as err:
         await d.complete(daemon_id="dead", task_id=first["taskId"], ok=True)
     assert err.value.code == "lease_lost"
-    assert (await d.complete(daemon_id="alive", task_id=second["taskId"], ok=True))["status"] == "done"
+    assert (await alive.complete(daemon_id="alive", task_id=second["taskId"], ok=True))["status"] == "done"
 
 
 async def test_sweeper_hands_back_expired_leases(kind: Queue) -> None:
@@ -246,7 +246,7 @@ async def test_active_for_reconciliation(kind: Queue) -> None:
     assert await d.active(node="n1") == [
         {"instanceId": a, "namespace": "default", "kubeNamespace": "jobs", "state": "running", "node": "n1"}
     ]
-    assert [x["instanceId"] for x in await d.active(node="n2")] == [c]
+    assert [x["instanceId"] for x in await kind.daemon().active(node="n2")] == [c]
     r = await kind.call("GET", "/v1/dispatch/active", token="daemon")
     assert r.status == 400
 
@@ -271,7 +271,7 @@ async def test_shutdown_releases_held_long_polls(tmp_path: Path) -> None:
 async def test_claim_client_gone_does_not_take_tasks(kind: Queue) -> None:
     """A claim whose caller hung up before work arrived does not lease that work."""
     body = {"daemonId": "gone", "node": "n1", "capacity": 1, "wait": 30}
-    headers = {"Authorization": f"Bearer {kind.daemon_token}"}
+    headers = {"Authorization": f"Bearer {await kind.session('gone', 'n1')}"}
     async with aiohttp.ClientSession() as session:
         with pytest.raises(TimeoutError):
             async with session.post(

@@ -20,7 +20,7 @@ import requests
 import schemathesis
 import yaml
 from hypothesis import strategies as st
-from queue_helpers import Served
+from queue_helpers import REGISTER, Served, identity_of
 
 SPEC: dict[str, Any] = yaml.safe_load(resources.files("nymph.queue").joinpath("openapi.yaml").read_text())
 SCHEMA = schemathesis.openapi.from_dict(SPEC)
@@ -36,6 +36,16 @@ class Conformance:
         self.session = requests.Session()
         self.seen: set[tuple[str, str]] = set()
         self.statuses: set[int] = set()
+        self.sessions: dict[tuple[str, str, tuple[str, ...]], str] = {}
+
+    def daemon_session(self, daemon_id: str, node: str, namespaces: tuple[str, ...]) -> str:
+        """A session for this daemon identity, registered (through the documented route) once."""
+        key = (daemon_id, node, namespaces)
+        if key not in self.sessions:
+            body = {"daemonId": daemon_id, "node": node, "namespaces": list(namespaces)}
+            resp = self("POST", REGISTER, body=body, token="daemon", expect=201)
+            self.sessions[key] = resp.json()["sessionToken"]
+        return self.sessions[key]
 
     def __call__(
         self,
@@ -49,6 +59,8 @@ class Conformance:
         headers: dict[str, str] | None = None,
     ) -> requests.Response:
         hdrs = dict(headers or {})
+        if token == "daemon" and path.startswith("/v1/dispatch/") and path != REGISTER:
+            token = self.daemon_session(*identity_of(body, path))
         if token == "user":
             token = self.served.user_token
         elif token == "daemon":
@@ -139,6 +151,10 @@ def test_every_operation_conforms(served: Served) -> None:
 
     claim = {"daemonId": "d1", "node": "n1", "capacity": 10, "wait": 0}
     call("POST", "/v1/dispatch/claim", body=claim, token="user", expect=403)
+    call("POST", "/v1/dispatch/claim", body=claim, token=served.daemon_token, expect=401)
+    call("POST", REGISTER, body={"daemonId": "dx", "node": "n9"}, token="daemon", expect=201)
+    call("POST", REGISTER, body={"daemonId": "dx", "node": "n1"}, token="daemon", expect=409)
+    call("POST", REGISTER, body={"node": "n1"}, token="daemon", expect=422)
     call("POST", "/v1/dispatch/claim", body={**claim, "capacity": -1}, token="daemon", expect=422)
     tasks = call("POST", "/v1/dispatch/claim", body=claim, token="daemon", expect=200).json()["tasks"]
     assert {t["kind"] for t in tasks} == {"launch", "probe", "dockyard"}
@@ -225,7 +241,15 @@ def test_fuzzed_requests_get_documented_answers(served: Served) -> None:
     """Schema-generated requests (valid and invalid) never get a 5xx or an undocumented status."""
     session = requests.Session()
     auth = {"Authorization": f"Bearer {served.user_token}"}
-    daemon = {"Authorization": f"Bearer {served.daemon_token}"}
+    registered = session.post(
+        served.url + REGISTER,
+        json={"daemonId": "fuzz", "node": "n1"},
+        headers={"Authorization": f"Bearer {served.daemon_token}"},
+        timeout=30,
+    )
+    assert registered.status_code == 201, registered.text
+    daemon = {"Authorization": f"Bearer {registered.json()['sessionToken']}"}
+    bootstrap = {"Authorization": f"Bearer {served.daemon_token}"}
     ops = [op.ok() for op in SCHEMA.get_all_operations()]
 
     @hypothesis.settings(
@@ -242,7 +266,9 @@ def test_fuzzed_requests_get_documented_answers(served: Served) -> None:
             st.sampled_from([schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])
         )
         case = data.draw(op.as_strategy(generation_mode=mode))
-        headers = daemon if op.path.startswith("/v1/dispatch") else auth
+        headers = auth
+        if op.path.startswith("/v1/dispatch"):
+            headers = bootstrap if op.path == REGISTER else daemon
         if op.path.startswith("/v1/dispatch/claim") and isinstance(case.body, dict):
             case.body["wait"] = 0
         if "wait" in (case.query or {}):

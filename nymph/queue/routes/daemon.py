@@ -1,8 +1,11 @@
-"""Daemon routes (the dispatch API), for nymph daemons (daemon tokens only; the auth middleware checks).
+"""Daemon routes (the dispatch API), for nymph daemons (the auth middleware checks).
 
-A daemon claims tasks by long-poll, renews its leases while it works, hands back what it did
-not start, completes each task, streams state reports, uploads logs before reaping, and asks
-which instances it should be running after a restart.
+A daemon registers with the shared bootstrap token and gets a session of its own (see
+:mod:`nymph.queue.sessions`); with it, it claims tasks by long-poll, renews its leases while it
+works, hands back what it did not start, completes each task, streams state reports, uploads
+logs before reaping, and asks which instances it should be running after a restart. Each call
+acts as the session's daemon id, on its node, within the namespaces it registered for; a
+``daemonId`` / ``node`` in a body or query must match the session (else 403).
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from aiohttp import web
 from nymph.errors import ValidationError
 from nymph.launch.names import check_namespace
 from nymph.launch.state import InstanceState, Reason
-from nymph.protocol import RenewAnswer, ReportAck, parse_iso
+from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
 from nymph.queue.bodies import Fields, read_object
-from nymph.queue.errors import BadRequest, Unprocessable
-from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
-from nymph.queue.models import ClaimRequest, ClaimResult, Report
+from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
+from nymph.queue.keys import PRINCIPAL, SESSIONS, SETTINGS, STORE
+from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report
 from nymph.queue.notify import wait_for_event
 
 routes = web.RouteTableDef()
@@ -37,6 +40,65 @@ def _scope(request: web.Request) -> str | None:
     return request[PRINCIPAL].namespace
 
 
+def _session(request: web.Request, f: Fields | None = None) -> DaemonSession:
+    """The caller's session; a ``daemonId`` in the body must be its daemon id."""
+    session = request[PRINCIPAL].session
+    assert session is not None  # the auth middleware admits sessions only
+    if f is not None:
+        claimed = f.string("daemonId", required=False)
+        if claimed is not None and not claimed.strip():
+            raise Unprocessable("body.daemonId must not be empty")
+        if claimed is not None and claimed != session.daemon_id:
+            raise Forbidden(
+                f"this session belongs to daemon {session.daemon_id!r}, not {claimed!r}: each "
+                "daemon registers for its own session",
+                code="wrong_daemon",
+            )
+    return session
+
+
+def _namespaces(f: Fields, key: str) -> tuple[str, ...]:
+    namespaces = f.strings(key, required=False, max_items=1000)
+    for i, ns in enumerate(namespaces):
+        try:
+            check_namespace(ns, field=f"body.{key}[{i}]")
+        except ValidationError as exc:
+            raise Unprocessable(str(exc)) from None
+    return tuple(dict.fromkeys(namespaces))
+
+
+@routes.post("/v1/dispatch/register")
+async def register(request: web.Request) -> web.Response:
+    """Bootstrap token in, session credential out (shown once)."""
+    f = Fields(await read_object(request))
+    f.reject_unknown({"daemonId", "node", "namespaces"})
+    daemon_id = f.req_string("daemonId")
+    node = f.string("node", required=False) or ""
+    namespaces = _namespaces(f, "namespaces")
+    registered = request.app[SESSIONS].register(
+        bootstrap=request[PRINCIPAL], daemon_id=daemon_id, node=node, namespaces=namespaces
+    )
+    log.info(
+        "daemon registered",
+        daemon=daemon_id,
+        node=node,
+        namespaces=list(namespaces),
+        session=registered.session.session_id,
+        bootstrap=request[PRINCIPAL].token_id,
+    )
+    return web.json_response(
+        SessionJSON(
+            sessionToken=registered.credential,
+            daemonId=daemon_id,
+            node=node,
+            namespaces=list(namespaces),
+            expiresAt=iso(registered.expires_at),
+            ttlSeconds=request.app[SETTINGS].sessions.ttl_seconds,
+        ),
+        status=201,
+    )
+
+
 def _disconnected(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
@@ -47,18 +109,29 @@ async def claim(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     store = request.app[STORE]
     f = Fields(await read_object(request))
-    namespaces = f.strings("namespaces", required=False, max_items=1000)
-    for i, ns in enumerate(namespaces):
-        try:
-            check_namespace(ns, field=f"body.namespaces[{i}]")
-        except ValidationError as exc:
-            raise Unprocessable(str(exc)) from None
+    namespaces = _namespaces(f, "namespaces")
+    f.string("daemonId", required=False)
+    node = f.string("node", required=False)
+    capacity = f.integer("capacity", minimum=0, maximum=1000)
+    session = _session(request, f)
+    if node is not None and node != session.node:
+        raise Forbidden(
+            f"this session is for node {session.node!r}, not {node!r}: register on the node you run on",
+            code="wrong_node",
+        )
+    outside = [ns for ns in namespaces if not session.serves(ns)]
+    if outside:
+        raise Forbidden(
+            f"namespace {outside[0]!r} is not one this session registered for: register with "
+            "every namespace the daemon serves",
+            code="wrong_namespace",
+        )
     req = ClaimRequest(
-        daemon_id=f.req_string("daemonId"),
+        daemon_id=session.daemon_id,
         # Empty when the daemon does not know its node (a local process without NODE_NAME).
-        node=f.string("node", required=False) or "",
-        namespaces=tuple(namespaces),
-        capacity=f.integer("capacity", minimum=0, maximum=1000),
+        node=session.node,
+        namespaces=namespaces or session.namespaces,
+        capacity=capacity,
         lease_seconds=f.integer(
             "leaseSeconds",
             default=settings.lease.default_seconds,
@@ -99,15 +172,16 @@ async def claim(request: web.Request) -> web.Response:
 async def renew(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     f = Fields(await read_object(request))
+    task_ids = f.strings("taskIds", max_items=_MAX_IDS)
+    lease_seconds = f.integer(
+        "leaseSeconds",
+        default=settings.lease.default_seconds,
+        minimum=1,
+        maximum=settings.lease.max_seconds,
+    )
+    session = _session(request, f)
     renewed, lost = await request.app[STORE].renew(
-        daemon_id=f.req_string("daemonId"),
-        task_ids=f.strings("taskIds", max_items=_MAX_IDS),
-        lease_seconds=f.integer(
-            "leaseSeconds",
-            default=settings.lease.default_seconds,
-            minimum=1,
-            maximum=settings.lease.max_seconds,
-        ),
+        session=session, task_ids=task_ids, lease_seconds=lease_seconds
     )
     return web.json_response(RenewAnswer(renewed=renewed, lost=lost))
 
@@ -115,23 +189,26 @@ async def renew(request: web.Request) -> web.Response:
 @routes.post("/v1/dispatch/release")
 async def release(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
-    released = await request.app[STORE].release(
-        daemon_id=f.req_string("daemonId"), task_ids=f.strings("taskIds", max_items=_MAX_IDS)
-    )
+    task_ids = f.strings("taskIds", max_items=_MAX_IDS)
+    released = await request.app[STORE].release(session=_session(request, f), task_ids=task_ids)
     return web.json_response({"released": released})
 
 
 @routes.post("/v1/dispatch/complete")
 async def complete(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
+    task_id = f.req_string("taskId")
+    ok = f.boolean("ok")
+    error = f.text("error", required=False)
+    retryable = f.boolean("retryable", default=False)
+    result = f.mapping("result")
     body = await request.app[STORE].complete(
-        daemon_id=f.req_string("daemonId"),
-        task_id=f.req_string("taskId"),
-        ok=f.boolean("ok"),
-        error=f.text("error", required=False),
-        retryable=f.boolean("retryable", default=False),
-        result=f.mapping("result"),
-        scope=_scope(request),
+        session=_session(request, f),
+        task_id=task_id,
+        ok=ok,
+        error=error,
+        retryable=retryable,
+        result=result,
     )
     return web.json_response(body)
 
@@ -171,21 +248,20 @@ def _report(raw: dict[str, Any], index: int) -> Report:
 @routes.post("/v1/dispatch/report")
 async def report(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
-    f.req_string("daemonId")
     stream = f.req_string("stream")
     reports = [_report(r, i) for i, r in enumerate(f.objects("reports", max_items=10_000))]
-    accepted, last = await request.app[STORE].report(stream=stream, reports=reports, scope=_scope(request))
+    accepted, last = await request.app[STORE].report(
+        session=_session(request, f), stream=stream, reports=reports
+    )
     return web.json_response(ReportAck(accepted=accepted, lastSeq=last))
 
 
 @routes.post("/v1/dispatch/logs")
 async def upload_logs(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
-    f.req_string("daemonId")
     logs = f.text("logs", required=False) or ""
-    await request.app[STORE].upload_logs(
-        instance_id=f.req_string("instanceId"), logs=logs, scope=_scope(request)
-    )
+    instance_id = f.req_string("instanceId")
+    await request.app[STORE].upload_logs(session=_session(request, f), instance_id=instance_id, logs=logs)
     return web.Response(status=204)
 
 
@@ -194,5 +270,11 @@ async def active(request: web.Request) -> web.Response:
     node = request.query.get("node")
     if not node:
         raise BadRequest("pass ?node=NODE_NAME, the node whose instances you run", code="invalid_query")
-    items = await request.app[STORE].active(node=node, scope=_scope(request))
+    session = _session(request)
+    if node != session.node:
+        raise Forbidden(
+            f"this session is for node {session.node!r}, not {node!r}: ask for your own node",
+            code="wrong_node",
+        )
+    items = await request.app[STORE].active(session=session)
     return web.json_response({"items": items})

@@ -337,4 +337,4 @@ async def get_task(request: web.Request) -> web.Response:
 
 @routes.get(NS + "/daemons")
 async def list_daemons(request: web.Request) -> web.Response:
-    return _json({"items": await request.app[STORE].list_daemons()})
+    return _json({"items": await request.app[STORE].list_daemons(principal=request[PRINCIPAL])})

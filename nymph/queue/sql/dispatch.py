@@ -18,8 +18,8 @@ from typing import Any
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, DaemonJSON, iso
 from nymph.queue.errors import Conflict, NotFound
-from nymph.queue.models import ClaimRequest, ClaimResult, LeaseSettings, RetrySettings
-from nymph.queue.sql.rows import fetch_instance, task_json, transition
+from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
+from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, task_json, transition
 
 _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
 _START_SQL = ",".join(f"'{k}'" for k in START_KINDS)
@@ -176,31 +176,38 @@ def claim(
 def renew(
     conn: sqlite3.Connection,
     *,
-    daemon_id: str,
+    session: DaemonSession,
     task_ids: Sequence[str],
     lease_seconds: int,
     now: float,
 ) -> tuple[list[str], list[str]]:
+    """Extend the leases the session's daemon holds; any other id (leased to another daemon,
+    outside the session's namespaces, unknown) is reported lost and left alone."""
     renewed: list[str] = []
     lost: list[str] = []
+    where, params = session_filter(session)
     for task_id in task_ids:
         cur = conn.execute(
-            "UPDATE tasks SET lease_expires = ?, updated_at = ? WHERE task_id = ? "
-            "AND status = 'leased' AND lease_owner = ? AND lease_expires > ?",
-            (now + lease_seconds, now, task_id, daemon_id, now),
+            "UPDATE tasks SET lease_expires = ?, updated_at = ? WHERE task_id = ? "  # noqa: S608 - placeholders only
+            "AND status = 'leased' AND lease_owner = ? AND lease_expires > ?" + where,
+            (now + lease_seconds, now, task_id, session.daemon_id, now, *params),
         )
         (renewed if cur.rowcount else lost).append(task_id)
     return renewed, lost
 
 
-def release(conn: sqlite3.Connection, *, daemon_id: str, task_ids: Sequence[str], now: float) -> list[str]:
+def release(
+    conn: sqlite3.Connection, *, session: DaemonSession, task_ids: Sequence[str], now: float
+) -> list[str]:
+    """Hand back leases the session's daemon holds; returns those handed back."""
     released = []
+    where, params = session_filter(session)
     for task_id in task_ids:
         cur = conn.execute(
-            "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "
+            "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "  # noqa: S608 - placeholders only
             "attempts = MAX(attempts - 1, 0), updated_at = ? "
-            "WHERE task_id = ? AND status = 'leased' AND lease_owner = ?",
-            (now, task_id, daemon_id),
+            "WHERE task_id = ? AND status = 'leased' AND lease_owner = ?" + where,
+            (now, task_id, session.daemon_id, *params),
         )
         if cur.rowcount:
             released.append(task_id)
@@ -215,19 +222,21 @@ def _stop_requested(conn: sqlite3.Connection, instance_id: str) -> bool:
 def complete(
     conn: sqlite3.Connection,
     *,
-    daemon_id: str,
+    session: DaemonSession,
     task_id: str,
     ok: bool,
     error: str | None,
     retryable: bool,
     result: dict[str, Any] | None,
-    scope: str | None,
     now: float,
     retry: RetrySettings,
 ) -> tuple[CompleteAnswer, str | None]:
-    """Finish a leased task. Returns the response body and the instance id that changed."""
+    """Finish a task leased to the session's daemon. Returns the response body and the instance
+    id that changed. A task outside the session's namespaces is not found; one leased to
+    another daemon is a 409."""
+    daemon_id = session.daemon_id
     row = conn.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-    if row is None or (scope is not None and row["namespace"] != scope):
+    if row is None or not session_may_act(session, row):
         raise NotFound(
             f"no task {task_id!r}: complete only task ids returned by claim", code="task_not_found"
         )
@@ -252,10 +261,9 @@ def complete(
         # A Pod is pinned to its daemon's node; a dockyard launch's objects are not, so its
         # instance keeps no node and any daemon serving its namespace may take its stop task.
         if kind == "launch" and instance_id:
-            node = conn.execute("SELECT node FROM daemons WHERE daemon_id = ?", (daemon_id,)).fetchone()
             inst = fetch_instance(conn, instance_id)
-            if node is not None and inst is not None and inst["node"] is None:
-                changed = transition(conn, instance_id=instance_id, now=now, node=node[0])
+            if session.node and inst is not None and inst["node"] is None:
+                changed = transition(conn, instance_id=instance_id, now=now, node=session.node)
         elif kind == "stop" and instance_id:
             changed = transition(
                 conn,
@@ -314,15 +322,24 @@ def sweep(conn: sqlite3.Connection, *, now: float) -> tuple[int, set[str]]:
     return cur.rowcount, settled
 
 
-def list_daemons(conn: sqlite3.Connection) -> list[DaemonJSON]:
+def list_daemons(conn: sqlite3.Connection, *, visible_to: str | None) -> list[DaemonJSON]:
+    """Every daemon that claimed; for a token scoped to namespace ``visible_to``, only the
+    daemons that serve a kube namespace of that name, showing that namespace alone."""
     rows = conn.execute("SELECT * FROM daemons ORDER BY node, daemon_id").fetchall()
-    return [
-        DaemonJSON(
-            daemonId=r["daemon_id"],
-            node=r["node"],
-            namespaces=json.loads(r["namespaces"]),
-            lastSeen=iso(r["last_seen"]),
-            capacity=r["capacity"],
+    out = []
+    for r in rows:
+        namespaces: list[str] = json.loads(r["namespaces"])
+        if visible_to is not None:
+            if visible_to not in namespaces:
+                continue
+            namespaces = [visible_to]
+        out.append(
+            DaemonJSON(
+                daemonId=r["daemon_id"],
+                node=r["node"],
+                namespaces=namespaces,
+                lastSeen=iso(r["last_seen"]),
+                capacity=r["capacity"],
+            )
         )
-        for r in rows
-    ]
+    return out

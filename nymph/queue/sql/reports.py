@@ -10,22 +10,29 @@ from typing import Any
 from nymph.launch.state import InstanceState
 from nymph.protocol import ActiveJSON
 from nymph.queue.errors import NotFound
-from nymph.queue.models import Report
-from nymph.queue.sql.rows import fetch_instance, transition
+from nymph.queue.models import DaemonSession, Report
+from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, transition
+
+
+def stream_key(*, daemon_id: str, stream: str) -> str:
+    """Report stream marks are kept per daemon: one daemon's stream can never move another's."""
+    return f"{daemon_id}\x00{stream}"
 
 
 def report(
     conn: sqlite3.Connection,
     *,
+    session: DaemonSession,
     stream: str,
     reports: Sequence[Report],
-    scope: str | None,
     now: float,
 ) -> tuple[int, int, set[str]]:
-    """Apply reports with seq above the stream's mark, in the order given.
+    """Apply reports with seq above the mark of the session daemon's stream, in the order given;
+    reports on instances outside the session's namespaces count but change nothing.
 
     Returns (accepted, last_seq, changed instance ids); ``last_seq`` is -1 for a new stream.
     """
+    stream = stream_key(daemon_id=session.daemon_id, stream=stream)
     row = conn.execute("SELECT last_seq FROM report_streams WHERE stream = ?", (stream,)).fetchone()
     last = -1 if row is None else int(row[0])
     accepted = 0
@@ -36,7 +43,7 @@ def report(
         last = r.seq
         accepted += 1
         inst = fetch_instance(conn, r.instance_id)
-        if inst is None or (scope is not None and inst["namespace"] != scope):
+        if inst is None or not session_may_act(session, inst):
             continue
         if inst["stop_requested_at"] is not None and r.state not in (
             InstanceState.STOPPING.value,
@@ -67,14 +74,14 @@ def report(
 def store_logs(
     conn: sqlite3.Connection,
     *,
+    session: DaemonSession,
     instance_id: str,
     logs: str,
-    scope: str | None,
     max_bytes: int,
     now: float,
 ) -> None:
     inst = fetch_instance(conn, instance_id)
-    if inst is None or (scope is not None and inst["namespace"] != scope):
+    if inst is None or not session_may_act(session, inst):
         raise NotFound(
             f"no instance {instance_id!r}: upload logs only for instances you run", code="instance_not_found"
         )
@@ -90,15 +97,14 @@ def store_logs(
     )
 
 
-def active(conn: sqlite3.Connection, *, node: str, scope: str | None) -> list[ActiveJSON]:
+def active(conn: sqlite3.Connection, *, session: DaemonSession) -> list[ActiveJSON]:
+    """The live instances on the session's node, within its namespaces."""
+    where, extra = session_filter(session)
     sql = (
-        "SELECT instance_id, namespace, kube_namespace, state, node FROM instances "
-        "WHERE node = ? AND state != 'stopped'"
+        "SELECT instance_id, namespace, kube_namespace, state, node FROM instances "  # noqa: S608 - placeholders only
+        "WHERE node = ? AND state != 'stopped'" + where
     )
-    params: list[Any] = [node]
-    if scope is not None:
-        sql += " AND namespace = ?"
-        params.append(scope)
+    params: list[Any] = [session.node, *extra]
     return [
         ActiveJSON(
             instanceId=r["instance_id"],

@@ -16,6 +16,7 @@ from nymph.protocol import (
     TaskStatusJSON,
     iso,
 )
+from nymph.queue.models import DaemonSession
 
 
 class Keep(enum.Enum):
@@ -67,6 +68,27 @@ def instances_json(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> lis
         )
         for r in rows
     ]
+
+
+def session_filter(session: DaemonSession, *, alias: str = "") -> tuple[str, list[Any]]:
+    """SQL (`` AND ...`` or empty) and parameters confining a task or instance query to what a
+    daemon session may act on: the kube namespaces it serves and its token's owner scope."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if session.namespaces:
+        clauses.append(f"{alias}kube_namespace IN ({','.join('?' * len(session.namespaces))})")
+        params.extend(session.namespaces)
+    if session.scope is not None:
+        clauses.append(f"{alias}namespace = ?")
+        params.append(session.scope)
+    return "".join(f" AND {c}" for c in clauses), params
+
+
+def session_may_act(session: DaemonSession, row: sqlite3.Row) -> bool:
+    """Whether a task or instance row is within a daemon session's namespaces and scope."""
+    return session.serves(row["kube_namespace"]) and (
+        session.scope is None or row["namespace"] == session.scope
+    )
 
 
 def fetch_instance(conn: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:
