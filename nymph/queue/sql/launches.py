@@ -8,7 +8,6 @@ Idempotency-Key remembers the 202 body so a retried launch with the same body ge
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import secrets
 import sqlite3
@@ -23,7 +22,7 @@ from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import START_KINDS, InstanceJSON, LaunchAccepted, TaskKind, TaskStatusJSON, iso, now
 from nymph.queue.errors import BadRequest, Conflict, NotFound
-from nymph.queue.sql import catalog
+from nymph.queue.sql import catalog, idempotency
 from nymph.queue.sql.rows import (
     INSTANCE_COLUMNS,
     fetch_instance,
@@ -48,11 +47,6 @@ new_instance_id = names.new_instance_id
 
 def new_task_id() -> str:
     return "task-" + secrets.token_hex(8)
-
-
-def body_digest(body: Mapping[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def new_launch_uid() -> str:
@@ -140,8 +134,8 @@ def launch(
     idempotency_key: str | None,
     requester: str,
 ) -> tuple[LaunchAccepted, bool]:
-    digest = body_digest(body)
-    replay = _replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
+    digest = idempotency.body_digest(body)
+    replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
     if replay is not None:
         return replay, False
     provider = catalog.get_provider(conn, ns=ns, name=provider_name)
@@ -170,7 +164,7 @@ def launch(
         requester=requester,
         ts=ts,
     )
-    _remember(
+    idempotency.remember(
         conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
     )
     return accepted, True
@@ -187,8 +181,8 @@ def launch_dockyard(
     requester: str,
 ) -> tuple[LaunchAccepted, bool]:
     """Queue a dockyard launch whose spec the route rendered and accepted for ``kube_ns``."""
-    digest = body_digest({"dockyard": body})
-    replay = _replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
+    digest = idempotency.body_digest({"dockyard": body})
+    replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
     if replay is not None:
         return replay, False
     provider = catalog.get_provider(conn, ns=ns, name=provider_name)
@@ -220,50 +214,10 @@ def launch_dockyard(
         requester=requester,
         ts=ts,
     )
-    _remember(
+    idempotency.remember(
         conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
     )
     return accepted, True
-
-
-def _replay(
-    conn: sqlite3.Connection, *, ns: str, provider: str, key: str | None, digest: str
-) -> LaunchAccepted | None:
-    """The 202 body a launch sent earlier with this Idempotency-Key, if any (same body only)."""
-    if key is None:
-        return None
-    row = conn.execute(
-        "SELECT body_sha256, response FROM idempotency_keys WHERE namespace = ? AND provider = ? AND key = ?",
-        (ns, provider, key),
-    ).fetchone()
-    if row is None:
-        return None
-    if row["body_sha256"] != digest:
-        raise Conflict(
-            "this Idempotency-Key was already used for a different launch body: use a "
-            "new key for a new launch",
-            code="idempotency_key_reused",
-        )
-    replay: LaunchAccepted = json.loads(row["response"])
-    return replay
-
-
-def _remember(
-    conn: sqlite3.Connection,
-    *,
-    ns: str,
-    provider: str,
-    key: str | None,
-    digest: str,
-    accepted: LaunchAccepted,
-    ts: float,
-) -> None:
-    if key is not None:
-        conn.execute(
-            "INSERT INTO idempotency_keys (namespace, provider, key, body_sha256, instance_id, "
-            "response, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (ns, provider, key, digest, accepted["instanceId"], json.dumps(accepted), ts),
-        )
 
 
 def _new_instance(

@@ -1,0 +1,202 @@
+"""The dispatch half of :class:`nymph.client.QueueClient`: the calls a nymph daemon makes, each
+through a daemon session.
+
+The client registers with its token (the daemon bootstrap token) on the first dispatch call, as
+the daemon identity the call names (or the ``daemon`` given at construction), registers again
+when that identity changes or when the queue answers that the session lapsed or is unknown (a
+restarted queue), and then retries the call once. The session credential is never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from nymph.client_errors import QueueAuthError
+from nymph.protocol import ActiveJSON, CompleteAnswer, RenewAnswer, ReportAck, SessionJSON, TaskJSON
+
+#: Answers (401 codes) after which the client registers again and retries the call once.
+SESSION_LOST_CODES = frozenset({"session_expired", "unknown_session", "session_required"})
+
+
+@dataclass(frozen=True)
+class DaemonIdentity:
+    """Who a daemon registers as: its id, its node ("" if unknown) and the kube namespaces it
+    serves (empty: every namespace)."""
+
+    daemon_id: str
+    node: str = ""
+    namespaces: tuple[str, ...] = ()
+
+
+class DispatchCalls:
+    """The dispatch routes; the transport (:meth:`request`) is the subclass's."""
+
+    timeout: float
+
+    def __init__(self, *, daemon: DaemonIdentity | None) -> None:
+        #: The identity dispatch calls register as (learned from the calls when not given).
+        self.daemon = daemon
+        self._registered: DaemonIdentity | None = None
+        self._session_token: str | None = None
+        self._register_lock = asyncio.Lock()
+
+    @abstractmethod
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        bearer: str | None = None,
+    ) -> Any: ...
+
+    async def register(self, *, identity: DaemonIdentity) -> SessionJSON:
+        """Register ``identity`` with the client's (bootstrap) token; later dispatch calls use
+        the session credential it returns."""
+        body = {
+            "daemonId": identity.daemon_id,
+            "node": identity.node,
+            "namespaces": list(identity.namespaces),
+        }
+        answer = cast(SessionJSON, await self.request("POST", "/v1/dispatch/register", json=body))
+        self._session_token = answer["sessionToken"]
+        self._registered = identity
+        return answer
+
+    def _identity(
+        self, *, daemon_id: str | None, node: str | None = None, namespaces: Sequence[str] | None = None
+    ) -> DaemonIdentity:
+        """The identity a dispatch call acts as: the one given or learned, with what the call names."""
+        base = self.daemon or self._registered
+        if base is None:
+            base = DaemonIdentity(daemon_id=daemon_id or f"{node or 'daemon'}-{secrets.token_hex(4)}")
+        changes: dict[str, Any] = {}
+        if daemon_id is not None:
+            changes["daemon_id"] = daemon_id
+        if node is not None:
+            changes["node"] = node
+        if namespaces is not None:
+            changes["namespaces"] = tuple(namespaces)
+        return replace(base, **changes)
+
+    async def _session_for(self, identity: DaemonIdentity, *, stale: str | None = None) -> str:
+        async with self._register_lock:
+            if (
+                self._session_token is None
+                or self._registered != identity
+                or (stale is not None and self._session_token == stale)
+            ):
+                await self.register(identity=identity)
+            assert self._session_token is not None
+            return self._session_token
+
+    async def _dispatch(
+        self,
+        method: str,
+        path: str,
+        *,
+        identity: DaemonIdentity,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        credential = await self._session_for(identity)
+        try:
+            return await self.request(
+                method, path, json=json, params=params, timeout=timeout, bearer=credential
+            )
+        except QueueAuthError as exc:
+            if exc.status != 401 or exc.code not in SESSION_LOST_CODES:
+                raise
+        credential = await self._session_for(identity, stale=credential)
+        return await self.request(method, path, json=json, params=params, timeout=timeout, bearer=credential)
+
+    async def claim(
+        self,
+        *,
+        daemon_id: str,
+        node: str,
+        namespaces: Sequence[str] = (),
+        capacity: int,
+        wait: float = 30.0,
+        lease_seconds: int | None = None,
+    ) -> list[TaskJSON]:
+        identity = self._identity(daemon_id=daemon_id, node=node, namespaces=namespaces)
+        body: dict[str, Any] = {
+            "daemonId": daemon_id,
+            "node": node,
+            "namespaces": list(namespaces),
+            "capacity": capacity,
+            "wait": wait,
+        }
+        if lease_seconds is not None:
+            body["leaseSeconds"] = lease_seconds
+        answer = await self._dispatch(
+            "POST", "/v1/dispatch/claim", identity=identity, json=body, timeout=self.timeout + wait
+        )
+        return cast(list[TaskJSON], answer["tasks"])
+
+    async def renew(
+        self, *, daemon_id: str, task_ids: Sequence[str], lease_seconds: int | None = None
+    ) -> RenewAnswer:
+        body: dict[str, Any] = {"daemonId": daemon_id, "taskIds": list(task_ids)}
+        if lease_seconds is not None:
+            body["leaseSeconds"] = lease_seconds
+        identity = self._identity(daemon_id=daemon_id)
+        return cast(
+            RenewAnswer, await self._dispatch("POST", "/v1/dispatch/renew", identity=identity, json=body)
+        )
+
+    async def release(self, *, daemon_id: str, task_ids: Sequence[str]) -> list[str]:
+        body = {"daemonId": daemon_id, "taskIds": list(task_ids)}
+        identity = self._identity(daemon_id=daemon_id)
+        answer = await self._dispatch("POST", "/v1/dispatch/release", identity=identity, json=body)
+        return cast(list[str], answer["released"])
+
+    async def complete(
+        self,
+        *,
+        daemon_id: str,
+        task_id: str,
+        ok: bool,
+        error: str | None = None,
+        retryable: bool = False,
+        result: Mapping[str, Any] | None = None,
+    ) -> CompleteAnswer:
+        body: dict[str, Any] = {"daemonId": daemon_id, "taskId": task_id, "ok": ok, "retryable": retryable}
+        if error is not None:
+            body["error"] = error
+        if result is not None:
+            body["result"] = dict(result)
+        identity = self._identity(daemon_id=daemon_id)
+        return cast(
+            CompleteAnswer,
+            await self._dispatch("POST", "/v1/dispatch/complete", identity=identity, json=body),
+        )
+
+    async def report(self, *, daemon_id: str, stream: str, reports: Sequence[Mapping[str, Any]]) -> ReportAck:
+        """Send reports (each shaped as :class:`nymph.protocol.ReportJSON`)."""
+        body = {"daemonId": daemon_id, "stream": stream, "reports": [dict(r) for r in reports]}
+        identity = self._identity(daemon_id=daemon_id)
+        return cast(
+            ReportAck, await self._dispatch("POST", "/v1/dispatch/report", identity=identity, json=body)
+        )
+
+    async def upload_logs(self, *, daemon_id: str, instance_id: str, logs: str) -> None:
+        body = {"daemonId": daemon_id, "instanceId": instance_id, "logs": logs}
+        await self._dispatch(
+            "POST", "/v1/dispatch/logs", identity=self._identity(daemon_id=daemon_id), json=body
+        )
+
+    async def active(self, *, node: str) -> list[ActiveJSON]:
+        identity = self._identity(daemon_id=None, node=node)
+        body = await self._dispatch("GET", "/v1/dispatch/active", identity=identity, params={"node": node})
+        return cast(list[ActiveJSON], body["items"])

@@ -1,0 +1,58 @@
+"""Idempotency-Key: a launch sent again with the same key and body gets the first 202 body back;
+the same key with another body is a 409 (synchronous SQL inside the launch's transaction)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from nymph.protocol import LaunchAccepted
+from nymph.queue.errors import Conflict
+
+
+def body_digest(body: Mapping[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def replay(
+    conn: sqlite3.Connection, *, ns: str, provider: str, key: str | None, digest: str
+) -> LaunchAccepted | None:
+    """The 202 body a launch sent earlier with this Idempotency-Key, if any (same body only)."""
+    if key is None:
+        return None
+    row = conn.execute(
+        "SELECT body_sha256, response FROM idempotency_keys WHERE namespace = ? AND provider = ? AND key = ?",
+        (ns, provider, key),
+    ).fetchone()
+    if row is None:
+        return None
+    if row["body_sha256"] != digest:
+        raise Conflict(
+            "this Idempotency-Key was already used for a different launch body: use a "
+            "new key for a new launch",
+            code="idempotency_key_reused",
+        )
+    replay: LaunchAccepted = json.loads(row["response"])
+    return replay
+
+
+def remember(
+    conn: sqlite3.Connection,
+    *,
+    ns: str,
+    provider: str,
+    key: str | None,
+    digest: str,
+    accepted: LaunchAccepted,
+    ts: float,
+) -> None:
+    if key is not None:
+        conn.execute(
+            "INSERT INTO idempotency_keys (namespace, provider, key, body_sha256, instance_id, "
+            "response, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (ns, provider, key, digest, accepted["instanceId"], json.dumps(accepted), ts),
+        )

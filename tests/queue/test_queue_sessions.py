@@ -1,0 +1,206 @@
+"""Daemon sessions (issue 11, bug 5): each gap of the dispatch authorization, replayed as the
+attack it allowed, now fails; and the client registers, and registers again, on its own."""
+
+from __future__ import annotations
+
+import pytest
+from queue_helpers import REGISTER, Queue, add_kind
+
+from nymph.client import DaemonIdentity, QueueAuthError, QueueConflict
+from nymph.queue.keys import SESSIONS
+from nymph.queue.models import Role
+
+NS = "/v1/namespaces"
+
+
+async def _two_tenants(q: Queue) -> tuple[str, str]:
+    """Providers in owner namespaces team-a (kube ns a-jobs) and team-b (kube ns b-jobs);
+    one launch each. Returns (a's instance, b's instance)."""
+    await add_kind(q, namespace="team-a", kube_ns="a-jobs")
+    await add_kind(q, namespace="team-b", kube_ns="b-jobs")
+    a = (await q.user("team-a").launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    b = (await q.user("team-b").launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    return a, b
+
+
+async def test_renew_and_release_of_another_namespace_task_fail(queue: Queue) -> None:
+    """Attack: a team-a daemon renewed a team-b task to 3600 s, then released it."""
+    _, b = await _two_tenants(queue)
+    victim = queue.daemon()
+    [task] = await victim.claim(daemon_id="vb", node="n2", namespaces=["b-jobs"], capacity=5, wait=0)
+    assert task["instanceId"] == b
+    attacker = await queue.session("da", "n1", ("a-jobs",))
+    for body in (
+        {"taskIds": [task["taskId"]], "leaseSeconds": 3600},
+        {"daemonId": "da", "taskIds": [task["taskId"]], "leaseSeconds": 3600},
+    ):
+        r = await queue.call("POST", "/v1/dispatch/renew", token=attacker, json_body=body)
+        assert r.status == 200 and r.body == {"renewed": [], "lost": [task["taskId"]]}, r.body
+        r = await queue.call("POST", "/v1/dispatch/release", token=attacker, json_body=body)
+        assert r.status == 200 and r.body == {"released": []}
+    # Naming the victim's daemon id does not help: the session is the identity.
+    r = await queue.call(
+        "POST",
+        "/v1/dispatch/renew",
+        token=attacker,
+        json_body={"daemonId": "vb", "taskIds": [task["taskId"]]},
+    )
+    assert r.status == 403 and r.body["error"] == "wrong_daemon"
+    # Even a session serving every namespace cannot touch a lease it does not hold.
+    wide = await queue.session("wide", "n3")
+    r = await queue.call("POST", "/v1/dispatch/release", token=wide, json_body={"taskIds": [task["taskId"]]})
+    assert r.body == {"released": []}
+    assert (await victim.renew(daemon_id="vb", task_ids=[task["taskId"]]))["renewed"] == [task["taskId"]]
+
+
+async def test_complete_of_a_task_leased_to_another_daemon_fails(kind: Queue) -> None:
+    """Attack: any daemon token completed a task leased to another daemon (self-declared id)."""
+    await kind.user().launch(provider="kind", mode="small", script="print(1)")
+    victim = kind.daemon()
+    [task] = await victim.claim(daemon_id="victim", node="n1", capacity=1, wait=0)
+    attacker = await kind.session("attacker", "n2")
+    done = {"taskId": task["taskId"], "ok": True}
+    r = await kind.call("POST", "/v1/dispatch/complete", token=attacker, json_body=done)
+    assert r.status == 409 and r.body["error"] == "lease_lost"
+    r = await kind.call(
+        "POST", "/v1/dispatch/complete", token=attacker, json_body={**done, "daemonId": "victim"}
+    )
+    assert r.status == 403 and r.body["error"] == "wrong_daemon"
+    # The bootstrap token alone can no longer do anything but register.
+    r = await kind.call("POST", "/v1/dispatch/complete", token=kind.daemon_token, json_body=done)
+    assert r.status == 401 and r.body["error"] == "session_required"
+    assert (await victim.complete(daemon_id="victim", task_id=task["taskId"], ok=True))["status"] == "done"
+
+
+async def test_stream_marks_are_per_daemon(kind: Queue) -> None:
+    """Attack: another daemon set a victim's stream mark to 2^62; the victim's next report was dropped."""
+    iid = (await kind.user().launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    attacker = await kind.session("attacker", "n2")
+    r = await kind.call(
+        "POST",
+        "/v1/dispatch/report",
+        token=attacker,
+        json_body={
+            "stream": "victim-1",
+            "reports": [{"seq": 2**62, "instanceId": "lakeshore-00000000", "state": "running"}],
+        },
+    )
+    assert r.status == 200 and r.body["lastSeq"] == 2**62
+    victim = kind.daemon()
+    ack = await victim.report(
+        daemon_id="victim",
+        stream="victim-1",
+        reports=[{"seq": 1, "instanceId": iid, "state": "running", "node": "n1"}],
+    )
+    assert ack == {"accepted": 1, "lastSeq": 1}
+    assert (await kind.user().get_instance(provider="kind", instance_id=iid))["state"] == "running"
+
+
+async def test_dispatch_is_confined_to_the_session_namespaces(queue: Queue) -> None:
+    a, b = await _two_tenants(queue)
+    session = await queue.session("da", "n1", ("a-jobs",))
+    r = await queue.call(
+        "POST",
+        "/v1/dispatch/claim",
+        token=session,
+        json_body={"daemonId": "da", "node": "n1", "namespaces": ["b-jobs"], "capacity": 5, "wait": 0},
+    )
+    assert r.status == 403 and r.body["error"] == "wrong_namespace"
+    r = await queue.call("POST", "/v1/dispatch/claim", token=session, json_body={"capacity": 5, "wait": 0})
+    assert r.status == 200 and [t["instanceId"] for t in r.body["tasks"]] == [a]
+    r = await queue.call(
+        "POST",
+        "/v1/dispatch/report",
+        token=session,
+        json_body={"stream": "s", "reports": [{"seq": 1, "instanceId": b, "state": "running", "node": "n1"}]},
+    )
+    assert r.status == 200
+    assert (await queue.user("team-b").get_instance(provider="kind", instance_id=b))["state"] == "queued"
+    r = await queue.call("POST", "/v1/dispatch/logs", token=session, json_body={"instanceId": b, "logs": "x"})
+    assert r.status == 404
+    # active: only the session's own node, only its namespaces
+    r = await queue.call("GET", "/v1/dispatch/active?node=n2", token=session)
+    assert r.status == 403 and r.body["error"] == "wrong_node"
+    r = await queue.call(
+        "POST", "/v1/dispatch/claim", token=session, json_body={"node": "n2", "capacity": 0, "wait": 0}
+    )
+    assert r.status == 403 and r.body["error"] == "wrong_node"
+
+
+async def test_daemons_are_listed_only_to_tokens_that_may_see_them(queue: Queue) -> None:
+    await queue.daemon().claim(daemon_id="da", node="n1", namespaces=["team-a", "x"], capacity=0, wait=0)
+    await queue.daemon().claim(daemon_id="db", node="n2", namespaces=["team-b"], capacity=0, wait=0)
+    everyone = await queue.user().list_daemons()
+    assert {d["daemonId"] for d in everyone} == {"da", "db"}
+    team_a = queue.client(await queue.token(Role.USER, namespace="team-a"), namespace="team-a")
+    [seen] = await team_a.list_daemons()
+    assert seen["daemonId"] == "da" and seen["namespaces"] == ["team-a"]
+    team_c = queue.client(await queue.token(Role.USER, namespace="team-c"), namespace="team-c")
+    assert await team_c.list_daemons() == []
+
+
+async def test_daemon_credentials_cannot_read_user_routes(kind: Queue) -> None:
+    iid = (await kind.user().launch(provider="kind", mode="small", script="print('secret')"))["instanceId"]
+    session = await kind.session("d1", "n1")
+    for token in ("daemon", session):
+        for path in (
+            "/default/providers",
+            "/default/providers/kind",
+            "/default/modes/small",
+            f"/default/providers/kind/instances/{iid}",
+            f"/default/providers/kind/instances/{iid}/logs",
+            "/default/daemons",
+        ):
+            r = await kind.call("GET", NS + path, token=token)
+            assert r.status == 403 and r.body["error"] == "wrong_role", (token, path, r.status)
+
+
+async def test_register_rules(queue: Queue) -> None:
+    r = await queue.call("POST", REGISTER, token="user", json_body={"daemonId": "d1"})
+    assert r.status == 403 and r.body["error"] == "wrong_role"
+    session = await queue.session("d1", "n1")
+    r = await queue.call("POST", REGISTER, token=session, json_body={"daemonId": "d2"})
+    assert r.status == 403 and r.body["error"] == "wrong_role"
+    r = await queue.call("POST", REGISTER, token="daemon", json_body={"daemonId": "d1", "node": "n2"})
+    assert r.status == 409 and r.body["error"] == "daemon_id_in_use"
+    r = await queue.call(
+        "POST", REGISTER, token="daemon", json_body={"daemonId": "d1", "namespaces": ["Bad_NS"]}
+    )
+    assert r.status == 422
+    # The same daemon id on the same node (a restart) replaces the session; the old one is gone.
+    r = await queue.call("POST", REGISTER, token="daemon", json_body={"daemonId": "d1", "node": "n1"})
+    assert r.status == 201 and r.body["sessionToken"] != session
+    r = await queue.call("POST", "/v1/dispatch/claim", token=session, json_body={"capacity": 0, "wait": 0})
+    assert r.status == 401 and r.body["error"] == "unknown_session"
+    # Only the hash is kept.
+    assert r.body["detail"] and session not in r.text
+    raw = b"".join(p.read_bytes() for p in queue.db_path.parent.glob("queue.db*"))
+    assert session.encode() not in raw
+
+
+async def test_client_registers_again_when_the_queue_forgot_or_lapsed(kind: Queue) -> None:
+    await kind.user().launch(provider="kind", mode="small", script="print(1)")
+    client = kind.client("daemon")
+    client.daemon = DaemonIdentity(daemon_id="d1", node="n1", namespaces=("jobs",))
+    assert await client.active(node="n1") == []
+    first = client._session_token
+    store = kind.app[SESSIONS]
+    store._by_hash.clear()  # as after a queue restart
+    store._by_daemon.clear()
+    [task] = await client.claim(daemon_id="d1", node="n1", namespaces=["jobs"], capacity=1, wait=0)
+    assert client._session_token not in (None, first)
+    for digest, (session, _) in list(store._by_hash.items()):  # lapse it
+        store._by_hash[digest] = (session, 0.0)
+    assert (await client.complete(daemon_id="d1", task_id=task["taskId"], ok=True))["status"] == "done"
+    # A bootstrap token the queue does not know is still an error, not a loop.
+    stranger = kind.client("nyq_not-a-real-token-0123456789")
+    with pytest.raises(QueueAuthError):
+        await stranger.claim(daemon_id="d9", node="n9", capacity=1, wait=0)
+
+
+async def test_two_daemons_cannot_share_an_id_across_nodes(kind: Queue) -> None:
+    one, two = kind.daemon(), kind.daemon()
+    await one.claim(daemon_id="same", node="n1", capacity=0, wait=0)
+    with pytest.raises(QueueConflict) as err:
+        await two.claim(daemon_id="same", node="n2", capacity=0, wait=0)
+    assert err.value.code == "daemon_id_in_use"
