@@ -39,7 +39,7 @@ class _Handler(web.RequestHandler):
             # aiohttp logs it (and refuses to answer twice); the answer shows no internals.
             super().handle_error(request, status, exc, None)
             code, detail = "internal", "the queue hit an unexpected error: see its log"
-            status = 500
+            status = max(status, 500)
         else:
             if isinstance(exc, BadHttpMethod):
                 status = 405

@@ -132,3 +132,21 @@ def test_spec_round_trips_through_json() -> None:
 def test_malformed_spec_json_is_a_validation_error() -> None:
     with pytest.raises(ValidationError, match="malformed launch spec"):
         LaunchSpec.from_json({"instanceId": IID})
+
+
+def test_check_depth_counts_levels_without_recursion() -> None:
+    from nymph.launch.spec import MAX_DEPTH, check_depth
+
+    check_depth("x", "f")
+    value: object = "x"
+    for _ in range(MAX_DEPTH):
+        value = [value]
+    check_depth(value, "f")  # exactly at the limit
+    with pytest.raises(ValidationError) as err:
+        check_depth([value], "mode.tolerations")
+    assert err.value.field == "mode.tolerations" and str(MAX_DEPTH) in err.value.message
+    deep: object = {}
+    for _ in range(100_000):  # far beyond the interpreter's recursion limit
+        deep = {"a": deep}
+    with pytest.raises(ValidationError):
+        check_depth(deep, "launch.tags")
