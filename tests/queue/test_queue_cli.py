@@ -253,12 +253,17 @@ def test_serve_imports_a_token_from_a_file(tmp_path: Path) -> None:
         deadline = time.monotonic() + 20
         while True:
             try:
+                # The imported token is a daemon (bootstrap) token: it may register a session.
                 req = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/v1/dispatch/active?node=n1",
-                    headers={"Authorization": "Bearer nyq_shared-secret-from-a-kubernetes-secret"},
+                    f"http://127.0.0.1:{port}/v1/dispatch/register",
+                    data=b'{"daemonId": "d1", "node": "n1"}',
+                    headers={
+                        "Authorization": "Bearer nyq_shared-secret-from-a-kubernetes-secret",
+                        "Content-Type": "application/json",
+                    },
                 )
                 with urllib.request.urlopen(req, timeout=2) as resp:
-                    assert resp.status == 200
+                    assert resp.status == 201
                     break
             except OSError:
                 assert time.monotonic() < deadline
