@@ -61,8 +61,9 @@ def stack(
     try:
         yield s
     finally:
-        d.kill()
-        q.kill()
+        # Tests replace the daemon (restarts): kill the current one as well as the first.
+        for proc in (s.daemon, d, q):
+            proc.kill()
 
 
 def history(inst: dict) -> list[str]:  # type: ignore[type-arg]
