@@ -109,6 +109,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self._write = write  # a seam for tests injecting a failing write
         self._repair_to: int | None = None
+        self._pending: list[dict[str, Any]] = []  # recovery records not yet written (disk full)
         self.seq, self.last = GENESIS_SEQ, GENESIS
         self._open()
 
@@ -136,13 +137,26 @@ class AuditLog:
             behind = seq - head[0]
         # Only now, with nothing found that is tampering, repair what a crash left.
         if torn:
-            truncate_to(self.path, whole)
+            try:
+                truncate_to(self.path, whole)
+            except OSError:
+                self._repair_to = whole  # a read-only root: cut before the next append
         self.seq, self.last = seq, last
         if behind:
-            self._write_head()
-            self.append("recover", event="head-recovered", records=behind)
+            with contextlib.suppress(OSError):
+                self._write_head()
+            self._pending.append({"event": "head-recovered", "records": behind})
         if torn:
-            self.append("recover", event="torn-tail-truncated", bytes=torn)
+            self._pending.append({"event": "torn-tail-truncated", "bytes": torn})
+        # Opening never fails for want of space: what cannot be recorded now is recorded first
+        # by the next append that can be written.
+        with contextlib.suppress(AuditWriteError), self._lock:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        while self._pending:
+            self._append_locked("recover", self._pending[0])
+            self._pending.pop(0)
 
     def _check_ahead(self, *, head: tuple[int, str], seq: int, end: int) -> None:
         """The records after the head must be whole, valid and chained to it."""
@@ -183,35 +197,39 @@ class AuditLog:
         if action not in ACTIONS:
             raise AuditError(f"unknown audit action {action!r}")
         with self._lock:
-            rec: dict[str, Any] = {
-                "seq": self.seq + 1,
-                "ts": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-                "action": action,
-            }
-            for k, v in sorted(fields.items()):
-                if v is not None:
-                    rec[k] = redact_text(v) if isinstance(v, str) else v
-            rec["prev"] = self.last
-            rec["hash"] = record_hash(rec)
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                if self._repair_to is not None:
-                    truncate_to(self.path, self._repair_to)
-                    self._repair_to = None
-                append_whole(self.path, _canon(rec) + b"\n", write=self._write)
-            except TornAppend as exc:
-                self._repair_to = exc.keep
-                raise AuditWriteError(f"cannot append to the audit log {self.path}: {exc.strerror}") from None
-            except OSError as exc:
-                raise AuditWriteError(
-                    f"cannot append to the audit log {self.path}: {exc.strerror or exc}"
-                ) from None
-            self.seq, self.last = rec["seq"], rec["hash"]
-            # The record is durable. A head that could not be rewritten lags behind whole,
-            # chained records, which the next open catches up; the next append retries it.
-            with contextlib.suppress(OSError):
-                self._write_head()
-            return rec
+            self._flush_pending()
+            return self._append_locked(action, fields)
+
+    def _append_locked(self, action: str, fields: dict[str, Any]) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "seq": self.seq + 1,
+            "ts": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            "action": action,
+        }
+        for k, v in sorted(fields.items()):
+            if v is not None:
+                rec[k] = redact_text(v) if isinstance(v, str) else v
+        rec["prev"] = self.last
+        rec["hash"] = record_hash(rec)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._repair_to is not None:
+                truncate_to(self.path, self._repair_to)
+                self._repair_to = None
+            append_whole(self.path, _canon(rec) + b"\n", write=self._write)
+        except TornAppend as exc:
+            self._repair_to = exc.keep
+            raise AuditWriteError(f"cannot append to the audit log {self.path}: {exc.strerror}") from None
+        except OSError as exc:
+            raise AuditWriteError(
+                f"cannot append to the audit log {self.path}: {exc.strerror or exc}"
+            ) from None
+        self.seq, self.last = rec["seq"], rec["hash"]
+        # The record is durable. A head that could not be rewritten lags behind whole,
+        # chained records, which the next open catches up; the next append retries it.
+        with contextlib.suppress(OSError):
+            self._write_head()
+        return rec
 
     def _write_head(self) -> None:
         replace_atomically(self.head_path, json.dumps({"seq": self.seq, "hash": self.last}).encode())

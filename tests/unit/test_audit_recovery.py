@@ -317,3 +317,31 @@ def test_audit_log_survives_kill_9_at_random_points(tmp_path: Path) -> None:
     # About half the kills land between a record and its head (the state that used to stop the
     # daemon for good); the seeded delays make at least one of them certain in practice.
     assert any(r.get("event") == "head-recovered" for r in _records(path))
+
+
+def test_audit_opens_on_a_full_disk_and_records_the_recovery_once_space_returns(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = _log_with(path, 2)
+    old_head = _head(path).read_bytes()
+    log.append("claim", task="t2")
+    _head(path).write_bytes(old_head)
+    with path.open("ab") as fh:
+        fh.write(b'{"seq":4,"ac')  # and a torn tail on top
+
+    def enospc(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    full = AuditLog(path, write=enospc)  # the daemon still starts
+    assert full.seq == 3
+    with pytest.raises(AuditWriteError):
+        full.append("claim", task="t3")
+    full._write = None  # space is back: the recovery records go first, then the new one
+    full.append("claim", task="t3")
+    recs = _records(path)
+    assert [(r["action"], r.get("event")) for r in recs[3:]] == [
+        ("recover", "head-recovered"),
+        ("recover", "torn-tail-truncated"),
+        ("claim", None),
+    ]
+    res = verify(path)
+    assert res.ok and res.records == 6 and res.notes == ()
