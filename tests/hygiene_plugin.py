@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -49,16 +50,17 @@ class _State:
 
 
 _state = _State()
-_tracked: list[subprocess.Popen[bytes]] = []
+_tracked: list[subprocess.Popen[Any]] = []
+P = TypeVar("P", bound="subprocess.Popen[Any]")
 
 
-def track(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+def track(proc: P) -> P:
     """Kill ``proc`` (and its process group, when it leads one) when the current test ends."""
     _tracked.append(proc)
     return proc
 
 
-def stop_process(proc: subprocess.Popen[bytes], *, sig: int = signal.SIGKILL, timeout: float = 10) -> None:
+def stop_process(proc: subprocess.Popen[Any], *, sig: int = signal.SIGKILL, timeout: float = 10) -> None:
     """Signal ``proc``'s process group (or just ``proc``), reap it, then SIGKILL what is left
     of the group it led (children of a daemon that exited on SIGTERM, for example)."""
     if proc.poll() is None:

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from nymph.daemon import durable
 from nymph.daemon.audit import AuditError, AuditLog, AuditWriteError, verify
 from nymph.daemon.outbox import Outbox
 
@@ -251,7 +250,7 @@ def test_outbox_torn_line_whose_cut_back_failed_is_cut_before_the_next_append(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     box = Outbox(tmp_path, write=_half_then_enospc)
-    monkeypatch.setattr(durable.os, "ftruncate", lambda fd, size: (_ for _ in ()).throw(OSError(30, "ro")))
+    monkeypatch.setattr(os, "ftruncate", lambda fd, size: (_ for _ in ()).throw(OSError(30, "ro")))
     with pytest.raises(OSError):
         box.report(instance_id="lakeshore-0123abcd", state="running")
     monkeypatch.undo()
