@@ -18,8 +18,8 @@ from typing import Any
 
 import structlog
 
-from nymph.dockyard.dispatch import dockyard_task_manifests
 from nymph.dockyard.errors import DockyardConfigError
+from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.errors import ConfigError, ValidationError
 from nymph.launch.config import Mode, Provider
 from nymph.launch.names import check_namespace, new_instance_id

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.load import SHIPPED_DEFAULTS
-from nymph.dockyard.parse import parse_infra
-from nymph.dockyard.schema import (
+from nymph.dockyard.spec.load import SHIPPED_DEFAULTS
+from nymph.dockyard.spec.parse import parse_infra
+from nymph.dockyard.spec.schema import (
     CodeSource,
     InfraConfig,
     LaunchMode,
@@ -18,7 +18,7 @@ from nymph.dockyard.schema import (
     SchedulerKind,
     SecuritySpec,
 )
-from nymph.dockyard.yamlio import load_file
+from nymph.dockyard.spec.yamlio import load_file
 
 
 def error(data: dict[str, Any]) -> DockyardConfigError:

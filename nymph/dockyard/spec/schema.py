@@ -1,7 +1,7 @@
 """The infra schema: dockyard-k8s's ``InfraConfig`` as frozen dataclasses.
 
 Field names are the YAML keys, so infra files written for dockyard-k8s load unchanged.
-Parsing (:mod:`nymph.dockyard.parse`) is strict: an unknown key is an error that names the
+Parsing (:mod:`nymph.dockyard.spec.parse`) is strict: an unknown key is an error that names the
 key path and the allowed keys. A block given partially keeps the *field's* defaults for the
 keys it leaves out (``sandbox: {security: {runAsNonRoot: true}}`` keeps the sandbox
 hardening on), except that setting one of a PDB's ``minAvailable`` / ``maxUnavailable``
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, NewType
 
-from nymph.dockyard import names
+from nymph.dockyard.spec import names
 
 #: A Kubernetes resource quantity (``"500m"``, ``"2Gi"``); YAML numbers are accepted.
 Quantity = NewType("Quantity", str)
