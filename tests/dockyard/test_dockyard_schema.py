@@ -8,16 +8,10 @@ from typing import Any
 import pytest
 
 from nymph.dockyard.errors import DockyardConfigError
+from nymph.dockyard.spec.enums import CodeSource, LaunchMode, SchedulerKind
 from nymph.dockyard.spec.load import SHIPPED_DEFAULTS
 from nymph.dockyard.spec.parse import parse_infra
-from nymph.dockyard.spec.schema import (
-    CodeSource,
-    InfraConfig,
-    LaunchMode,
-    PDBSpec,
-    SchedulerKind,
-    SecuritySpec,
-)
+from nymph.dockyard.spec.schema import InfraConfig, PDBSpec, SecuritySpec
 from nymph.dockyard.spec.yamlio import load_file
 
 

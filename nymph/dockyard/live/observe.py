@@ -14,8 +14,8 @@ from nymph.dockyard.live.kubectl import Kube, Say
 from nymph.dockyard.live.rayapi import RayJobsClient
 from nymph.dockyard.render import plan as planning
 from nymph.dockyard.render.plan import LogSource, ref
+from nymph.dockyard.spec.enums import LaunchMode
 from nymph.dockyard.spec.load import LoadedConfig
-from nymph.dockyard.spec.schema import LaunchMode
 
 # -- status --------------------------------------------------------------------------------
 

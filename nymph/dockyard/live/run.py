@@ -23,8 +23,9 @@ from nymph.dockyard.live.kubectl import Kube, Say
 from nymph.dockyard.live.rayapi import JobInfo, RayJobsClient
 from nymph.dockyard.render import plan as planning
 from nymph.dockyard.render.plan import Plan, ref
+from nymph.dockyard.spec.enums import LaunchMode
 from nymph.dockyard.spec.load import LoadedConfig
-from nymph.dockyard.spec.schema import InfraConfig, LaunchMode
+from nymph.dockyard.spec.schema import InfraConfig
 
 HEAD_TIMEOUT_S = 1800.0
 LOG_TAIL_LINES = 20

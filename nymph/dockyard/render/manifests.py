@@ -22,7 +22,8 @@ from typing import Any
 
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.render import governance, hardening, k8s, raycluster, sandbox
-from nymph.dockyard.spec.schema import InfraConfig, LaunchMode
+from nymph.dockyard.spec.enums import LaunchMode
+from nymph.dockyard.spec.schema import InfraConfig
 from nymph.launch.render import to_yaml_stream
 
 #: Kinds the live path never applies (namespace governance is an admin's call).

@@ -24,14 +24,8 @@ import yaml
 
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.render import fleets, hardening, k8s
-from nymph.dockyard.spec.schema import (
-    CheckpointsKind,
-    ClusterSpec,
-    HFCacheKind,
-    InfraConfig,
-    SchedulerKind,
-    WorkspaceKind,
-)
+from nymph.dockyard.spec.enums import CheckpointsKind, HFCacheKind, SchedulerKind, WorkspaceKind
+from nymph.dockyard.spec.schema import ClusterSpec, InfraConfig
 
 API_VERSION = "ray.io/v1"
 UV_ENV = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"

@@ -10,8 +10,9 @@ from typing import Any
 from nymph.dockyard.render import fleets, k8s, sandbox
 from nymph.dockyard.render.manifests import RENDER_ONLY_KINDS
 from nymph.dockyard.render.raycluster import SANDBOX_URLS_ENV
+from nymph.dockyard.spec.enums import LaunchMode
 from nymph.dockyard.spec.load import LoadedConfig
-from nymph.dockyard.spec.schema import InfraConfig, LaunchMode, SecuritySpec
+from nymph.dockyard.spec.schema import InfraConfig, SecuritySpec
 from nymph.launch.render import to_yaml
 
 _W = 12
