@@ -1,7 +1,7 @@
 """Dockyard tasks on the daemon: a recipe + infra becomes objects applied in order; a stop
 deletes them again.
 
-fetch -> render (pure: :func:`nymph.dockyard.dispatch.dockyard_task_manifests`) -> apply (I/O:
+fetch -> render (pure: :func:`nymph.dockyard.render.task.dockyard_task_manifests`) -> apply (I/O:
 one ``kubectl apply --server-side`` of every object, in apply order) -> report.
 
 * Exactly-once in effect: the render is deterministic and server-side apply under one field
@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nymph.dockyard.dispatch import dockyard_task_manifests
 from nymph.dockyard.errors import DockyardConfigError
+from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.kube.applier import ApplyOutcome
 from nymph.kube.errors import KubeError, NotFound, classify_kubectl
 from nymph.kube.kubectl import Kubectl

@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from nymph.dockyard import plan, status
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.live import Kube, Say, in_cluster
-from nymph.dockyard.rayapi import normalize_address
+from nymph.dockyard.live import status
+from nymph.dockyard.live.kubectl import Kube, Say, in_cluster
+from nymph.dockyard.live.rayapi import normalize_address
+from nymph.dockyard.render import plan
 
 _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) ->")
 

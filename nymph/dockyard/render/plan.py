@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from nymph.dockyard import kube
-from nymph.dockyard.render import RENDER_ONLY_KINDS
+from nymph.dockyard.render import k8s
+from nymph.dockyard.render.manifests import RENDER_ONLY_KINDS
 
 RAY_KINDS = frozenset({"RayJob", "RayCluster"})
 #: KubeRay's labels on the Pods (and head Service) of a cluster.
@@ -106,7 +106,7 @@ def is_sandbox_deployment(obj: Mapping[str, Any]) -> bool:
     """A Deployment rendered by dockyard as a sandbox pool (managed-by nymph, a container
     with ``DOCKYARD_FLEET_ROLE=sandbox``)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    if labels.get(kube.MANAGED_BY_KEY) != kube.MANAGED_BY:
+    if labels.get(k8s.MANAGED_BY_KEY) != k8s.MANAGED_BY:
         return False
     pod = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return any(kube.env_value(c, "DOCKYARD_FLEET_ROLE") == "sandbox" for c in pod.get("containers") or [])
+    return any(k8s.env_value(c, "DOCKYARD_FLEET_ROLE") == "sandbox" for c in pod.get("containers") or [])

@@ -2,7 +2,7 @@
 
 Infra layers, low to high:
 
-1. shipped defaults (``nymph/dockyard/defaults.yaml``);
+1. shipped defaults (``nymph/dockyard/spec/defaults.yaml``);
 2. user defaults (``$DOCKYARD_K8S_DEFAULTS``, else ``~/.config/dockyard-k8s/defaults.yaml``
    when it exists);
 3. the infra file (``--infra``) or the recipe's ``infra:`` block (not both);
@@ -14,10 +14,10 @@ for YAML anchors and are dropped, as dockyard-k8s does; ``_anchors`` is dropped 
 recipe too. Recipes and infra files may inherit with ``defaults: base.yaml`` (or a list),
 relative to the file.
 
-Then interpolations are resolved (:mod:`nymph.dockyard.interp`; infra strictly, with
+Then interpolations are resolved (:mod:`nymph.dockyard.spec.interp`; infra strictly, with
 references falling back to the recipe; the recipe leniently), the namespace is inferred
-when unset (:mod:`nymph.dockyard.kubecontext`) and the infra is parsed strictly
-(:mod:`nymph.dockyard.parse`). All I/O is reading files; paths and the environment come in
+when unset (:mod:`nymph.dockyard.spec.kubecontext`) and the infra is parsed strictly
+(:mod:`nymph.dockyard.spec.parse`). All I/O is reading files; paths and the environment come in
 through :class:`Environment`, so tests inject them.
 """
 
@@ -32,14 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nymph.dockyard import kubecontext
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.interp import InterpolationContext, Resolver
-from nymph.dockyard.layers import Provenance, merge
-from nymph.dockyard.overrides import Override, apply_override, parse_overrides
-from nymph.dockyard.parse import parse_infra
-from nymph.dockyard.schema import InfraConfig
-from nymph.dockyard.yamlio import load_file
+from nymph.dockyard.spec import kubecontext
+from nymph.dockyard.spec.interp import InterpolationContext, Resolver
+from nymph.dockyard.spec.layers import Provenance, merge
+from nymph.dockyard.spec.overrides import Override, apply_override, parse_overrides
+from nymph.dockyard.spec.parse import parse_infra
+from nymph.dockyard.spec.schema import InfraConfig
+from nymph.dockyard.spec.yamlio import load_file
 
 DEFAULTS_ENV = "DOCKYARD_K8S_DEFAULTS"
 USER_ENV = "DOCKYARD_K8S_USER"

@@ -1,7 +1,7 @@
 """The live ``nymph dockyard`` verbs: run, cluster up|down|list, status, logs, job, doctor.
 
 Each handler loads and renders like ``render`` does, then runs one coroutine of
-:mod:`nymph.dockyard.launch`, :mod:`nymph.dockyard.observe` or :mod:`nymph.dockyard.doctor`
+:mod:`nymph.dockyard.live.run`, :mod:`nymph.dockyard.live.observe` or :mod:`nymph.dockyard.live.doctor`
 against the kube context named by ``--kubeconfig`` / ``--context`` (default: the current
 one). Failures are one line on stderr and exit code 2 (raised as ``NymphError``).
 """
@@ -16,11 +16,12 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from nymph.dockyard import doctor, kubecontext, launch, observe
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.live import Kube, say
-from nymph.dockyard.load import Environment, LoadedConfig
-from nymph.dockyard.plan import LogSource
+from nymph.dockyard.live import doctor, observe, run
+from nymph.dockyard.live.kubectl import Kube, say
+from nymph.dockyard.render.plan import LogSource
+from nymph.dockyard.spec import kubecontext
+from nymph.dockyard.spec.load import Environment, LoadedConfig
 
 Loader = Callable[..., tuple[LoadedConfig, list[Any]]]
 BRINGUP = "infra.launch.mode=bringup"
@@ -51,8 +52,8 @@ def _namespace(args: argparse.Namespace) -> str:
     return choice.namespace
 
 
-def _options(args: argparse.Namespace) -> launch.LiveOptions:
-    return launch.LiveOptions(
+def _options(args: argparse.Namespace) -> run.LiveOptions:
+    return run.LiveOptions(
         kubeconfig=args.kubeconfig,
         context=args.context,
         ray_address=getattr(args, "ray_address", None),
@@ -79,15 +80,15 @@ def register(
 
     def cmd_run(args: argparse.Namespace) -> int:
         cfg, manifests = loaded(args)
-        return _go(launch.run(_kube(args), cfg, manifests, opts=_options(args), say=say))
+        return _go(run.run(_kube(args), cfg, manifests, opts=_options(args), say=say))
 
     def cmd_cluster_up(args: argparse.Namespace) -> int:
         cfg, manifests = loaded(args, BRINGUP)
-        return _go(launch.cluster_up(_kube(args), cfg, manifests, opts=_options(args), say=say))
+        return _go(run.cluster_up(_kube(args), cfg, manifests, opts=_options(args), say=say))
 
     def cmd_cluster_down(args: argparse.Namespace) -> int:
         cfg, manifests = loaded(args, BRINGUP)
-        return _go(launch.cluster_down(_kube(args), cfg, manifests, opts=_options(args), say=say))
+        return _go(run.cluster_down(_kube(args), cfg, manifests, opts=_options(args), say=say))
 
     def cmd_cluster_list(args: argparse.Namespace) -> int:
         ns = None if args.all_namespaces else _namespace(args)

@@ -3,7 +3,7 @@
 ``infra.kuberay.spec`` is a free-form RayCluster ``.spec``. Rendering deep-copies it and:
 
 * splits worker groups larger than ``kuberay.segmentSize`` into equal segments;
-* tags each worker group with its fleet role (:mod:`nymph.dockyard.fleets`), fills
+* tags each worker group with its fleet role (:mod:`nymph.dockyard.render.fleets`), fills
   ``minReplicas`` / ``maxReplicas`` from ``replicas`` (a fixed-size gang) and turns
   ``rayStartParams`` values into the strings the CRD requires;
 * on every pod (head and workers): the infra image on the Ray container (index 0; other
@@ -22,16 +22,10 @@ from typing import Any
 
 import yaml
 
-from nymph.dockyard import fleets, hardening, kube
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.schema import (
-    CheckpointsKind,
-    ClusterSpec,
-    HFCacheKind,
-    InfraConfig,
-    SchedulerKind,
-    WorkspaceKind,
-)
+from nymph.dockyard.render import fleets, hardening, k8s
+from nymph.dockyard.spec.enums import CheckpointsKind, HFCacheKind, SchedulerKind, WorkspaceKind
+from nymph.dockyard.spec.schema import ClusterSpec, InfraConfig
 
 API_VERSION = "ray.io/v1"
 UV_ENV = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
@@ -181,7 +175,7 @@ def _pod_labels(infra: InfraConfig, cluster: ClusterSpec) -> dict[str, str]:
     extra: dict[str, str] = {}
     if infra.scheduler.kind is SchedulerKind.KAI and infra.scheduler.queue:
         extra[KAI_QUEUE_LABEL] = infra.scheduler.queue
-    return kube.labels(extra, infra.labels, cluster.labels)
+    return k8s.labels(extra, infra.labels, cluster.labels)
 
 
 def object_labels(infra: InfraConfig, cluster: ClusterSpec) -> dict[str, str]:
@@ -191,7 +185,7 @@ def object_labels(infra: InfraConfig, cluster: ClusterSpec) -> dict[str, str]:
         extra[KAI_QUEUE_LABEL] = queue
     elif infra.scheduler.kind is SchedulerKind.KUEUE and queue:
         extra[KUEUE_QUEUE_LABEL] = queue
-    return kube.labels(extra, infra.labels, cluster.labels)
+    return k8s.labels(extra, infra.labels, cluster.labels)
 
 
 def _patch_pod(
@@ -199,7 +193,7 @@ def _patch_pod(
 ) -> None:
     template: dict[str, Any] = group["template"]
     meta = dict(template.get("metadata") or {})
-    meta["labels"] = {**_pod_labels(infra, cluster), **(meta.get("labels") or {}), **kube.labels()}
+    meta["labels"] = {**_pod_labels(infra, cluster), **(meta.get("labels") or {}), **k8s.labels()}
     group["template"] = {"metadata": meta, **{k: v for k, v in template.items() if k != "metadata"}}
     pod = template["spec"]
     containers: list[dict[str, Any]] = pod["containers"]
@@ -210,17 +204,17 @@ def _patch_pod(
     env = {**cross_env, **_networking_env(infra), **storage_env}
     pod_sc, container_sc = hardening.security_contexts(infra.security)
     for container in containers:
-        kube.env_upsert(container, env)
+        k8s.env_upsert(container, env)
         if container_sc:
             container.setdefault("securityContext", copy.deepcopy(container_sc))
     for volume in volumes:
-        kube.add_volume(pod, volume)
+        k8s.add_volume(pod, volume)
     for name, path in mounts:
-        kube.add_mount(containers[0], name=name, mount_path=path)
+        k8s.add_mount(containers[0], name=name, mount_path=path)
     if pod_sc:
         pod.setdefault("securityContext", pod_sc)
     if infra.imagePullSecrets:
-        known = kube.names_of(pod.get("imagePullSecrets") or [])
+        known = k8s.names_of(pod.get("imagePullSecrets") or [])
         pod["imagePullSecrets"] = [
             *(pod.get("imagePullSecrets") or []),
             *({"name": s} for s in infra.imagePullSecrets if s not in known),
@@ -237,12 +231,12 @@ def _patch_pod(
     if placement.tolerations:
         tolerations = list(pod.get("tolerations") or [])
         for t in placement.tolerations:
-            entry = {k: v for k, v in kube.plain(dataclasses.asdict(t)).items() if v is not None}
+            entry = {k: v for k, v in k8s.plain(dataclasses.asdict(t)).items() if v is not None}
             if entry not in tolerations:
                 tolerations.append(entry)
         pod["tolerations"] = tolerations
     if placement.affinity is not None:
-        pod.setdefault("affinity", kube.plain(placement.affinity))
+        pod.setdefault("affinity", k8s.plain(placement.affinity))
     if infra.networking.hostNetwork:
         pod.setdefault("hostNetwork", True)
         pod.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
@@ -253,7 +247,7 @@ def cluster_spec(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> dict[st
     cluster = infra.kuberay
     if cluster is None:
         raise DockyardConfigError("required for this launch mode", path="infra.kuberay")
-    spec: dict[str, Any] = kube.plain(copy.deepcopy(cluster.spec))
+    spec: dict[str, Any] = k8s.plain(copy.deepcopy(cluster.spec))
     head = spec.get("headGroupSpec")
     if not isinstance(head, dict):
         raise DockyardConfigError("required (a mapping with template)", path=f"{_SPEC}.headGroupSpec")
@@ -267,8 +261,8 @@ def cluster_spec(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> dict[st
     return spec
 
 
-def _meta(infra: InfraConfig, cluster: ClusterSpec) -> kube.ObjectMeta:
-    return kube.metadata(
+def _meta(infra: InfraConfig, cluster: ClusterSpec) -> k8s.ObjectMeta:
+    return k8s.metadata(
         name=cluster.name,
         namespace=infra.namespace,
         labels=object_labels(infra, cluster),
@@ -276,7 +270,7 @@ def _meta(infra: InfraConfig, cluster: ClusterSpec) -> kube.ObjectMeta:
     )
 
 
-def raycluster(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> kube.Manifest:
+def raycluster(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> k8s.Manifest:
     assert infra.kuberay is not None
     return {
         "apiVersion": API_VERSION,
@@ -286,7 +280,7 @@ def raycluster(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> kube.Mani
     }
 
 
-def rayjob(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> kube.Manifest:
+def rayjob(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> k8s.Manifest:
     assert infra.kuberay is not None
     if not infra.launch.entrypoint:
         raise DockyardConfigError("required when launch.mode is rayjob", path="infra.launch.entrypoint")

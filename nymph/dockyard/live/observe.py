@@ -7,15 +7,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from nymph.dockyard import plan as planning
-from nymph.dockyard import status
-from nymph.dockyard.endpoint import HeadTarget, dashboard
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.live import Kube, Say
-from nymph.dockyard.load import LoadedConfig
-from nymph.dockyard.plan import LogSource, ref
-from nymph.dockyard.rayapi import RayJobsClient
-from nymph.dockyard.schema import LaunchMode
+from nymph.dockyard.live import status
+from nymph.dockyard.live.endpoint import HeadTarget, dashboard
+from nymph.dockyard.live.kubectl import Kube, Say
+from nymph.dockyard.live.rayapi import RayJobsClient
+from nymph.dockyard.render import plan as planning
+from nymph.dockyard.render.plan import LogSource, ref
+from nymph.dockyard.spec.enums import LaunchMode
+from nymph.dockyard.spec.load import LoadedConfig
 
 # -- status --------------------------------------------------------------------------------
 

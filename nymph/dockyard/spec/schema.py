@@ -1,7 +1,7 @@
 """The infra schema: dockyard-k8s's ``InfraConfig`` as frozen dataclasses.
 
 Field names are the YAML keys, so infra files written for dockyard-k8s load unchanged.
-Parsing (:mod:`nymph.dockyard.parse`) is strict: an unknown key is an error that names the
+Parsing (:mod:`nymph.dockyard.spec.parse`) is strict: an unknown key is an error that names the
 key path and the allowed keys. A block given partially keeps the *field's* defaults for the
 keys it leaves out (``sandbox: {security: {runAsNonRoot: true}}`` keeps the sandbox
 hardening on), except that setting one of a PDB's ``minAvailable`` / ``maxUnavailable``
@@ -23,72 +23,24 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, NewType
 
-from nymph.dockyard import names
+from nymph.dockyard.spec import names
+from nymph.dockyard.spec.enums import (
+    CheckpointsKind,
+    CodeSource,
+    HFCacheKind,
+    LaunchMode,
+    PortForwardMode,
+    RunMode,
+    SchedulerKind,
+    SubmitKind,
+    SubmitterMode,
+    WorkspaceKind,
+)
 
 #: A Kubernetes resource quantity (``"500m"``, ``"2Gi"``); YAML numbers are accepted.
 Quantity = NewType("Quantity", str)
 
 Problems = list[tuple[str, str]]
-
-
-class SchedulerKind(StrEnum):
-    DEFAULT = "default"
-    KAI = "kai"
-    KUEUE = "kueue"
-
-
-class WorkspaceKind(StrEnum):
-    LUSTRE = "lustre"
-    PVC = "pvc"
-    HOST_PATH = "hostPath"
-    RAY_UPLOAD = "rayUpload"
-    AUTO = "auto"
-
-
-class HFCacheKind(StrEnum):
-    LUSTRE = "lustre"
-    PVC = "pvc"
-    EMPTY_DIR = "emptyDir"
-    NONE = "none"
-
-
-class CheckpointsKind(StrEnum):
-    LUSTRE = "lustre"
-    PVC = "pvc"
-    NONE = "none"
-
-
-class SubmitKind(StrEnum):
-    SDK = "sdk"
-    RAYJOB = "rayjob"
-
-
-class PortForwardMode(StrEnum):
-    KUBECTL_RAY_PLUGIN = "kubectl-ray-plugin"
-    KUBECTL_PORT_FORWARD = "kubectl-port-forward"
-    AUTO = "auto"
-
-
-class SubmitterMode(StrEnum):
-    PORT_FORWARD = "portForward"
-    EXEC = "exec"
-
-
-class LaunchMode(StrEnum):
-    RAYJOB = "rayjob"  # one RayJob: KubeRay creates the cluster, runs the entrypoint, tears down
-    BRINGUP = "bringup"  # a long-lived RayCluster; jobs are submitted to it
-    ATTACH = "attach"  # submit to an existing RayCluster (launch.attach); nothing rendered
-
-
-class RunMode(StrEnum):
-    INTERACTIVE = "interactive"
-    BATCH = "batch"
-
-
-class CodeSource(StrEnum):
-    UPLOAD = "upload"
-    IMAGE = "image"
-    LUSTRE = "lustre"
 
 
 def _pvc_problems(kind: StrEnum, pvc_name: str | None, needs: tuple[StrEnum, ...]) -> Problems:

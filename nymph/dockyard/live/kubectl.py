@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.plan import ref
+from nymph.dockyard.render.plan import ref
 from nymph.kube.errors import (
     Forbidden,
     KubeError,

@@ -16,15 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nymph.dockyard import plan as planning
-from nymph.dockyard import status
-from nymph.dockyard.endpoint import HeadTarget, dashboard
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.live import Kube, Say
-from nymph.dockyard.load import LoadedConfig
-from nymph.dockyard.plan import Plan, ref
-from nymph.dockyard.rayapi import JobInfo, RayJobsClient
-from nymph.dockyard.schema import InfraConfig, LaunchMode
+from nymph.dockyard.live import status
+from nymph.dockyard.live.endpoint import HeadTarget, dashboard
+from nymph.dockyard.live.kubectl import Kube, Say
+from nymph.dockyard.live.rayapi import JobInfo, RayJobsClient
+from nymph.dockyard.render import plan as planning
+from nymph.dockyard.render.plan import Plan, ref
+from nymph.dockyard.spec.enums import LaunchMode
+from nymph.dockyard.spec.load import LoadedConfig
+from nymph.dockyard.spec.schema import InfraConfig
 
 HEAD_TIMEOUT_S = 1800.0
 LOG_TAIL_LINES = 20

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.load import Environment, load_mappings
-from nymph.dockyard.render import RENDER_ONLY_KINDS, render_manifests
+from nymph.dockyard.render.manifests import RENDER_ONLY_KINDS, render_manifests
+from nymph.dockyard.spec.load import Environment, load_mappings
 
 #: apply = server-side apply (PATCH that creates when absent, which the API server also
 #: authorises as ``create``); ``get`` lets the daemon check for an object before applying

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.live import Kube, Say
-from nymph.dockyard.schema import InfraConfig
+from nymph.dockyard.live.kubectl import Kube, Say
+from nymph.dockyard.spec.schema import InfraConfig
 
 KUBERAY_GROUP_VERSION = "ray.io/v1"
 KUBERAY_RESOURCES = ("rayclusters", "rayjobs")

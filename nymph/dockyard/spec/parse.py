@@ -1,4 +1,4 @@
-"""Strict conversion of a plain mapping into the :mod:`~nymph.dockyard.schema` dataclasses.
+"""Strict conversion of a plain mapping into the :mod:`~nymph.dockyard.spec.schema` dataclasses.
 
 Driven by the dataclasses' type hints, so the schema is written once. Rules:
 
@@ -21,8 +21,8 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.keypath import KeyPath, fmt
-from nymph.dockyard.schema import InfraConfig, Quantity
+from nymph.dockyard.spec.keypath import KeyPath, fmt
+from nymph.dockyard.spec.schema import InfraConfig, Quantity
 
 T = TypeVar("T")
 Origin = Callable[[KeyPath], str | None]

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.status import TERMINAL_JOB
+from nymph.dockyard.live.status import TERMINAL_JOB
 
 JobInfo = dict[str, Any]
 

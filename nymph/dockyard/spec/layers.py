@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nymph.dockyard.keypath import KeyPath
+from nymph.dockyard.spec.keypath import KeyPath
 
 
 class Provenance:

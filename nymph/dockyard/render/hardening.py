@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nymph.dockyard import kube
-from nymph.dockyard.schema import NetworkPolicySpec, PDBSpec, SecuritySpec
+from nymph.dockyard.render import k8s
+from nymph.dockyard.spec.schema import NetworkPolicySpec, PDBSpec, SecuritySpec
 
 DNS_PORT = 53
 
@@ -57,7 +57,7 @@ def network_policy(
     port: int,
     spec: NetworkPolicySpec,
     labels: Mapping[str, str],
-) -> kube.Manifest:
+) -> k8s.Manifest:
     """Ingress only on ``port`` from this namespace (or ``fromLabels`` pods); DNS egress
     always; other egress open, or only to ``allowedEgressCidrs`` when ``allowEgress`` is
     false."""
@@ -75,7 +75,7 @@ def network_policy(
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": kube.metadata(name=name, namespace=namespace, labels=labels),
+        "metadata": k8s.metadata(name=name, namespace=namespace, labels=labels),
         "spec": {
             "podSelector": {"matchLabels": dict(selector)},
             "policyTypes": ["Ingress", "Egress"],
@@ -92,7 +92,7 @@ def pod_disruption_budget(
     selector: Mapping[str, str],
     spec: PDBSpec,
     labels: Mapping[str, str],
-) -> kube.Manifest:
+) -> k8s.Manifest:
     body: dict[str, Any] = {"selector": {"matchLabels": dict(selector)}}
     if spec.minAvailable is not None:
         body["minAvailable"] = spec.minAvailable
@@ -101,6 +101,6 @@ def pod_disruption_budget(
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": kube.metadata(name=name, namespace=namespace, labels=labels),
+        "metadata": k8s.metadata(name=name, namespace=namespace, labels=labels),
         "spec": body,
     }

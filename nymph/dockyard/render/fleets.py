@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from nymph.dockyard import kube
 from nymph.dockyard.errors import DockyardConfigError
+from nymph.dockyard.render import k8s
 
 ROLE_ENV = "DOCKYARD_FLEET_ROLE"
 ROLES = ("trainer", "inference")
@@ -72,7 +72,7 @@ def role_of(group: Mapping[str, Any], *, where: str) -> str:
     found: dict[str, str] = {}
     for container in _containers(group):
         if isinstance(container, Mapping):
-            value = kube.env_value(container, ROLE_ENV)
+            value = k8s.env_value(container, ROLE_ENV)
             if value:
                 found.setdefault(value, f"{ROLE_ENV}={value}")
     params = group.get("rayStartParams")
@@ -115,4 +115,4 @@ def tag_group(group: dict[str, Any], role: str, *, where: str) -> None:
     params["resources"] = format_resources(current, where=f"{where}.rayStartParams.resources")
     for container in _containers(group):
         if isinstance(container, dict):
-            kube.env_set(container, ROLE_ENV, role)
+            k8s.env_set(container, ROLE_ENV, role)

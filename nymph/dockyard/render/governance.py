@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from nymph.dockyard import kube
-from nymph.dockyard.schema import InfraConfig
+from nymph.dockyard.render import k8s
+from nymph.dockyard.spec.schema import InfraConfig
 
 
-def resource_quota(infra: InfraConfig) -> kube.Manifest:
+def resource_quota(infra: InfraConfig) -> k8s.Manifest:
     rq = infra.resourceQuota
     return {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
-        "metadata": kube.metadata(name=rq.name, namespace=infra.namespace, labels=kube.labels(infra.labels)),
+        "metadata": k8s.metadata(name=rq.name, namespace=infra.namespace, labels=k8s.labels(infra.labels)),
         "spec": {"hard": dict(rq.hard)},
     }
 
 
-def limit_range(infra: InfraConfig) -> kube.Manifest:
+def limit_range(infra: InfraConfig) -> k8s.Manifest:
     lr = infra.limitRange
     item: dict[str, Any] = {"type": "Container"}
     for key in ("default", "defaultRequest", "max", "min"):
@@ -28,6 +28,6 @@ def limit_range(infra: InfraConfig) -> kube.Manifest:
     return {
         "apiVersion": "v1",
         "kind": "LimitRange",
-        "metadata": kube.metadata(name=lr.name, namespace=infra.namespace, labels=kube.labels(infra.labels)),
+        "metadata": k8s.metadata(name=lr.name, namespace=infra.namespace, labels=k8s.labels(infra.labels)),
         "spec": {"limits": [item]},
     }

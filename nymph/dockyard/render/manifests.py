@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from nymph.dockyard import governance, hardening, kube, raycluster, sandbox
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.schema import InfraConfig, LaunchMode
+from nymph.dockyard.render import governance, hardening, k8s, raycluster, sandbox
+from nymph.dockyard.spec.enums import LaunchMode
+from nymph.dockyard.spec.schema import InfraConfig
 from nymph.launch.render import to_yaml_stream
 
 #: Kinds the live path never applies (namespace governance is an admin's call).
@@ -37,9 +38,9 @@ def cross_env(infra: InfraConfig) -> dict[str, str]:
     return env
 
 
-def render_manifests(*, infra: InfraConfig) -> list[kube.Manifest]:
+def render_manifests(*, infra: InfraConfig) -> list[k8s.Manifest]:
     """The ordered manifest list of one deployment (see the module docstring)."""
-    out: list[kube.Manifest] = []
+    out: list[k8s.Manifest] = []
     if infra.resourceQuota.enabled:
         out.append(governance.resource_quota(infra))
     if infra.limitRange.enabled:
@@ -55,7 +56,7 @@ def render_manifests(*, infra: InfraConfig) -> list[kube.Manifest]:
                 namespace=infra.namespace,
                 selector={"ray.io/cluster": cluster.name},
                 spec=cluster.pdb,
-                labels=kube.labels(infra.labels, cluster.labels),
+                labels=k8s.labels(infra.labels, cluster.labels),
             )
         )
     if mode is LaunchMode.RAYJOB:
@@ -66,12 +67,12 @@ def render_manifests(*, infra: InfraConfig) -> list[kube.Manifest]:
     return [plain_manifest(m) for m in out]
 
 
-def plain_manifest(manifest: kube.Manifest) -> kube.Manifest:
-    result: kube.Manifest = kube.plain(manifest)
+def plain_manifest(manifest: k8s.Manifest) -> k8s.Manifest:
+    result: k8s.Manifest = k8s.plain(manifest)
     return result
 
 
-def _check_unique(manifests: Sequence[kube.Manifest]) -> None:
+def _check_unique(manifests: Sequence[k8s.Manifest]) -> None:
     seen: set[tuple[str, str]] = set()
     for m in manifests:
         key = (m["kind"], m["metadata"]["name"])

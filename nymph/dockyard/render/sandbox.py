@@ -16,9 +16,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from nymph.dockyard import hardening, kube
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.schema import InfraConfig, PodResources, SandboxSpec
+from nymph.dockyard.render import hardening, k8s
+from nymph.dockyard.spec.schema import InfraConfig, PodResources, SandboxSpec
 
 CONTAINER_NAME = "task-executor"
 ROLE_ENV = "DOCKYARD_FLEET_ROLE"
@@ -27,7 +27,7 @@ SANDBOX_ROLE = "sandbox"
 
 
 def selector(sandbox: SandboxSpec) -> dict[str, str]:
-    return {kube.NAME_KEY: sandbox.name}
+    return {k8s.NAME_KEY: sandbox.name}
 
 
 def service_url(sandbox: SandboxSpec, *, namespace: str) -> str:
@@ -36,7 +36,7 @@ def service_url(sandbox: SandboxSpec, *, namespace: str) -> str:
 
 
 def object_labels(sandbox: SandboxSpec, infra: InfraConfig) -> dict[str, str]:
-    return kube.labels(infra.labels, sandbox.labels)
+    return k8s.labels(infra.labels, sandbox.labels)
 
 
 def resources(res: PodResources) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def _probe(port: int, *, initial: int, period: int, failures: int) -> dict[str, 
 
 def _cross_cutting(pod_spec: dict[str, Any], infra: InfraConfig, *, force: bool) -> None:
     if infra.imagePullSecrets:
-        known = kube.names_of(pod_spec.get("imagePullSecrets") or [])
+        known = k8s.names_of(pod_spec.get("imagePullSecrets") or [])
         pod_spec["imagePullSecrets"] = [
             *(pod_spec.get("imagePullSecrets") or []),
             *({"name": s} for s in infra.imagePullSecrets if s not in known),
@@ -106,7 +106,7 @@ def _synthesized_pod(sandbox: SandboxSpec, infra: InfraConfig) -> dict[str, Any]
         "name": CONTAINER_NAME,
         "image": infra.image,
         "ports": [{"name": "http", "containerPort": sandbox.port, "protocol": "TCP"}],
-        "env": kube.env_list(_env(sandbox)),
+        "env": k8s.env_list(_env(sandbox)),
         "readinessProbe": _probe(sandbox.port, initial=10, period=10, failures=6),
         "livenessProbe": _probe(sandbox.port, initial=30, period=20, failures=3),
     }
@@ -123,7 +123,7 @@ def _synthesized_pod(sandbox: SandboxSpec, infra: InfraConfig) -> dict[str, Any]
         pod_spec["automountServiceAccountToken"] = False
     _cross_cutting(pod_spec, infra, force=True)
     if sandbox.topologySpreadConstraints:
-        pod_spec["topologySpreadConstraints"] = kube.plain(sandbox.topologySpreadConstraints)
+        pod_spec["topologySpreadConstraints"] = k8s.plain(sandbox.topologySpreadConstraints)
     return pod_spec
 
 
@@ -144,7 +144,7 @@ def _patched_spec(sandbox: SandboxSpec, infra: InfraConfig) -> dict[str, Any]:
                 "expected a mapping", path=f"infra.sandbox.spec.template.spec.containers[{i}]"
             )
         container.setdefault("image", infra.image)
-        kube.env_upsert(container, {ROLE_ENV: SANDBOX_ROLE})
+        k8s.env_upsert(container, {ROLE_ENV: SANDBOX_ROLE})
         if container_sc:
             container.setdefault("securityContext", copy.deepcopy(container_sc))
     if pod_sc:
@@ -153,12 +153,12 @@ def _patched_spec(sandbox: SandboxSpec, infra: InfraConfig) -> dict[str, Any]:
         pod_spec.setdefault("automountServiceAccountToken", False)
     _cross_cutting(pod_spec, infra, force=False)
     if sandbox.topologySpreadConstraints:
-        pod_spec.setdefault("topologySpreadConstraints", kube.plain(sandbox.topologySpreadConstraints))
+        pod_spec.setdefault("topologySpreadConstraints", k8s.plain(sandbox.topologySpreadConstraints))
     spec.setdefault("replicas", sandbox.replicas)
     return spec
 
 
-def deployment(sandbox: SandboxSpec, infra: InfraConfig) -> kube.Manifest:
+def deployment(sandbox: SandboxSpec, infra: InfraConfig) -> k8s.Manifest:
     sel = selector(sandbox)
     pod_labels = {**object_labels(sandbox, infra), **sel}
     if sandbox.spec is None:
@@ -178,7 +178,7 @@ def deployment(sandbox: SandboxSpec, infra: InfraConfig) -> kube.Manifest:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": kube.metadata(
+        "metadata": k8s.metadata(
             name=sandbox.name,
             namespace=infra.namespace,
             labels=object_labels(sandbox, infra),
@@ -188,11 +188,11 @@ def deployment(sandbox: SandboxSpec, infra: InfraConfig) -> kube.Manifest:
     }
 
 
-def service(sandbox: SandboxSpec, infra: InfraConfig) -> kube.Manifest:
+def service(sandbox: SandboxSpec, infra: InfraConfig) -> k8s.Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": kube.metadata(
+        "metadata": k8s.metadata(
             name=sandbox.name, namespace=infra.namespace, labels=object_labels(sandbox, infra)
         ),
         "spec": {
@@ -203,7 +203,7 @@ def service(sandbox: SandboxSpec, infra: InfraConfig) -> kube.Manifest:
     }
 
 
-def manifests(sandbox: SandboxSpec, infra: InfraConfig) -> list[kube.Manifest]:
+def manifests(sandbox: SandboxSpec, infra: InfraConfig) -> list[k8s.Manifest]:
     """Deployment, Service, then the NetworkPolicy and PDB when enabled."""
     out = [deployment(sandbox, infra), service(sandbox, infra)]
     labels: Mapping[str, str] = object_labels(sandbox, infra)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.keypath import KeyPath, fmt
+from nymph.dockyard.spec.keypath import KeyPath, fmt
 
 RESOLVERS = ("user", "oc.env")
 _RESOLVER_NAME = re.compile(r"^[A-Za-z_][\w.]*$")

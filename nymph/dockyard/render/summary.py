@@ -7,11 +7,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nymph.dockyard import fleets, kube, sandbox
-from nymph.dockyard.load import LoadedConfig
-from nymph.dockyard.raycluster import SANDBOX_URLS_ENV
-from nymph.dockyard.render import RENDER_ONLY_KINDS
-from nymph.dockyard.schema import InfraConfig, LaunchMode, SecuritySpec
+from nymph.dockyard.render import fleets, k8s, sandbox
+from nymph.dockyard.render.manifests import RENDER_ONLY_KINDS
+from nymph.dockyard.render.raycluster import SANDBOX_URLS_ENV
+from nymph.dockyard.spec.enums import LaunchMode
+from nymph.dockyard.spec.load import LoadedConfig
+from nymph.dockyard.spec.schema import InfraConfig, SecuritySpec
 from nymph.launch.render import to_yaml
 
 _W = 12
@@ -21,7 +22,7 @@ def _line(key: str, value: str) -> str:
     return f"{key + ':':<{_W}} {value}"
 
 
-def _ray_spec(manifests: Sequence[kube.Manifest]) -> dict[str, Any] | None:
+def _ray_spec(manifests: Sequence[k8s.Manifest]) -> dict[str, Any] | None:
     for m in manifests:
         if m["kind"] == "RayJob":
             spec: dict[str, Any] = m["spec"]["rayClusterSpec"]
@@ -44,7 +45,7 @@ def _worker_lines(spec: Mapping[str, Any]) -> list[str]:
     out = []
     for group in spec.get("workerGroupSpecs") or []:
         containers = group["template"]["spec"]["containers"]
-        role = kube.env_value(containers[0], fleets.ROLE_ENV) or "?"
+        role = k8s.env_value(containers[0], fleets.ROLE_ENV) or "?"
         out.append(
             f"  {group['groupName']:<20} role={role:<9} replicas={group.get('replicas', '?')} "
             f"gpus/pod={_gpus(group)}"
@@ -115,7 +116,7 @@ def _namespace_origin(source: str) -> str:
     return f"from the {source}"
 
 
-def summary(loaded: LoadedConfig, manifests: Sequence[kube.Manifest]) -> str:
+def summary(loaded: LoadedConfig, manifests: Sequence[k8s.Manifest]) -> str:
     infra = loaded.infra
     lines = [
         _line("recipe", str(loaded.recipe_path)),
@@ -169,7 +170,7 @@ def summary(loaded: LoadedConfig, manifests: Sequence[kube.Manifest]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bundle(loaded: LoadedConfig, manifests: Sequence[kube.Manifest]) -> dict[str, Any]:
+def bundle(loaded: LoadedConfig, manifests: Sequence[k8s.Manifest]) -> dict[str, Any]:
     """The fully resolved bundle: sources, infra (every default filled in), recipe, manifests."""
     return {
         "sources": {
@@ -177,8 +178,8 @@ def bundle(loaded: LoadedConfig, manifests: Sequence[kube.Manifest]) -> dict[str
             "infra": loaded.infra_source,
             "namespace": loaded.namespace_source,
         },
-        "infra": kube.plain(dataclasses.asdict(loaded.infra)),
-        "recipe": kube.plain(loaded.recipe),
+        "infra": k8s.plain(dataclasses.asdict(loaded.infra)),
+        "recipe": k8s.plain(loaded.recipe),
         "manifests": list(manifests),
     }
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.keypath import KeyPath, fmt
+from nymph.dockyard.spec.keypath import KeyPath, fmt
 
 _KEY_PART = re.compile(r"^[A-Za-z0-9_\-/]+$")
 
