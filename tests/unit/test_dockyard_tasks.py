@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nymph.daemon.dockyard_tasks import DockyardObject, is_dockyard_stop, render
+from nymph.daemon.tasks.dockyard import DockyardObject, is_dockyard_stop, render
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.launch.render import manifest_sha256
 
