@@ -10,18 +10,25 @@ no handler fails the task for good with a clear message.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.tasks.context import TaskContext
-from nymph.daemon.tasks.dockyard import stopped_kind
 from nymph.errors import NymphError
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON, TaskKind
 
 BatchHandler = Callable[[TaskContext, list[TaskJSON]], Awaitable[None]]
 OneHandler = Callable[[TaskContext, TaskJSON], Awaitable[None]]
+
+
+def stopped_kind(task: Mapping[str, Any]) -> TaskKind:
+    """The kind of launch a ``stop`` task ends. The queue sends the stop of a dockyard instance
+    with that instance's spec under ``"dockyard"``; any other stop ends a Pod launch."""
+    spec = task.get("spec")
+    return TaskKind.DOCKYARD if isinstance(spec, Mapping) and "dockyard" in spec else TaskKind.LAUNCH
 
 
 class UnknownTaskKind(NymphError):

@@ -38,7 +38,7 @@ from nymph.kube.kubectl import Kubectl
 from nymph.launch.render import manifest_sha256, to_yaml_stream
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
-from nymph.protocol import TaskJSON, TaskKind
+from nymph.protocol import TaskJSON
 
 _DELETE_ARGS = ("delete", "-f", "-", "--ignore-not-found", "--wait=false", "-o", "name")
 
@@ -111,17 +111,6 @@ def render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
             source="task",
         )
     return dockyard_task_manifests(recipe=recipe, infra=infra, overrides=overrides, namespace=namespace)
-
-
-def stopped_kind(task: Mapping[str, Any]) -> TaskKind:
-    """The kind of launch a ``stop`` task ends. The queue sends the stop of a dockyard instance
-    with that instance's spec under ``"dockyard"``; any other stop ends a Pod launch."""
-    spec = task.get("spec")
-    return TaskKind.DOCKYARD if isinstance(spec, Mapping) and "dockyard" in spec else TaskKind.LAUNCH
-
-
-def is_dockyard_stop(task: Mapping[str, Any]) -> bool:
-    return task.get("kind") == TaskKind.STOP.value and stopped_kind(task) is TaskKind.DOCKYARD
 
 
 def _describe(obj: DockyardObject, err: KubeError) -> str:
