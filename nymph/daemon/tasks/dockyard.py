@@ -17,30 +17,29 @@ one ``kubectl apply --server-side`` of every object, in apply order) -> report.
 * A stop task carries the dockyard spec again (``{"dockyard": spec}``): the same objects are
   rendered and deleted in reverse order; an object already gone is fine.
 * Always kubectl, whatever ``--apply-with`` says: the API applier handles only Pods.
+* Applies are retried as :func:`nymph.daemon.tasks.apply.apply_all` says; reports go through
+  the tracker, unpinned (no node).
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from nymph.daemon.tasks.apply import apply_all
+from nymph.daemon.tasks.context import TaskContext
+from nymph.daemon.tracker import Report
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.render.task import dockyard_task_manifests
-from nymph.kube.applier import ApplyOutcome
 from nymph.kube.errors import KubeError, NotFound, classify_kubectl
 from nymph.kube.kubectl import Kubectl
 from nymph.launch.render import manifest_sha256, to_yaml_stream
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
+from nymph.protocol import TaskJSON
 
-if TYPE_CHECKING:
-    from nymph.daemon.core import Daemon
-
-APPLY_ATTEMPTS = 3
 _DELETE_ARGS = ("delete", "-f", "-", "--ignore-not-found", "--wait=false", "-o", "name")
 
 
@@ -114,11 +113,6 @@ def render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
     return dockyard_task_manifests(recipe=recipe, infra=infra, overrides=overrides, namespace=namespace)
 
 
-def is_dockyard_stop(task: Mapping[str, Any]) -> bool:
-    spec = task.get("spec")
-    return isinstance(spec, Mapping) and "dockyard" in spec
-
-
 def _describe(obj: DockyardObject, err: KubeError) -> str:
     return f"{obj.ref}: {err.__class__.__name__}: {err.message}"[:2000]
 
@@ -126,8 +120,10 @@ def _describe(obj: DockyardObject, err: KubeError) -> str:
 # --- I/O ---------------------------------------------------------------------------------------
 
 
-def _log(d: Daemon, task: Mapping[str, Any]) -> Any:
-    return get_logger("dockyard-tasks", node=d.node, instance=task.get("instanceId"), task=task.get("taskId"))
+def _log(ctx: TaskContext, task: Mapping[str, Any]) -> Any:
+    return get_logger(
+        "dockyard-tasks", node=ctx.node, instance=task.get("instanceId"), task=task.get("taskId")
+    )
 
 
 async def _render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
@@ -136,50 +132,6 @@ async def _render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
         return await asyncio.to_thread(render, spec, namespace=namespace)
     except RecursionError:
         raise DockyardConfigError("nested too deep to render", source="task") from None
-
-
-def _kubectl(d: Daemon) -> Kubectl:
-    if isinstance(d.applier, Kubectl):
-        return d.applier
-    return Kubectl(kubeconfig=d.s.kube.kubeconfig, context=d.s.kube.context)
-
-
-def _report(d: Daemon, instance_id: str, state: InstanceState, reason: Reason | None, message: str) -> None:
-    d.outbox.report(
-        instance_id=instance_id,
-        state=state.value,
-        reason=reason.value if reason else None,
-        message=message,
-        node=None,
-    )
-    d.metrics.reports_buffered.set(d.outbox.pending)
-
-
-async def _apply_once(
-    d: Daemon, kubectl: Kubectl, manifests: Sequence[Mapping[str, Any]]
-) -> list[ApplyOutcome]:
-    t0 = time.monotonic()
-    try:
-        return await kubectl.apply(manifests)
-    except KubeError as exc:
-        objs = [DockyardObject.of(m) for m in manifests]
-        return [ApplyOutcome(o.namespace, o.name, error=exc) for o in objs]
-    finally:
-        d.metrics.apply_seconds.labels(kubectl.name).observe(time.monotonic() - t0)
-        d.metrics.apply_batch.observe(len(manifests))
-
-
-async def _apply(d: Daemon, kubectl: Kubectl, manifests: Sequence[Mapping[str, Any]]) -> list[ApplyOutcome]:
-    """Apply all, in order; again (all, in order: idempotent) while every failure is transient."""
-    attempt = 1
-    while True:
-        outcomes = await _apply_once(d, kubectl, manifests)
-        errors = [o.error for o in outcomes if o.error is not None]
-        if not errors or attempt >= APPLY_ATTEMPTS or not all(e.transient for e in errors):
-            return outcomes
-        delay = 0.5 * 2 ** (attempt - 1)
-        await asyncio.sleep(delay + random.uniform(0, delay))
-        attempt += 1
 
 
 async def _delete(kubectl: Kubectl, manifests: Sequence[Mapping[str, Any]]) -> list[KubeError | bool]:
@@ -218,50 +170,42 @@ async def _delete(kubectl: Kubectl, manifests: Sequence[Mapping[str, Any]]) -> l
 # --- task handlers -----------------------------------------------------------------------------
 
 
-async def launch(d: Daemon, task: dict[str, Any]) -> None:
+async def launch(ctx: TaskContext, task: TaskJSON) -> None:
     """A ``dockyard`` task: render, apply every object in order, report, complete."""
     tid = str(task["taskId"])
     iid = str(task.get("instanceId"))
     ns = str(task.get("kubeNamespace") or "")
-    requester = task.get("requester")
-    blog = _log(d, task)
+    blog = _log(ctx, task)
     try:
         manifests = await _render(task.get("spec"), namespace=ns)
     except DockyardConfigError as exc:
-        d.metrics.launches.labels("failed").inc()
-        d.audit.append(
-            "apply",
-            task=tid,
-            instance=iid,
-            namespace=ns,
-            node=d.node,
-            requester=requester,
-            result="failed",
-            error=str(exc),
-        )
-        d.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
+        ctx.refuse_spec(task, what="dockyard", error=exc, namespace=ns, requester=task.get("requester"))
         blog.warning("dockyard launch refused", error=str(exc))
         return
-    if ns not in d.watchers:
-        msg = f"this daemon does not serve namespace {ns!r} (it serves {', '.join(d.watchers)})"
-        d.complete(task_id=tid, ok=False, error=msg, retryable=False)
+    unserved = ctx.unserved(ns)
+    if unserved:
+        ctx.complete(task_id=tid, ok=False, error=unserved, retryable=False)
         return
-    if d.stopping.is_set():
+    if ctx.stopping.is_set():
         return  # not started: the lease lapses and another daemon takes it
     objs = [DockyardObject.of(m) for m in manifests]
     if int(task.get("attempt") or 1) <= 1:
-        _report(d, iid, InstanceState.STARTING, None, f"applying {len(objs)} dockyard objects")
-    outcomes = await _apply(d, _kubectl(d), manifests)
+        ctx.tracker.report_unpinned(
+            iid, Report(InstanceState.STARTING, None, f"applying {len(objs)} dockyard objects")
+        )
+    outcomes = await apply_all(applier=ctx.kubectl, manifests=manifests, metrics=ctx.metrics)
     for obj, outcome in zip(objs, outcomes, strict=True):
         _audit_object(
-            d, "apply", task, obj, result="ok" if outcome.ok else "failed", error=outcome.error, sha256=True
+            ctx, "apply", task, obj, result="ok" if outcome.ok else "failed", error=outcome.error, sha256=True
         )
     failures = [(o, out.error) for o, out in zip(objs, outcomes, strict=True) if out.error is not None]
     if not failures:
-        d.metrics.launches.labels("applied").inc()
+        ctx.metrics.launches.labels("applied").inc()
         refs = ", ".join(o.ref for o in objs)
-        _report(d, iid, InstanceState.RUNNING, None, f"{len(objs)} objects applied: {refs}")
-        d.complete(task_id=tid, ok=True, result={"objects": [o.to_json() for o in objs], "namespace": ns})
+        ctx.tracker.report_unpinned(
+            iid, Report(InstanceState.RUNNING, None, f"{len(objs)} objects applied: {refs}")
+        )
+        ctx.complete(task_id=tid, ok=True, result={"objects": [o.to_json() for o in objs], "namespace": ns})
         blog.info("dockyard launch applied", objects=len(objs))
         return
     retryable = all(err.transient for _, err in failures)
@@ -269,14 +213,14 @@ async def launch(d: Daemon, task: dict[str, Any]) -> None:
     message = _describe(*first)
     if not retryable:
         applied = [m for m, out in zip(manifests, outcomes, strict=True) if out.ok]
-        await _rollback(d, task, list(reversed(applied)))
-    d.metrics.launches.labels("failed").inc()
-    d.complete(task_id=tid, ok=False, error=message, retryable=retryable)
+        await _rollback(ctx, task, list(reversed(applied)))
+    ctx.metrics.launches.labels("failed").inc()
+    ctx.complete(task_id=tid, ok=False, error=message, retryable=retryable)
     blog.warning("dockyard launch failed", error=message, retryable=retryable)
 
 
 def _audit_object(
-    d: Daemon,
+    ctx: TaskContext,
     action: str,
     task: Mapping[str, Any],
     obj: DockyardObject,
@@ -286,12 +230,12 @@ def _audit_object(
     sha256: bool = False,
 ) -> None:
     """One audit record for one dockyard object of a task."""
-    d.audit.append(
+    ctx.audit.append(
         action,
         task=task.get("taskId"),
         instance=task.get("instanceId"),
         namespace=obj.namespace,
-        node=d.node,
+        node=ctx.node,
         requester=task.get("requester"),
         kind=obj.kind,
         name=obj.name,
@@ -301,15 +245,17 @@ def _audit_object(
     )
 
 
-async def _rollback(d: Daemon, task: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]]) -> None:
+async def _rollback(
+    ctx: TaskContext, task: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]]
+) -> None:
     """After a permanent failure: delete what this attempt applied (reverse order)."""
     if not manifests:
         return
-    results = await _delete(_kubectl(d), manifests)
+    results = await _delete(ctx.kubectl, manifests)
     for manifest, result in zip(manifests, results, strict=True):
         failed = isinstance(result, KubeError)
         _audit_object(
-            d,
+            ctx,
             "delete",
             task,
             DockyardObject.of(manifest),
@@ -318,7 +264,7 @@ async def _rollback(d: Daemon, task: Mapping[str, Any], manifests: Sequence[Mapp
         )
 
 
-async def stop(d: Daemon, task: dict[str, Any]) -> None:
+async def stop(ctx: TaskContext, task: TaskJSON) -> None:
     """A stop task of a dockyard instance: delete its objects in reverse order, report stopped."""
     tid = str(task["taskId"])
     iid = str(task.get("instanceId"))
@@ -327,14 +273,14 @@ async def stop(d: Daemon, task: dict[str, Any]) -> None:
     try:
         manifests = list(reversed(await _render(spec, namespace=ns)))
     except DockyardConfigError as exc:
-        d.metrics.stops.labels("failed").inc()
-        d.audit.append(
-            "delete", task=tid, instance=iid, namespace=ns, node=d.node, result="failed", error=str(exc)
+        ctx.metrics.stops.labels("failed").inc()
+        ctx.audit.append(
+            "delete", task=tid, instance=iid, namespace=ns, node=ctx.node, result="failed", error=str(exc)
         )
-        d.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
+        ctx.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
         return
     objs = [DockyardObject.of(m) for m in manifests]
-    results = await _delete(_kubectl(d), manifests)
+    results = await _delete(ctx.kubectl, manifests)
     deleted: list[str] = []
     gone: list[str] = []
     errors: list[tuple[DockyardObject, KubeError]] = []
@@ -346,7 +292,7 @@ async def stop(d: Daemon, task: dict[str, Any]) -> None:
         else:
             gone.append(obj.ref)
         _audit_object(
-            d,
+            ctx,
             "delete",
             task,
             obj,
@@ -354,19 +300,20 @@ async def stop(d: Daemon, task: dict[str, Any]) -> None:
             error=result if isinstance(result, KubeError) else None,
         )
     if errors:
-        d.metrics.stops.labels("failed").inc()
+        ctx.metrics.stops.labels("failed").inc()
         retryable = all(e.transient for _, e in errors)
         message = "delete failed: " + "; ".join(_describe(o, e) for o, e in errors)
-        d.complete(task_id=tid, ok=False, error=message[:4000], retryable=retryable)
-        _log(d, task).warning("dockyard stop failed", error=message, retryable=retryable)
+        ctx.complete(task_id=tid, ok=False, error=message[:4000], retryable=retryable)
+        _log(ctx, task).warning("dockyard stop failed", error=message, retryable=retryable)
         return
-    d.metrics.stops.labels("deleted" if deleted else "already-gone").inc()
-    _report(
-        d,
+    ctx.metrics.stops.labels("deleted" if deleted else "already-gone").inc()
+    ctx.tracker.report_unpinned(
         iid,
-        InstanceState.STOPPED,
-        Reason.STOPPED,
-        f"stopped on request ({len(deleted)} objects deleted, {len(gone)} already gone)",
+        Report(
+            InstanceState.STOPPED,
+            Reason.STOPPED,
+            f"stopped on request ({len(deleted)} objects deleted, {len(gone)} already gone)",
+        ),
     )
-    d.complete(task_id=tid, ok=True, result={"deleted": deleted, "alreadyGone": gone})
-    _log(d, task).info("dockyard stop done", deleted=len(deleted), already_gone=len(gone))
+    ctx.complete(task_id=tid, ok=True, result={"deleted": deleted, "alreadyGone": gone})
+    _log(ctx, task).info("dockyard stop done", deleted=len(deleted), already_gone=len(gone))
