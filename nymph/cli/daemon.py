@@ -1,5 +1,122 @@
-"""``nymph`` subcommands of this area (moving here from ``nymph.daemon.cli``)."""
+"""``nymph daemon`` and ``nymph audit verify``: the daemon's command line."""
 
-from nymph.daemon.cli import register
+from __future__ import annotations
 
-__all__ = ["register"]
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from nymph.daemon.audit import verify
+from nymph.daemon.settings import load_settings
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    # Loaded only when the daemon runs: its Kubernetes client would add a second or more to the
+    # start-up of every other command (there is no import cycle to avoid here).
+    from nymph.daemon.daemon import Daemon
+
+    settings = load_settings(
+        config_file=args.config,
+        queue=args.queue,
+        token=args.token,
+        node=args.node,
+        namespaces=args.namespace,
+        workdir_root=args.workdir_root,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        concurrency=args.concurrency,
+        apply_with=args.apply_with,
+        listen=args.listen,
+        poll_wait=args.poll_wait,
+        lease_seconds=args.lease_seconds,
+        reap_after=args.reap_after,
+        shutdown_grace_seconds=args.grace,
+        batch_max=args.batch_max,
+    )
+
+    async def main() -> int:
+        daemon = Daemon(settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, daemon.request_stop)
+        return await daemon.run()
+
+    return asyncio.run(main())
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    result = verify(Path(args.file))
+    if result.ok:
+        print(f"ok: {result.records} records, chain intact")
+        for note in result.notes:
+            print(f"note: {note} (repaired, and audited, at the daemon's next start)")
+        return 0
+    where = f" (line {result.line})" if result.line else ""
+    print(f"FAILED{where}: {result.problem}", file=sys.stderr)
+    return 1
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "daemon",
+        help="run the per-node daemon: claim launches, apply Pods, watch, report, reap",
+        description=(
+            "Run the nymph daemon. It long-polls the queue for tasks, renders each launch into a Pod "
+            "pinned to this node with a hostPath workdir, applies it with kubectl (server-side apply), "
+            "watches its Pods and reports their state back. Settings come from --config FILE, then "
+            "the environment (NYMPH_URL, NYMPH_TOKEN, NODE_NAME, NYMPH_NAMESPACES, NYMPH_WORKDIR_ROOT), "
+            "then these flags."
+        ),
+    )
+    p.add_argument(
+        "--queue", metavar="URL", help="queue service URL (env NYMPH_URL; default http://127.0.0.1:8700)"
+    )
+    p.add_argument(
+        "--token", help="daemon token (env NYMPH_TOKEN; create with `nymph queue token create --role daemon`)"
+    )
+    p.add_argument(
+        "--node", help="this node's name (env NODE_NAME, from the downward API); Pods are pinned to it"
+    )
+    p.add_argument(
+        "--namespace", action="append", default=[], help="namespace to serve (repeatable; default: default)"
+    )
+    p.add_argument(
+        "--workdir-root",
+        help="root of workdirs <root>/work/<instanceId>, the audit log and state (default /var/lib/nymph)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        help="kubeconfig (default: in-cluster ServiceAccount, then KUBECONFIG, then ~/.kube/config)",
+    )
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--concurrency", type=int, help="most tasks in flight at once (default 8)")
+    p.add_argument(
+        "--batch-max", type=int, help="most launches per kubectl invocation (default 16; 1 disables batching)"
+    )
+    p.add_argument("--apply-with", choices=("kubectl", "api"), help="apply path (default kubectl)")
+    p.add_argument("--listen", help="health/metrics server HOST:PORT (default 127.0.0.1:9700)")
+    p.add_argument("--poll-wait", type=float, help="long-poll hold in seconds (default 30)")
+    p.add_argument(
+        "--lease-seconds", type=int, help="task lease length (default 60); renewed every third of it"
+    )
+    p.add_argument(
+        "--reap-after",
+        type=float,
+        help="seconds after a Pod ends before it and its workdir are removed (default 600)",
+    )
+    p.add_argument("--grace", type=float, help="seconds to finish in-flight applies on SIGTERM (default 20)")
+    p.add_argument("--config", help="YAML file with daemon settings")
+    p.set_defaults(func=cmd_daemon)
+
+    a = sub.add_parser("audit", help="check the daemon's audit log")
+    asub = a.add_subparsers(dest="audit_command", metavar="COMMAND")
+    v = asub.add_parser(
+        "verify",
+        help="verify the hash chain of an audit log",
+        description="Exit 0 if the chain is intact; otherwise exit 1 naming the first bad record.",
+    )
+    v.add_argument("file", help="the audit log, e.g. /var/lib/nymph/audit.jsonl")
+    v.set_defaults(func=cmd_audit_verify)

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from nymph.client import DEFAULT_URL, QueueClient
-from nymph.dockyard.yamlio import load_file
+from nymph.dockyard.spec.yamlio import load_file
 from nymph.errors import ConfigError, NymphError
 from nymph.launch.config import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
 from nymph.launch.script import read_script

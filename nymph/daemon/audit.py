@@ -15,21 +15,30 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
-import os
 import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nymph.daemon.durable import TornAppend, Writer, append_whole, replace_atomically, truncate_to
 from nymph.errors import NymphError
 from nymph.logs import redact_text
 
 GENESIS = "0" * 64
-ACTIONS = frozenset({"claim", "apply", "adopt", "delete", "reap", "probe", "release", "start", "stop"})
+GENESIS_SEQ = 0
+ACTIONS = frozenset(
+    {"claim", "apply", "adopt", "delete", "reap", "probe", "release", "start", "stop", "recover"}
+)
 
 
 class AuditError(NymphError):
     pass
+
+
+class AuditWriteError(AuditError):
+    """An append could not be made durable (disk full, read-only root...). The record is not in
+    the log; the caller must not act as if it were."""
 
 
 def _canon(record: dict[str, Any]) -> bytes:
@@ -41,75 +50,189 @@ def record_hash(record: dict[str, Any]) -> str:
     return hashlib.sha256(_canon(body)).hexdigest()
 
 
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    if (
+        not isinstance(rec, dict)
+        or not isinstance(rec.get("seq"), int)
+        or not isinstance(rec.get("hash"), str)
+    ):
+        return None
+    return rec
+
+
+def _scan(path: Path) -> tuple[bytes, int, int]:
+    """The last whole non-blank line, the length of the whole lines, and the torn tail's length."""
+    last, whole, pos = b"", 0, 0
+    if not path.exists():
+        return last, whole, pos
+    with path.open("rb") as fh:
+        for line in fh:
+            pos += len(line)
+            if not line.endswith(b"\n"):
+                return last, whole, len(line)
+            whole = pos
+            if line.strip():
+                last = line
+    return last, whole, 0
+
+
+def _tail_records(path: Path, *, count: int, end: int) -> list[dict[str, Any] | None]:
+    """The last ``count`` non-blank records among the first ``end`` bytes (None where unreadable)."""
+    tail: deque[bytes] = deque(maxlen=count)
+    pos = 0
+    with path.open("rb") as fh:
+        for line in fh:
+            pos += len(line)
+            if pos > end:
+                break
+            if line.strip():
+                tail.append(line)
+    return [_parse(line) for line in tail]
+
+
 class AuditLog:
-    def __init__(self, path: Path) -> None:
+    """Appends records; opening it repairs what a crash can leave and refuses what it cannot.
+
+    A crash can leave the log ahead of its head (whole records written, head not yet rewritten)
+    or a torn last line (a write cut short). Opening catches the head up, or cuts the torn tail,
+    and records a ``recover`` entry saying so. A log behind its head, a record that does not match
+    its head, or a broken chain after it is tampering: :class:`AuditError`.
+    """
+
+    def __init__(self, path: Path, *, write: Writer | None = None) -> None:
         self.path = Path(path)
         self.head_path = self.path.with_name(self.path.name + ".head")
         self._lock = threading.Lock()
-        self.seq, self.last = self._load_head()
+        self._write = write  # a seam for tests injecting a failing write
+        self._repair_to: int | None = None
+        self._pending: list[dict[str, Any]] = []  # recovery records not yet written (disk full)
+        self.seq, self.last = GENESIS_SEQ, GENESIS
+        self._open()
 
-    def _load_head(self) -> tuple[int, str]:
-        seq, last = 0, GENESIS
-        last_line = b""
-        if self.path.exists():
-            with self.path.open("rb") as fh:
-                for line in fh:
-                    if line.strip():
-                        last_line = line
+    def _open(self) -> None:
+        last_line, whole, torn = _scan(self.path)
+        seq, last = GENESIS_SEQ, GENESIS
         if last_line:
-            try:
-                rec = json.loads(last_line)
-                seq, last = int(rec["seq"]), str(rec["hash"])
-            except (ValueError, KeyError, TypeError):
+            rec = _parse(last_line)
+            if rec is None:
                 raise AuditError(
                     f"{self.path}: last record is unreadable; run `nymph audit verify {self.path}`"
-                ) from None
+                )
+            seq, last = int(rec["seq"]), str(rec["hash"])
         head = self._read_head()
+        behind = 0
         if head is not None and head != (seq, last):
-            # Continuing from a shortened file would rewrite the head and hide the loss.
-            raise AuditError(
-                f"{self.path} ends at record {seq} but its head says {head[0]}: records are missing. "
-                f"Run `nymph audit verify {self.path}`, keep the file as evidence, and move it and "
-                f"{self.head_path.name} aside to start a new chain"
-            )
-        return seq, last
+            if head[0] >= seq:
+                # Continuing from a shortened file would rewrite the head and hide the loss.
+                raise AuditError(
+                    f"{self.path} ends at record {seq} but its head says {head[0]}: records are missing "
+                    f"or altered. Run `nymph audit verify {self.path}`, keep the file as evidence, and "
+                    f"move it and {self.head_path.name} aside to start a new chain"
+                )
+            self._check_ahead(head=head, seq=seq, end=whole)
+            behind = seq - head[0]
+        # Only now, with nothing found that is tampering, repair what a crash left.
+        if torn:
+            try:
+                truncate_to(self.path, whole)
+            except OSError:
+                self._repair_to = whole  # a read-only root: cut before the next append
+        self.seq, self.last = seq, last
+        if behind:
+            with contextlib.suppress(OSError):
+                self._write_head()
+            self._pending.append({"event": "head-recovered", "records": behind})
+        if torn:
+            self._pending.append({"event": "torn-tail-truncated", "bytes": torn})
+        # Opening never fails for want of space: what cannot be recorded now is recorded first
+        # by the next append that can be written.
+        with contextlib.suppress(AuditWriteError), self._lock:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        while self._pending:
+            self._append_locked("recover", self._pending[0])
+            self._pending.pop(0)
+
+    def _check_ahead(self, *, head: tuple[int, str], seq: int, end: int) -> None:
+        """The records after the head must be whole, valid and chained to it."""
+        head_seq, prev = head
+        anchor = 1 if head_seq > 0 else 0
+        records = _tail_records(self.path, count=seq - head_seq + anchor, end=end)
+        if anchor:
+            first = records.pop(0) if records else None
+            if (
+                first is None
+                or first.get("seq") != head_seq
+                or first.get("hash") != prev
+                or (record_hash(first) != prev)
+            ):
+                raise AuditError(
+                    f"{self.path}: record {head_seq} does not match its head: the log was altered. "
+                    f"Run `nymph audit verify {self.path}` and keep the file as evidence"
+                )
+        for expect, rec in enumerate(records, start=head_seq + 1):
+            if (
+                rec is None
+                or rec.get("seq") != expect
+                or rec.get("prev") != prev
+                or (record_hash(rec) != rec["hash"])
+            ):
+                raise AuditError(
+                    f"{self.path}: the records after its head (seq {head_seq}) do not chain: the log "
+                    f"was altered. Run `nymph audit verify {self.path}` and keep the file as evidence"
+                )
+            prev = str(rec["hash"])
 
     def _read_head(self) -> tuple[int, str] | None:
-        try:
-            head = json.loads(self.head_path.read_text())
-            return int(head["seq"]), str(head["hash"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return _read_head_file(self.head_path)
 
     def append(self, action: str, **fields: Any) -> dict[str, Any]:
+        """Append one record, durably. :class:`AuditWriteError` when it cannot be written; the
+        log is then left as it was (or is cut back to it before the next append)."""
         if action not in ACTIONS:
             raise AuditError(f"unknown audit action {action!r}")
         with self._lock:
-            rec: dict[str, Any] = {
-                "seq": self.seq + 1,
-                "ts": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-                "action": action,
-            }
-            for k, v in sorted(fields.items()):
-                if v is not None:
-                    rec[k] = redact_text(v) if isinstance(v, str) else v
-            rec["prev"] = self.last
-            rec["hash"] = record_hash(rec)
+            self._flush_pending()
+            return self._append_locked(action, fields)
+
+    def _append_locked(self, action: str, fields: dict[str, Any]) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "seq": self.seq + 1,
+            "ts": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            "action": action,
+        }
+        for k, v in sorted(fields.items()):
+            if v is not None:
+                rec[k] = redact_text(v) if isinstance(v, str) else v
+        rec["prev"] = self.last
+        rec["hash"] = record_hash(rec)
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-            try:
-                os.write(fd, _canon(rec) + b"\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self.seq, self.last = rec["seq"], rec["hash"]
+            if self._repair_to is not None:
+                truncate_to(self.path, self._repair_to)
+                self._repair_to = None
+            append_whole(self.path, _canon(rec) + b"\n", write=self._write)
+        except TornAppend as exc:
+            self._repair_to = exc.keep
+            raise AuditWriteError(f"cannot append to the audit log {self.path}: {exc.strerror}") from None
+        except OSError as exc:
+            raise AuditWriteError(
+                f"cannot append to the audit log {self.path}: {exc.strerror or exc}"
+            ) from None
+        self.seq, self.last = rec["seq"], rec["hash"]
+        # The record is durable. A head that could not be rewritten lags behind whole,
+        # chained records, which the next open catches up; the next append retries it.
+        with contextlib.suppress(OSError):
             self._write_head()
-            return rec
+        return rec
 
     def _write_head(self) -> None:
-        tmp = self.head_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"seq": self.seq, "hash": self.last}))
-        os.replace(tmp, self.head_path)
+        replace_atomically(self.head_path, json.dumps({"seq": self.seq, "hash": self.last}).encode())
 
 
 @dataclass(frozen=True)
@@ -118,16 +241,36 @@ class VerifyResult:
     records: int
     problem: str = ""
     line: int = 0
+    notes: tuple[str, ...] = ()  # crash states the daemon repairs at its next start
+
+
+def _read_head_file(path: Path) -> tuple[int, str] | None:
+    try:
+        head = json.loads(path.read_text())
+        return int(head["seq"]), str(head["hash"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def verify(path: Path) -> VerifyResult:
-    """Check the chain. Detects an edited, dropped, inserted or reordered record."""
+    """Check the chain. Detects an edited, dropped, inserted or reordered record.
+
+    Two states a crash leaves are not tampering and are reported as notes: whole, chained
+    records beyond the head (the head was not yet rewritten) and a torn last line without a
+    newline (a write cut short). The daemon repairs both when it next opens the log.
+    """
     path = Path(path)
     if not path.exists():
         return VerifyResult(False, 0, f"{path}: no such file")
+    head = _read_head_file(path.with_name(path.name + ".head"))
     prev, expect_seq, n = GENESIS, 1, 0
+    at_head = GENESIS if head is not None and head[0] == 0 else ""
+    notes: list[str] = []
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
+            if not raw.endswith(b"\n"):
+                notes.append(f"a torn last line of {len(raw)} bytes (a write cut short) follows record {n}")
+                break
             if not raw.strip():
                 continue
             try:
@@ -151,14 +294,20 @@ def verify(path: Path) -> VerifyResult:
                     False, n, f"record seq={seq}: content does not match its hash (edited)", lineno
                 )
             prev, expect_seq, n = rec["hash"], expect_seq + 1, n + 1
-    head_path = path.with_name(path.name + ".head")
-    if head_path.exists():
-        with contextlib.suppress(ValueError, OSError):
-            head = json.loads(head_path.read_text())
-            if head.get("seq") != n or head.get("hash") != prev:
-                return VerifyResult(
-                    False,
-                    n,
-                    f"the log ends at seq {n} but its head says seq {head.get('seq')}: records were removed from the end",
-                )
-    return VerifyResult(True, n)
+            if head is not None and head[0] == n:
+                at_head = prev
+    if head is not None:
+        if head[0] > n:
+            return VerifyResult(
+                False,
+                n,
+                f"the log ends at seq {n} but its head says seq {head[0]}: records were removed from the end",
+            )
+        if at_head != head[1]:
+            return VerifyResult(False, n, f"record seq={head[0]} does not match the head's hash (edited)")
+        if head[0] < n:
+            notes.append(
+                f"{n - head[0]} whole, chained records after the head (seq {head[0]}): a crash came "
+                "between an append and the head update"
+            )
+    return VerifyResult(True, n, notes=tuple(notes))

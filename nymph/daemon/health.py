@@ -1,26 +1,37 @@
-"""The daemon's health server: /healthz, /readyz, /metrics."""
+"""The daemon's health server: /healthz, /readyz, /metrics. It reads a small view, not the daemon."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from nymph.errors import ConfigError
+from nymph.daemon.metrics import Metrics
+from nymph.netaddr import parse_listen
 
-if TYPE_CHECKING:
-    from nymph.daemon.core import Daemon
 
-DAEMON_KEY: web.AppKey[Daemon] = web.AppKey("daemon")
+@dataclass(frozen=True)
+class HealthView:
+    """What the health routes read."""
+
+    stale_after: float  # seconds without progress of the poll loop before /healthz fails
+    last_progress: Callable[[], float]  # time.monotonic() of the poll loop's last turn
+    queue_ok: Callable[[], bool]
+    kube_ok: Callable[[], bool]
+    reports_buffered: Callable[[], int]
+    metrics: Metrics
+
+
+VIEW_KEY: web.AppKey[HealthView] = web.AppKey("health-view", HealthView)
 
 
 async def healthz(request: web.Request) -> web.Response:
-    d = request.app[DAEMON_KEY]
-    limit = d.s.healthz_stale_polls * (d.s.queue.poll_wait + 10)
-    age = time.monotonic() - d.last_progress
-    if age > limit:
+    v = request.app[VIEW_KEY]
+    age = time.monotonic() - v.last_progress()
+    if age > v.stale_after:
         return web.json_response(
             {"ok": False, "detail": f"poll loop made no progress for {age:.0f}s"}, status=503
         )
@@ -28,38 +39,31 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    d = request.app[DAEMON_KEY]
-    kube_ok = bool(d.watchers) and all(w.connected for w in d.watchers.values())
-    body = {"queue": d.queue_ok, "kubernetes": kube_ok, "reportsBuffered": d.outbox.pending}
+    v = request.app[VIEW_KEY]
+    queue_ok, kube_ok = v.queue_ok(), v.kube_ok()
+    body = {"queue": queue_ok, "kubernetes": kube_ok, "reportsBuffered": v.reports_buffered()}
     return web.json_response(
-        {"ok": d.queue_ok and kube_ok, **body}, status=200 if d.queue_ok and kube_ok else 503
+        {"ok": queue_ok and kube_ok, **body}, status=200 if queue_ok and kube_ok else 503
     )
 
 
 async def metrics(request: web.Request) -> web.Response:
-    d = request.app[DAEMON_KEY]
-    d.metrics.reports_buffered.set(d.outbox.pending)
+    v = request.app[VIEW_KEY]
+    v.metrics.reports_buffered.set(v.reports_buffered())
     return web.Response(
-        body=generate_latest(d.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        body=generate_latest(v.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--listen {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9700")
-    return host or "127.0.0.1", int(port)
-
-
-async def start_health_server(daemon: Daemon, listen: str) -> web.AppRunner:
+async def start_health_server(view: HealthView, *, listen: str) -> web.AppRunner:
     app = web.Application()
-    app[DAEMON_KEY] = daemon
+    app[VIEW_KEY] = view
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    host, port = parse_listen(listen)
+    host, port = parse_listen(listen, example="127.0.0.1:9700", default_host="127.0.0.1")
     site = web.TCPSite(runner, host, port)
     await site.start()
     return runner

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import os
 import random
 import uuid
 from collections import deque
@@ -22,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from nymph.daemon.durable import TornAppend, Writer, append_whole, replace_atomically, truncate_to
 from nymph.logs import get_logger
 
 Sender = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
@@ -32,20 +32,23 @@ class DropItem(Exception):
 
 
 class Outbox:
-    def __init__(self, directory: Path, *, memory_max: int = 1000, batch_max: int = 200) -> None:
+    def __init__(
+        self, directory: Path, *, memory_max: int = 1000, batch_max: int = 200, write: Writer | None = None
+    ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = self.dir / "outbox.jsonl"
         self.ack_file = self.dir / "outbox.ack"
         self.memory_max = memory_max
         self.batch_max = batch_max
+        self._write = write  # a seam for tests injecting a failing write
         self.stream = uuid.uuid4().hex
         self.seq = 0
         self.mem: deque[dict[str, Any]] = deque()
         self.backlog = 0  # items on disk, not in memory
         self.acked = 0  # lines of the file already sent
         self.lines = 0  # lines in the file
-        self._torn = False
+        self._repair_to: int | None = None  # where a failed append must be cut back to
         self.wake = asyncio.Event()
         self.idle = asyncio.Event()
         self.idle.set()
@@ -67,8 +70,7 @@ class Outbox:
         if raw and not raw.endswith(b"\n"):
             # A write cut short by a crash: drop the partial tail so later lines stay whole.
             keep = raw.rfind(b"\n") + 1
-            with self.file.open("r+b") as fh:
-                fh.truncate(keep)
+            truncate_to(self.file, keep)
             raw = raw[:keep]
         lines = raw.decode("utf-8", errors="replace").split("\n")[:-1]
         self.lines = len(lines)
@@ -99,27 +101,24 @@ class Outbox:
         return item
 
     def _reset(self) -> None:
-        with self.file.open("w"):
-            pass
-        self.ack_file.write_text("0")
+        # A kill between the two steps leaves an empty file and an old ack past its end, which
+        # _load treats as "everything sent" and resets again.
+        truncate_to(self.file, 0)
+        replace_atomically(self.ack_file, b"0")
         self.acked = 0
         self.lines = 0
 
     def _append(self, item: dict[str, Any]) -> int:
         """Append one item (fsynced); returns its line index in the file."""
-        data = json.dumps(item, separators=(",", ":")) + "\n"
-        prefix = "\n" if self._torn else ""
+        data = (json.dumps(item, separators=(",", ":")) + "\n").encode("utf-8")
+        if self._repair_to is not None:
+            truncate_to(self.file, self._repair_to)
+            self._repair_to = None
         try:
-            with self.file.open("a", encoding="utf-8") as fh:
-                fh.write(prefix + data)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError:
-            self._torn = True  # the next append starts on a fresh line
+            append_whole(self.file, data, write=self._write)
+        except TornAppend as exc:
+            self._repair_to = exc.keep  # cut the partial line before the next append
             raise
-        if prefix:
-            self.lines += 1
-        self._torn = False
         index = self.lines
         self.lines += 1
         return index
@@ -131,9 +130,7 @@ class Outbox:
             self._reset()
             self.idle.set()
             return
-        tmp = self.ack_file.with_suffix(".tmp")
-        tmp.write_text(str(self.acked))
-        os.replace(tmp, self.ack_file)
+        replace_atomically(self.ack_file, str(self.acked).encode())
         if not self.mem and self.backlog:
             self._refill()
 

@@ -17,7 +17,7 @@ from nymph.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class QueueSettings:
+class DaemonQueueSettings:
     url: str = "http://127.0.0.1:8700"
     token: str = field(default="", repr=False)
     poll_wait: float = 30.0  # long-poll hold, seconds
@@ -52,7 +52,7 @@ class DaemonSettings:
     shutdown_grace_seconds: float = 20.0
     healthz_stale_polls: int = 3
     outbox_memory_max: int = 1000
-    queue: QueueSettings = field(default_factory=QueueSettings)
+    queue: DaemonQueueSettings = field(default_factory=DaemonQueueSettings)
     kube: KubeSettings = field(default_factory=KubeSettings)
     work: WorkSettings = field(default_factory=WorkSettings)
 

@@ -94,3 +94,19 @@ class ApiApplier:
         except Exception as exc:
             raise api_error(exc) from exc
         return str(text)[-limit_bytes:]
+
+    async def can_i(self, *, verb: str, resource: str, namespace: str) -> bool:
+        """A SelfSubjectAccessReview, as ``kubectl auth can-i`` makes one; False when it fails."""
+        body = client.V1SelfSubjectAccessReview(
+            spec=client.V1SelfSubjectAccessReviewSpec(
+                resource_attributes=client.V1ResourceAttributes(
+                    verb=verb, resource=resource, namespace=namespace
+                )
+            )
+        )
+        try:
+            review = await client.AuthorizationV1Api(self.api).create_self_subject_access_review(body)
+        except Exception:
+            return False
+        status = getattr(review, "status", None)
+        return bool(status is not None and status.allowed)

@@ -1,4 +1,7 @@
-"""The apply path, as a protocol with two implementations: kubectl (default) and the API."""
+"""The apply path, as a protocol with two implementations: kubectl (default) and the API.
+
+Both apply, delete Pods, read Pod logs and answer access questions (the probe uses them).
+"""
 
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ class Applier(Protocol):
 
     async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
         """The last ``limit_bytes`` of the user container's log."""
+
+    async def can_i(self, *, verb: str, resource: str, namespace: str) -> bool:
+        """Whether this identity may ``verb`` ``resource`` in ``namespace`` (False when unsure)."""
 
 
 def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:

@@ -24,8 +24,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from nymph.dockyard.kube import Manifest
-from nymph.dockyard.load import Environment
+from nymph.dockyard.render.k8s import Manifest
+from nymph.dockyard.spec.load import Environment
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nymph.dockyard.kube import Manifest
-from nymph.dockyard.load import Environment, load_config
-from nymph.dockyard.render import render_manifests, to_yaml
+from nymph.dockyard.render.k8s import Manifest
+from nymph.dockyard.render.manifests import render_manifests, to_yaml
+from nymph.dockyard.spec.load import Environment, load_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 PAIRS = ["vllm", "sglang"]

@@ -18,9 +18,9 @@ import yaml
 from live_helpers import live_infra
 
 from nymph.cli import main
-from nymph.dockyard.dispatch import DOCKYARD_ROLE_RULES, dockyard_task_manifests
-from nymph.dockyard.parse import parse_infra
-from nymph.dockyard.render import render_manifests
+from nymph.dockyard.render.manifests import render_manifests
+from nymph.dockyard.render.task import DOCKYARD_ROLE_RULES, dockyard_task_manifests
+from nymph.dockyard.spec.parse import parse_infra
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import kubectl_path

@@ -10,15 +10,16 @@ from typing import Any
 import pytest
 
 from nymph.cli import main
-from nymph.dockyard import plan, status
-from nymph.dockyard.dispatch import DOCKYARD_ROLE_RULES, dockyard_task_manifests
-from nymph.dockyard.endpoint import _FORWARDING
 from nymph.dockyard.errors import DockyardConfigError, DockyardLiveError
-from nymph.dockyard.launch import teardown_order
-from nymph.dockyard.live import explain, in_cluster, json_items
-from nymph.dockyard.parse import parse_infra
-from nymph.dockyard.rayapi import normalize_address
-from nymph.dockyard.render import render_manifests
+from nymph.dockyard.live import status
+from nymph.dockyard.live.endpoint import _FORWARDING
+from nymph.dockyard.live.kubectl import explain, in_cluster, json_items
+from nymph.dockyard.live.rayapi import normalize_address
+from nymph.dockyard.live.run import teardown_order
+from nymph.dockyard.render import plan
+from nymph.dockyard.render.manifests import render_manifests
+from nymph.dockyard.render.task import DOCKYARD_ROLE_RULES, dockyard_task_manifests
+from nymph.dockyard.spec.parse import parse_infra
 
 
 def refs(manifests: list[dict[str, Any]]) -> list[str]:

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.interp import InterpolationContext, resolve
-from nymph.dockyard.load import Environment, LoadedConfig, load_config, sanitize_user
-from nymph.dockyard.render import render_manifests, to_yaml
+from nymph.dockyard.render.manifests import render_manifests, to_yaml
+from nymph.dockyard.spec.interp import InterpolationContext, resolve
+from nymph.dockyard.spec.load import Environment, LoadedConfig, load_config, sanitize_user
 
 Write = Callable[[str, str], Path]
 

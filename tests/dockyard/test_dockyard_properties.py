@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from nymph.dockyard import fleets
-from nymph.dockyard.interp import InterpolationContext, resolve
-from nymph.dockyard.overrides import apply_override, parse_override
+from nymph.dockyard.render import fleets
+from nymph.dockyard.spec.interp import InterpolationContext, resolve
+from nymph.dockyard.spec.overrides import apply_override, parse_override
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCXYZ0123456789_-./:", min_size=1, max_size=20)
 amounts = st.one_of(st.integers(min_value=0, max_value=10**6), st.floats(0, 1e6, allow_nan=False))

@@ -16,7 +16,7 @@ from live_helpers import live_infra
 
 from nymph.cli import main
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.rayapi import JobInfo, RayJobsClient
+from nymph.dockyard.live.rayapi import JobInfo, RayJobsClient
 from nymph.localcluster import LocalCluster
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.kube import MANAGED_BY, MANAGED_BY_KEY, Manifest
-from nymph.dockyard.parse import parse_infra
-from nymph.dockyard.render import render_manifests, to_yaml
+from nymph.dockyard.render.k8s import MANAGED_BY, MANAGED_BY_KEY, Manifest
+from nymph.dockyard.render.manifests import render_manifests, to_yaml
+from nymph.dockyard.spec.parse import parse_infra
 
 URL = "http://sbx.team-a.svc.cluster.local:9090"
 

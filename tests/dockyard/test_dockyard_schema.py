@@ -8,17 +8,11 @@ from typing import Any
 import pytest
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.load import SHIPPED_DEFAULTS
-from nymph.dockyard.parse import parse_infra
-from nymph.dockyard.schema import (
-    CodeSource,
-    InfraConfig,
-    LaunchMode,
-    PDBSpec,
-    SchedulerKind,
-    SecuritySpec,
-)
-from nymph.dockyard.yamlio import load_file
+from nymph.dockyard.spec.enums import CodeSource, LaunchMode, SchedulerKind
+from nymph.dockyard.spec.load import SHIPPED_DEFAULTS
+from nymph.dockyard.spec.parse import parse_infra
+from nymph.dockyard.spec.schema import InfraConfig, PDBSpec, SecuritySpec
+from nymph.dockyard.spec.yamlio import load_file
 
 
 def error(data: dict[str, Any]) -> DockyardConfigError:

@@ -19,6 +19,7 @@ import yaml
 from nymph.client import QueueClient
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import free_port
+from tests.hygiene_plugin import stop_process, track
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_ROLE = REPO / "manifests" / "base" / "daemon-role.yaml"
@@ -50,6 +51,14 @@ def wait_http(url: str, timeout: float = 20) -> None:
     raise AssertionError(f"{url} not up in {timeout}s")
 
 
+def _popen(args: list[str], *, log: Any, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a service in its own session (so its whole group can be killed) and track it, so
+    it is killed when the test ends, pass or fail."""
+    return track(
+        subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    )
+
+
 @dataclass
 class QueueProc:
     db: Path
@@ -71,37 +80,31 @@ class QueueProc:
         self.daemon_token = make("daemon")
 
     def start(self) -> QueueProc:
-        log = (self.db.parent / "queue.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "nymph.cli",
-                "queue",
-                "serve",
-                "--db",
-                str(self.db),
-                "--listen",
-                f"127.0.0.1:{self.port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        with (self.db.parent / "queue.log").open("ab") as log:
+            self.proc = _popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "nymph.cli",
+                    "queue",
+                    "serve",
+                    "--db",
+                    str(self.db),
+                    "--listen",
+                    f"127.0.0.1:{self.port}",
+                ],
+                log=log,
+            )
         wait_http(f"{self.url}/healthz")
         return self
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        if self.proc:
+            stop_process(self.proc)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.proc:
+            stop_process(self.proc, sig=signal.SIGTERM)
 
     def user_env(self) -> dict[str, str]:
         return {"NYMPH_URL": self.url, "NYMPH_TOKEN": self.user_token}
@@ -121,49 +124,51 @@ class DaemonProc:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> DaemonProc:
-        log = (self.root.parent / f"daemon-{self.root.name}.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "nymph.cli",
-                "--log-format",
-                "json",
-                "daemon",
-                "--queue",
-                self.queue.url,
-                "--node",
-                NODE,
-                "--namespace",
-                self.namespace,
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--workdir-root",
-                str(self.root),
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                "--poll-wait",
-                "5",
-                "--lease-seconds",
-                "6",
-                *self.extra,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "NYMPH_TOKEN": self.queue.daemon_token},
-        )
+        with (self.root.parent / f"daemon-{self.root.name}.log").open("ab") as log:
+            self.proc = _popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "nymph.cli",
+                    "--log-format",
+                    "json",
+                    "daemon",
+                    "--queue",
+                    self.queue.url,
+                    "--node",
+                    NODE,
+                    "--namespace",
+                    self.namespace,
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                    "--workdir-root",
+                    str(self.root),
+                    "--listen",
+                    f"127.0.0.1:{self.port}",
+                    "--poll-wait",
+                    "5",
+                    "--lease-seconds",
+                    "6",
+                    *self.extra,
+                ],
+                log=log,
+                env={**os.environ, "NYMPH_TOKEN": self.queue.daemon_token},
+            )
         wait_http(f"http://127.0.0.1:{self.port}/healthz")
         return self
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        """SIGKILL the daemon and everything in its process group (its kubectl children too)."""
+        if self.proc:
+            stop_process(self.proc)
 
     def terminate(self, timeout: float = 40) -> int:
         assert self.proc is not None
         self.proc.terminate()
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            stop_process(self.proc)  # and whatever it left in its group
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:

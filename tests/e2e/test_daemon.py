@@ -61,8 +61,9 @@ def stack(
     try:
         yield s
     finally:
-        d.kill()
-        q.kill()
+        # Tests replace the daemon (restarts): kill the current one as well as the first.
+        for proc in (s.daemon, d, q):
+            proc.kill()
 
 
 def history(inst: dict) -> list[str]:  # type: ignore[type-arg]
@@ -294,3 +295,26 @@ def test_daemon_identity_cannot_read_secrets(stack: Stack) -> None:
         text=True,
     )
     assert res.returncode != 0 and "forbidden" in res.stderr.lower()
+
+
+async def test_daemon_restarts_after_a_kill_between_an_audit_record_and_its_head(stack: Stack) -> None:
+    iid = await launch(stack.queue, tags={"sim.nymph.io/run": "1s"})
+    await wait_state(stack.queue, iid, {"stopped"})
+    stack.daemon.kill()
+    log = stack.daemon.root / "audit.jsonl"
+    head = log.with_name(log.name + ".head")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    # The state a kill -9 leaves between the fsync of a record and the rewrite of the head,
+    # plus a torn line from a write cut short.
+    head.write_text(json.dumps({"seq": records[-2]["seq"], "hash": records[-2]["hash"]}))
+    with log.open("a") as fh:
+        fh.write('{"action":"claim","se')
+    d2 = stack.new_daemon()
+    d2.start()  # used to exit 2: "records are missing"
+    stack.daemon = d2
+    again = await launch(stack.queue, tags={"sim.nymph.io/run": "1s"})
+    assert (await wait_state(stack.queue, again, {"stopped"}))["reason"] == "Completed"
+    res = nymph("audit", "verify", str(log))
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line).get("event") for line in log.read_text().splitlines()]
+    assert "head-recovered" in events and "torn-tail-truncated" in events

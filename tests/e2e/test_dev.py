@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hygiene_plugin import track
+
 pytestmark = pytest.mark.e2e
 
 
@@ -22,7 +24,9 @@ def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
+        start_new_session=True,
     )
+    track(proc)  # killed with everything it started when the test ends, pass or fail
     assert proc.stderr is not None
     seen: list[str] = []
     deadline = time.monotonic() + 180

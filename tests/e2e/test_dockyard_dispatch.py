@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nymph.dockyard.dispatch import dockyard_task_manifests
+from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.launch.render import manifest_sha256
 from nymph.localcluster import LocalCluster
 from tests.e2e.harness import REPO, DaemonProc, QueueProc, daemon_kubeconfig, nymph, wait_state

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from queue_helpers import Queue
 
-from nymph.dockyard.dispatch import dockyard_task_manifests
+from nymph.dockyard.render.task import dockyard_task_manifests
 
 NS = "/v1/namespaces/default"
 DOCKYARD = NS + "/providers/kind/dockyard"

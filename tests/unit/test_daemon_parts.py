@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from nymph.daemon.audit import AuditLog, verify
-from nymph.daemon.core import pod_node
 from nymph.daemon.outbox import DropItem, Outbox
 from nymph.daemon.settings import load_settings
+from nymph.daemon.tracker import pod_node
 from nymph.daemon.workdirs import WorkdirError, Workdirs
 from nymph.errors import ConfigError, ValidationError
 from nymph.kube import errors as ke

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 
-from nymph.daemon.dockyard_tasks import DockyardObject, is_dockyard_stop, render
+from nymph.daemon.runner import HandlerKey
+from nymph.daemon.tasks.dockyard import DockyardObject, render
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.launch.render import manifest_sha256
+from nymph.protocol import TaskJSON, TaskKind
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 SPEC: dict[str, Any] = {
@@ -67,6 +69,10 @@ def test_objects_are_named_as_kubectl_prints_them() -> None:
         "name": "dockyard-sandbox",
         "manifestSha256": manifest_sha256(deployment),
     }
+
+
+def is_dockyard_stop(task: dict[str, Any]) -> bool:
+    return HandlerKey.of(cast(TaskJSON, task)) == HandlerKey(TaskKind.STOP, TaskKind.DOCKYARD)
 
 
 def test_stop_tasks_of_dockyard_instances_are_told_apart() -> None:

@@ -15,7 +15,7 @@ def test_packaged_rules_equal_the_manifest_role() -> None:
 
 def test_dockyard_role_is_exactly_the_dockyard_rules() -> None:
     """The daemon's Role is extended only by the kinds a dockyard launch applies."""
-    from nymph.dockyard.dispatch import DOCKYARD_ROLE_RULES
+    from nymph.dockyard.render.task import DOCKYARD_ROLE_RULES
 
     role = yaml.safe_load((REPO / "manifests" / "base" / "daemon-dockyard-role.yaml").read_text())
     assert role["kind"] == "Role" and role["metadata"]["name"] == "nymph-daemon-dockyard"

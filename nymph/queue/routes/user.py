@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from nymph.dockyard.dispatch import dockyard_task_manifests
 from nymph.dockyard.errors import DockyardConfigError
+from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.errors import ConfigError
 from nymph.launch.config import LAUNCHER, Mode, Provider, check_launcher
 from nymph.launch.state import InstanceState

@@ -1,0 +1,304 @@
+"""The live ``nymph dockyard`` verbs: run, cluster up|down|list, status, logs, job, doctor.
+
+Each handler loads and renders like ``render`` does, then runs one coroutine of
+:mod:`nymph.dockyard.live.run`, :mod:`nymph.dockyard.live.observe` or :mod:`nymph.dockyard.live.doctor`
+against the kube context named by ``--kubeconfig`` / ``--context`` (default: the current
+one). Failures are one line on stderr and exit code 2 (raised as ``NymphError``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from nymph.dockyard.errors import DockyardLiveError
+from nymph.dockyard.live import doctor, observe, run
+from nymph.dockyard.live.kubectl import Kube, say
+from nymph.dockyard.render.plan import LogSource
+from nymph.dockyard.spec import kubecontext
+from nymph.dockyard.spec.load import Environment, LoadedConfig
+
+Loader = Callable[..., tuple[LoadedConfig, list[Any]]]
+BRINGUP = "infra.launch.mode=bringup"
+
+
+def _kube(args: argparse.Namespace) -> Kube:
+    return Kube.connect(kubeconfig=args.kubeconfig, context=args.context)
+
+
+def _environment(args: argparse.Namespace) -> Environment:
+    env = Environment.from_process()
+    if args.kubeconfig or args.context:
+        env = dataclasses.replace(
+            env,
+            kubeconfigs=(Path(args.kubeconfig),) if args.kubeconfig else None,
+            context=args.context,
+        )
+    return env
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    if args.namespace:
+        return str(args.namespace)
+    env = _environment(args)
+    choice = kubecontext.infer_namespace(
+        kubeconfigs=env.kubeconfig_paths(), sa_namespace_path=env.sa_namespace_path, context=env.context
+    )
+    return choice.namespace
+
+
+def _options(args: argparse.Namespace) -> run.LiveOptions:
+    return run.LiveOptions(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        ray_address=getattr(args, "ray_address", None),
+        no_wait=bool(getattr(args, "no_wait", False)),
+        dry_run=bool(getattr(args, "dry_run", False)),
+        timeout=getattr(args, "timeout", None),
+        poll=float(getattr(args, "poll", 2.0)),
+    )
+
+
+def _go(coro: Coroutine[Any, Any, int]) -> int:
+    return asyncio.run(coro)
+
+
+def register(
+    verbs: Any,
+    *,
+    common: Callable[[argparse.ArgumentParser], None],
+    load: Loader,
+    parser_class: type[argparse.ArgumentParser],
+) -> None:
+    def loaded(args: argparse.Namespace, *extra: str) -> tuple[LoadedConfig, list[Any]]:
+        return load(args, extra_overrides=extra, environment=_environment(args))
+
+    def cmd_run(args: argparse.Namespace) -> int:
+        cfg, manifests = loaded(args)
+        return _go(run.run(_kube(args), cfg, manifests, opts=_options(args), say=say))
+
+    def cmd_cluster_up(args: argparse.Namespace) -> int:
+        cfg, manifests = loaded(args, BRINGUP)
+        return _go(run.cluster_up(_kube(args), cfg, manifests, opts=_options(args), say=say))
+
+    def cmd_cluster_down(args: argparse.Namespace) -> int:
+        cfg, manifests = loaded(args, BRINGUP)
+        return _go(run.cluster_down(_kube(args), cfg, manifests, opts=_options(args), say=say))
+
+    def cmd_cluster_list(args: argparse.Namespace) -> int:
+        ns = None if args.all_namespaces else _namespace(args)
+        return _go(observe.cluster_list(_kube(args), namespace=ns, say=say))
+
+    def cmd_status(args: argparse.Namespace) -> int:
+        cfg, manifests = loaded(args)
+        return _go(observe.show_status(_kube(args), cfg, manifests, say=say))
+
+    def cmd_logs(args: argparse.Namespace) -> int:
+        cfg, manifests = loaded(args)
+        opts = observe.LogOptions(
+            source=LogSource(args.source),
+            follow=args.follow,
+            tail=args.tail,
+            group=args.group,
+            container=args.container,
+        )
+        return _go(observe.logs(_kube(args), cfg, manifests, opts=opts, say=_stderr_say))
+
+    def target(args: argparse.Namespace) -> observe.JobTarget:
+        return observe.JobTarget(
+            namespace=_namespace(args),
+            cluster=args.cluster,
+            ray_address=args.ray_address,
+            kubeconfig=args.kubeconfig,
+            timeout=args.timeout or 120.0,
+            poll=args.poll,
+        )
+
+    def cmd_job_list(args: argparse.Namespace) -> int:
+        return _go(observe.job_list(_kube(args), target(args), say=_stderr_say))
+
+    def cmd_job_logs(args: argparse.Namespace) -> int:
+        return _go(
+            observe.job_logs(_kube(args), target(args), args.job_id, follow=args.follow, say=_stderr_say)
+        )
+
+    def cmd_job_stop(args: argparse.Namespace) -> int:
+        return _go(observe.job_stop(_kube(args), target(args), args.job_id, wait=not args.no_wait, say=say))
+
+    def cmd_doctor(args: argparse.Namespace) -> int:
+        infra = None
+        if args.recipe:
+            cfg, _ = loaded(args)
+            infra = cfg.infra
+            namespace = args.namespace or infra.namespace
+        else:
+            if args.overrides:
+                raise DockyardLiveError(
+                    "overrides need a RECIPE: nymph dockyard doctor RECIPE [--infra F] KEY=VALUE"
+                )
+            namespace = _namespace(args)
+        return _go(doctor.doctor(_kube(args), namespace=namespace, infra=infra, say=say))
+
+    # -- parsers ---------------------------------------------------------------------------
+
+    r = verbs.add_parser(
+        "run",
+        help="apply and launch: rayjob (follow the RayJob), bringup or attach (submit the entrypoint)",
+        description="Launch a recipe. rayjob mode: server-side apply the sandbox pool, then the "
+        "RayJob, and follow it to a terminal state (exit 0 only if it succeeded). bringup: ensure "
+        "the pool and the RayCluster, wait for the head, submit launch.entrypoint through the Ray "
+        "Jobs REST API and follow the job. attach: submit to the RayCluster named by "
+        "launch.attach. ResourceQuota / LimitRange are never applied.",
+    )
+    common(r)
+    _kube_args(r)
+    _wait_args(r)
+    _ray_address(r)
+    r.add_argument(
+        "--dry-run", action="store_true", help="server-side dry run of every manifest; change nothing"
+    )
+    r.set_defaults(func=cmd_run)
+
+    c = verbs.add_parser("cluster", help="bring a RayCluster and its sandbox pool up or down; list clusters")
+    cverbs = c.add_subparsers(dest="cluster_command", metavar="VERB", parser_class=parser_class)
+    c.set_defaults(func=lambda _a: _usage(c))
+    up = cverbs.add_parser(
+        "up",
+        help="apply the sandbox pool (NetworkPolicy, PDB), PDBs and the RayCluster; wait until ready",
+        description="Render in bringup mode and server-side apply the sandbox pool (Deployment, "
+        "Service, NetworkPolicy, PDB), the cluster PDB and the RayCluster, then wait for the pool "
+        "and the cluster to be ready. ResourceQuota / LimitRange are never applied.",
+    )
+    common(up)
+    _kube_args(up)
+    _wait_args(up)
+    up.add_argument("--dry-run", action="store_true", help="server-side dry run; change nothing")
+    up.set_defaults(func=cmd_cluster_up)
+    down = cverbs.add_parser(
+        "down",
+        help="delete the RayCluster (and a RayJob of its name), PDBs and the sandbox pool",
+        description="Delete what 'cluster up' and 'run' apply for this recipe, last applied first: "
+        "a RayJob of the cluster's name, the RayCluster, the PDBs, the NetworkPolicy, the Service "
+        "and the Deployment. ResourceQuota / LimitRange are never touched.",
+    )
+    common(down)
+    _kube_args(down)
+    down.add_argument("--no-wait", action="store_true", help="do not wait until the objects are gone")
+    down.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to wait (default 120)")
+    down.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    down.set_defaults(func=cmd_cluster_down)
+    ls = cverbs.add_parser("list", help="list RayClusters and dockyard sandbox pools")
+    _kube_args(ls)
+    _namespace_arg(ls)
+    ls.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    ls.set_defaults(func=cmd_cluster_list)
+
+    s = verbs.add_parser(
+        "status",
+        help="the live state of every object of a recipe (exit 1 if any is absent)",
+    )
+    common(s)
+    _kube_args(s)
+    s.set_defaults(func=cmd_status)
+
+    lg = verbs.add_parser("logs", help="logs of the head, the workers or the sandbox pool (kubectl logs)")
+    common(lg)
+    _kube_args(lg)
+    lg.add_argument(
+        "--source", choices=[x.value for x in LogSource], default="head", help="whose logs (default head)"
+    )
+    lg.add_argument("-f", "--follow", action="store_true", help="stream new lines")
+    lg.add_argument("--tail", type=int, default=200, help="lines per pod to start with (default 200)")
+    lg.add_argument("--group", help="only this worker group (with --source worker)")
+    lg.add_argument("-c", "--container", help="container (default: the pod's first)")
+    lg.set_defaults(func=cmd_logs)
+
+    j = verbs.add_parser("job", help="Ray jobs on a head: list, logs, stop (Ray Jobs REST API)")
+    jverbs = j.add_subparsers(dest="job_command", metavar="VERB", parser_class=parser_class)
+    j.set_defaults(func=lambda _a: _usage(j))
+    jl = jverbs.add_parser("list", help="the jobs of a Ray head")
+    jg = jverbs.add_parser("logs", help="the driver log of a job")
+    jg.add_argument("job_id", metavar="SUBMISSION_ID")
+    jg.add_argument("-f", "--follow", action="store_true", help="stream until the job ends")
+    js = jverbs.add_parser("stop", help="stop a job")
+    js.add_argument("job_id", metavar="SUBMISSION_ID")
+    js.add_argument("--no-wait", action="store_true", help="do not wait until it has stopped")
+    jl.set_defaults(func=cmd_job_list)
+    jg.set_defaults(func=cmd_job_logs)
+    js.set_defaults(func=cmd_job_stop)
+    for sub in (jl, jg, js):
+        _kube_args(sub)
+        _namespace_arg(sub)
+        sub.add_argument("--cluster", metavar="NAME", help="the RayCluster whose head to use")
+        _ray_address(sub)
+        sub.add_argument(
+            "--timeout", type=float, metavar="SECONDS", help="how long to wait for the head (default 120)"
+        )
+        sub.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
+
+    d = verbs.add_parser(
+        "doctor",
+        help="check the kube context: reachable, authorised, KubeRay CRDs, PriorityClass",
+        description="Check that this kube context can run dockyard: kubectl reaches the API server, "
+        "you may do what the live commands do in the namespace, the KubeRay CRDs are installed, "
+        "and (with a RECIPE) the PriorityClass and ServiceAccount it names exist. Exit 1 if a "
+        "check fails.",
+    )
+    d.add_argument("recipe", nargs="?", help="recipe YAML (optional: adds the checks of its infra)")
+    d.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides (with a RECIPE)")
+    d.add_argument("--infra", metavar="FILE", help="infra YAML")
+    _kube_args(d)
+    _namespace_arg(d)
+    d.set_defaults(func=cmd_doctor)
+
+
+def _stderr_say(line: str) -> None:
+    """Progress for verbs whose stdout is data (logs, job output)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _kube_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kube context (default: the current one)")
+
+
+def _namespace_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--namespace", help="namespace (default: the kube context's, else default)")
+
+
+def _wait_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return once applied / submitted: do not wait for the pool or follow the job",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="give up waiting after this long (default: sandbox.healthCheckTimeoutS for the pool, "
+        "1800 for the cluster, no limit when following a job)",
+    )
+    p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
+
+
+def _ray_address(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ray-address",
+        metavar="URL",
+        help="the head's dashboard (http://HOST:8265); default: the head Service, through kubectl "
+        "port-forward outside the cluster",
+    )
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+__all__: Sequence[str] = ["register"]

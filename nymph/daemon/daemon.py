@@ -1,0 +1,219 @@
+"""The daemon: builds the parts and runs them as named, guarded loops.
+
+claimer (leases) -> runner (handlers by task kind) -> Pod watch -> tracker (reports) ->
+outbox -> sender (queue); the reaper removes finished Pods. Signals only set a flag; shutdown
+stops claiming, lets in-flight work finish within a grace period, hands unstarted leases back,
+flushes the outbox and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from kubernetes_asyncio import client as kclient
+
+from nymph.client import QueueClient, safe_url
+from nymph.daemon.aiotasks import cancel_all, guarded
+from nymph.daemon.audit import AuditLog
+from nymph.daemon.claimer import Claimer
+from nymph.daemon.health import HealthView, start_health_server
+from nymph.daemon.metrics import Metrics
+from nymph.daemon.outbox import Outbox
+from nymph.daemon.reaper import Reaper
+from nymph.daemon.reconcile import reconcile
+from nymph.daemon.runner import HandlerRegistry, Runner
+from nymph.daemon.sender import QueueSender
+from nymph.daemon.settings import DaemonSettings
+from nymph.daemon.tasks import dockyard, pods
+from nymph.daemon.tasks.context import TaskContext
+from nymph.daemon.tracker import Tracker
+from nymph.daemon.workdirs import Workdirs
+from nymph.kube.api import ApiApplier, make_api_client
+from nymph.kube.applier import Applier
+from nymph.kube.kubectl import Kubectl
+from nymph.kube.watch import PodWatcher
+from nymph.launch.names import LABEL_MANAGED
+from nymph.logs import get_logger
+from nymph.protocol import TaskKind
+
+
+def default_handlers() -> HandlerRegistry:
+    """Every task kind the daemon handles, and by what."""
+    registry = HandlerRegistry()
+    registry.add_batch(TaskKind.LAUNCH, pods.launch)
+    registry.add(TaskKind.STOP, pods.stop, stops=TaskKind.LAUNCH)
+    registry.add(TaskKind.PROBE, pods.probe)
+    registry.add(TaskKind.DOCKYARD, dockyard.launch)
+    registry.add(TaskKind.STOP, dockyard.stop, stops=TaskKind.DOCKYARD)
+    return registry
+
+
+class Daemon:
+    def __init__(
+        self,
+        settings: DaemonSettings,
+        *,
+        metrics: Metrics | None = None,
+        handlers: HandlerRegistry | None = None,
+    ) -> None:
+        self.s = settings
+        self.node = settings.node
+        self.metrics = metrics or Metrics()
+        self.handlers = handlers or default_handlers()
+        self.log = get_logger("daemon", node=self.node, daemon=settings.daemon_id)
+        self.stopping = asyncio.Event()
+        self.reconciled = asyncio.Event()
+        self.loops: list[asyncio.Task[None]] = []
+        self.watchers: dict[str, PodWatcher] = {}
+        self.workdirs = Workdirs(
+            root=settings.work.root, mode=settings.work.dir_mode, owner=settings.work.owner
+        )
+        self.audit = AuditLog(settings.audit_path)
+        self.outbox = Outbox(settings.state_dir, memory_max=settings.outbox_memory_max)
+        self.tracker = Tracker(
+            node=self.node, outbox=self.outbox, metrics=self.metrics, workdirs=self.workdirs
+        )
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+
+    async def _synced(self) -> None:
+        await asyncio.gather(*(w.synced.wait() for w in self.watchers.values()))
+
+    def _applier(self, api: kclient.ApiClient) -> tuple[Applier, Kubectl]:
+        kube = self.s.kube
+        kubectl = Kubectl(kubeconfig=kube.kubeconfig, context=kube.context)
+        if kube.apply_with == "api":
+            return ApiApplier(api), kubectl
+        return kubectl, kubectl
+
+    def _watch_restart_counter(self, namespace: str) -> Callable[[str], None]:
+        def count(why: str) -> None:
+            self.metrics.watch_restarts.labels(namespace, why).inc()
+
+        return count
+
+    async def run(self) -> int:
+        s = self.s
+        client = QueueClient(base_url=s.queue.url, token=s.queue.token, timeout=30.0)
+        api = await make_api_client(kubeconfig=s.kube.kubeconfig, context=s.kube.context)
+        applier, kubectl = self._applier(api)
+        claimer = Claimer(
+            settings=s, client=client, outbox=self.outbox, audit=self.audit, metrics=self.metrics
+        )
+        context = TaskContext(
+            applier=applier,
+            kubectl=kubectl,
+            tracker=self.tracker,
+            complete=claimer.complete,
+            audit=self.audit,
+            metrics=self.metrics,
+            workdirs=self.workdirs,
+            namespaces=tuple(s.kube.namespaces),
+            node=self.node,
+            daemon_id=s.daemon_id,
+            workdir_root=s.work.root,
+            delete_grace_seconds=s.kube.delete_grace_seconds,
+            stopping=self.stopping,
+        )
+        runner = Runner(
+            claimer=claimer,
+            registry=self.handlers,
+            context=context,
+            concurrency=s.concurrency,
+            batch_max=s.batch_max,
+        )
+        reaper = Reaper(
+            settings=s.work,
+            node=self.node,
+            tracker=self.tracker,
+            applier=applier,
+            outbox=self.outbox,
+            workdirs=self.workdirs,
+            audit=self.audit,
+            metrics=self.metrics,
+        )
+        sender = QueueSender(
+            daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics
+        )
+        self.workdirs.base.mkdir(parents=True, exist_ok=True)
+        health = await start_health_server(
+            HealthView(
+                stale_after=s.healthz_stale_polls * (s.queue.poll_wait + 10),
+                last_progress=lambda: claimer.last_progress,
+                queue_ok=lambda: claimer.queue_ok,
+                kube_ok=self.tracker.connected,
+                reports_buffered=lambda: self.outbox.pending,
+                metrics=self.metrics,
+            ),
+            listen=s.listen,
+        )
+        self.log.info(
+            "daemon starting",
+            queue=safe_url(s.queue.url),
+            namespaces=list(s.kube.namespaces),
+            apply_with=s.kube.apply_with,
+        )
+        self.loops.append(guarded("outbox", lambda: self.outbox.run(sender)))
+        for ns in s.kube.namespaces:
+            w = PodWatcher(
+                api=api,
+                namespace=ns,
+                label_selector=f"{LABEL_MANAGED}=true",
+                on_event=self.tracker.on_pod_event,
+                on_restart=self._watch_restart_counter(ns),
+            )
+            self.watchers[ns] = w
+            self.tracker.follow(w)
+            self.loops.append(guarded(f"watch:{ns}", w.run))
+        self.loops.append(
+            guarded(
+                "reconcile",
+                lambda: reconcile(
+                    node=self.node,
+                    client=client,
+                    tracker=self.tracker,
+                    claimer=claimer,
+                    audit=self.audit,
+                    synced=self._synced,
+                    reconciled=self.reconciled,
+                ),
+                restart=True,
+            )
+        )
+        self.loops.append(
+            guarded("claimer", lambda: claimer.claim_loop(reconciled=self.reconciled, stopping=self.stopping))
+        )
+        # Launches must not run before the watch caches are synced (the adopt check uses them).
+        self.loops.append(guarded("dispatcher", lambda: runner.run(ready=self._synced)))
+        self.loops.append(guarded("renewer", claimer.renew_loop))
+        self.loops.append(guarded("reaper", reaper.run))
+        try:
+            await self.stopping.wait()
+            await self._shutdown(claimer, runner)
+        finally:
+            await cancel_all(self.loops)
+            await health.cleanup()
+            await client.close()
+            await api.close()
+        self.log.info("daemon stopped")
+        return 0
+
+    async def _shutdown(self, claimer: Claimer, runner: Runner) -> None:
+        s = self.s
+        self.log.info("shutting down: no new claims; finishing in-flight work", inflight=claimer.inflight)
+        for t in self.loops:
+            if t.get_name() == "claimer":
+                t.cancel()
+        claimer.drop_waiting()
+        await claimer.release(claimer.unstarted())
+        await runner.drain(grace=s.shutdown_grace_seconds)
+        # Whatever we hold and will not complete (not started, skipped because we are stopping,
+        # or cut off by the grace period) goes back now rather than when its lease lapses.
+        await claimer.release(claimer.uncompleted())
+        flushed = await self.outbox.flush(timeout=min(10.0, s.shutdown_grace_seconds))
+        if not flushed:
+            self.log.warning(
+                "queue unreachable at shutdown; unsent reports kept on disk", pending=self.outbox.pending
+            )

@@ -1,0 +1,99 @@
+"""Crash-safe writes for the daemon's state files.
+
+* :func:`append_whole` appends one record and fsyncs it, or leaves the file as it was: when a
+  write or fsync fails (ENOSPC, EIO...), the file is truncated back to its previous length, so
+  no torn record stays behind. If even that fails, :class:`TornAppend` says where the file
+  must be cut before anything else is appended.
+* :func:`replace_atomically` writes a small file whole or not at all (temp file, fsync, rename,
+  fsync of the directory), so a kill at any moment leaves the old or the new content.
+
+``write`` is a seam for tests that inject a failing write; it defaults to :func:`os.write`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+Writer = Callable[[int, bytes], int]
+
+
+class TornAppend(OSError):
+    """An append failed and the partial record could not be removed; cut the file at ``keep``."""
+
+    def __init__(self, errno_: int, strerror: str, *, keep: int) -> None:
+        super().__init__(errno_, strerror)
+        self.keep = keep
+
+
+def _write_all(fd: int, data: bytes, write: Writer) -> None:
+    view = memoryview(data)
+    while view:
+        n = write(fd, bytes(view))
+        if n <= 0:
+            raise OSError(5, "short write")
+        view = view[n:]
+
+
+def append_whole(path: Path, data: bytes, *, mode: int = 0o640, write: Writer | None = None) -> int:
+    """Append ``data`` and fsync it; on failure restore the old length and re-raise.
+
+    Returns the file's length before the append (where the record starts).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
+    try:
+        keep = os.fstat(fd).st_size
+        try:
+            _write_all(fd, data, write or os.write)
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, keep)
+                with contextlib.suppress(OSError):
+                    os.fsync(fd)
+            except OSError:
+                raise TornAppend(exc.errno or 5, exc.strerror or str(exc), keep=keep) from exc
+            raise
+        return keep
+    finally:
+        os.close(fd)
+
+
+def truncate_to(path: Path, size: int) -> None:
+    """Cut ``path`` to ``size`` bytes (no-op when it is already no longer) and fsync it."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if os.fstat(fd).st_size > size:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def replace_atomically(path: Path, data: bytes, *, mode: int = 0o640) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            _write_all(fd, data, os.write)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)

@@ -1,0 +1,175 @@
+"""Running claimed tasks: batching, bounded concurrency, a handler per task kind.
+
+The runner takes tasks off the claimer's local queue, groups what can be applied together
+(launches: one apply call for many Pods) and runs each group under a semaphore of
+``concurrency``. The handler of a task is looked up in a :class:`HandlerRegistry` by its
+:class:`~nymph.protocol.TaskKind` (a ``stop`` also by the kind of launch it ends); a kind with
+no handler fails the task for good with a clear message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nymph.daemon.claimer import Claimer
+from nymph.daemon.tasks.context import TaskContext
+from nymph.errors import NymphError
+from nymph.logs import get_logger
+from nymph.protocol import TaskJSON, TaskKind
+
+BatchHandler = Callable[[TaskContext, list[TaskJSON]], Awaitable[None]]
+OneHandler = Callable[[TaskContext, TaskJSON], Awaitable[None]]
+
+
+def stopped_kind(task: Mapping[str, Any]) -> TaskKind:
+    """The kind of launch a ``stop`` task ends. The queue sends the stop of a dockyard instance
+    with that instance's spec under ``"dockyard"``; any other stop ends a Pod launch."""
+    spec = task.get("spec")
+    return TaskKind.DOCKYARD if isinstance(spec, Mapping) and "dockyard" in spec else TaskKind.LAUNCH
+
+
+class UnknownTaskKind(NymphError):
+    """A task of a kind this daemon has no handler for."""
+
+
+@dataclass(frozen=True)
+class HandlerKey:
+    """What a handler is registered under: the task's kind and, for a stop, what it stops."""
+
+    kind: TaskKind
+    stops: TaskKind | None = None
+
+    @classmethod
+    def of(cls, task: TaskJSON) -> HandlerKey:
+        """The key of a task off the wire. Raises :class:`UnknownTaskKind`."""
+        try:
+            kind = TaskKind(task.get("kind"))
+        except ValueError:
+            raise UnknownTaskKind(f"unknown task kind {task.get('kind')!r}") from None
+        return cls(kind, stopped_kind(task) if kind is TaskKind.STOP else None)
+
+
+@dataclass(frozen=True)
+class Handler:
+    key: HandlerKey
+    run: BatchHandler
+    batched: bool  # tasks of this key that arrive together are handled in one call
+
+
+class HandlerRegistry:
+    def __init__(self) -> None:
+        self._handlers: dict[HandlerKey, Handler] = {}
+
+    def _add(self, handler: Handler) -> None:
+        if handler.key in self._handlers:
+            raise NymphError(f"a handler for {handler.key} is registered already")
+        self._handlers[handler.key] = handler
+
+    def add(self, kind: TaskKind, handler: OneHandler, *, stops: TaskKind | None = None) -> None:
+        """Register a handler that takes one task at a time."""
+
+        async def one_by_one(ctx: TaskContext, tasks: list[TaskJSON]) -> None:
+            for task in tasks:
+                await handler(ctx, task)
+
+        self._add(Handler(HandlerKey(kind, stops), one_by_one, batched=False))
+
+    def add_batch(self, kind: TaskKind, handler: BatchHandler) -> None:
+        """Register a handler that takes every task of ``kind`` that arrived together."""
+        self._add(Handler(HandlerKey(kind), handler, batched=True))
+
+    def lookup(self, task: TaskJSON) -> Handler:
+        """The handler of ``task``. Raises :class:`UnknownTaskKind`."""
+        key = HandlerKey.of(task)
+        try:
+            return self._handlers[key]
+        except KeyError:
+            what = task.get("kind") if key.stops is None else f"{key.kind.value} of {key.stops.value}"
+            raise UnknownTaskKind(f"unknown task kind {what!r}") from None
+
+    def group(
+        self, batch: list[TaskJSON]
+    ) -> tuple[list[tuple[Handler, list[TaskJSON]]], list[tuple[TaskJSON, UnknownTaskKind]]]:
+        """Split a batch into handler groups: each batched key's tasks together (first), then
+        the rest one each; and the tasks no handler takes, with the reason."""
+        batched: dict[HandlerKey, tuple[Handler, list[TaskJSON]]] = {}
+        singles: list[tuple[Handler, list[TaskJSON]]] = []
+        unknown: list[tuple[TaskJSON, UnknownTaskKind]] = []
+        for task in batch:
+            try:
+                handler = self.lookup(task)
+            except UnknownTaskKind as exc:
+                unknown.append((task, exc))
+                continue
+            if handler.batched:
+                batched.setdefault(handler.key, (handler, []))[1].append(task)
+            else:
+                singles.append((handler, [task]))
+        return [*batched.values(), *singles], unknown
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        claimer: Claimer,
+        registry: HandlerRegistry,
+        context: TaskContext,
+        concurrency: int,
+        batch_max: int,
+    ) -> None:
+        self.claimer = claimer
+        self.registry = registry
+        self.ctx = context
+        self.concurrency = concurrency
+        self.batch_max = batch_max
+        self.work: set[asyncio.Task[None]] = set()
+        self.log = get_logger("runner", node=context.node)
+
+    async def run(self, *, ready: Callable[[], Awaitable[object]]) -> None:
+        """Take tasks off the local queue for good; ``ready`` is awaited before the first one."""
+        sem = asyncio.Semaphore(self.concurrency)
+        local = self.claimer.local
+        await ready()
+        while True:
+            first = await local.get()
+            batch = [first]
+            while len(batch) < self.batch_max and not local.empty():
+                batch.append(local.get_nowait())
+            self.claimer.begin(batch)
+            groups, unknown = self.registry.group(batch)
+            for task, exc in unknown:
+                self.ctx.complete(task_id=task["taskId"], ok=False, error=str(exc), retryable=False)
+                self.claimer.end(1)
+            for handler, tasks in groups:
+                await sem.acquire()
+                job = asyncio.create_task(self._run(handler, tasks, sem), name=f"work:{tasks[0]['taskId']}")
+                self.work.add(job)
+                job.add_done_callback(self.work.discard)
+
+    async def _run(self, handler: Handler, tasks: list[TaskJSON], sem: asyncio.Semaphore) -> None:
+        try:
+            await handler.run(self.ctx, tasks)
+        except Exception:
+            self.log.exception("task handling crashed", tasks=[t["taskId"] for t in tasks])
+            for t in tasks:
+                if t["taskId"] not in self.claimer.completing:
+                    self.ctx.complete(
+                        task_id=t["taskId"], ok=False, error="internal error in the daemon", retryable=True
+                    )
+        finally:
+            sem.release()
+            self.claimer.end(len(tasks))
+
+    async def drain(self, *, grace: float) -> None:
+        """Let running work finish within ``grace`` seconds, then cancel what is left."""
+        if not self.work:
+            return
+        _, pending = await asyncio.wait(self.work, timeout=grace)
+        for p in pending:
+            p.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)

@@ -1,0 +1,76 @@
+"""What a task handler may use: a small frozen context, never the daemon itself."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from nymph.daemon.audit import AuditLog
+from nymph.daemon.metrics import Metrics
+from nymph.daemon.tracker import Tracker
+from nymph.daemon.workdirs import Workdirs
+from nymph.kube.applier import Applier
+from nymph.kube.kubectl import Kubectl
+from nymph.protocol import TaskJSON
+
+
+class Complete(Protocol):
+    """Hand a task's outcome to the queue (through the outbox)."""
+
+    def __call__(
+        self,
+        *,
+        task_id: str,
+        ok: bool,
+        error: str | None = None,
+        retryable: bool = False,
+        result: dict[str, Any] | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    applier: Applier  # Pods: kubectl or the API, as --apply-with says
+    kubectl: Kubectl  # dockyard objects: always kubectl (the API applier handles only Pods)
+    tracker: Tracker
+    complete: Complete
+    audit: AuditLog
+    metrics: Metrics
+    workdirs: Workdirs
+    namespaces: tuple[str, ...]  # the namespaces this daemon serves
+    node: str | None
+    daemon_id: str
+    workdir_root: Path
+    delete_grace_seconds: int | None
+    stopping: asyncio.Event
+
+    def unserved(self, namespace: str) -> str | None:
+        """Why a task for ``namespace`` cannot run here, or None when this daemon serves it."""
+        if namespace in self.namespaces:
+            return None
+        return f"this daemon does not serve namespace {namespace!r} (it serves {', '.join(self.namespaces)})"
+
+    def refuse_spec(
+        self,
+        task: TaskJSON,
+        *,
+        what: str,
+        error: Exception,
+        namespace: str | None = None,
+        requester: str | None = None,
+    ) -> None:
+        """A launch whose spec cannot be used: count it, audit it, fail it for good."""
+        self.metrics.launches.labels("failed").inc()
+        self.audit.append(
+            "apply",
+            task=task["taskId"],
+            instance=task.get("instanceId"),
+            namespace=namespace,
+            node=self.node,
+            requester=requester,
+            result="failed",
+            error=str(error),
+        )
+        self.complete(task_id=task["taskId"], ok=False, error=f"bad {what} spec: {error}", retryable=False)

@@ -1,0 +1,319 @@
+"""Dockyard tasks on the daemon: a recipe + infra becomes objects applied in order; a stop
+deletes them again.
+
+fetch -> render (pure: :func:`nymph.dockyard.render.task.dockyard_task_manifests`) -> apply (I/O:
+one ``kubectl apply --server-side`` of every object, in apply order) -> report.
+
+* Exactly-once in effect: the render is deterministic and server-side apply under one field
+  manager is idempotent, so a redelivered task re-applies the same objects, never duplicates.
+* There is no Pod to watch: the instance is ``starting`` while the objects are applied and
+  ``running`` once all are (KubeRay and the Deployment controller take it from there). The
+  completion result lists the objects. The instance keeps no node: its objects are not pinned
+  to this one, so any daemon serving the namespace may stop it.
+* Failures are classified like launches: transient ones (connection, throttling, conflicts)
+  are retried here with backoff, then handed back to the queue as retryable; a permanent one
+  (Invalid, Forbidden, a bad spec) fails the launch with the API server's message, after
+  deleting what this attempt applied, so a failed launch leaves nothing running.
+* A stop task carries the dockyard spec again (``{"dockyard": spec}``): the same objects are
+  rendered and deleted in reverse order; an object already gone is fine.
+* Always kubectl, whatever ``--apply-with`` says: the API applier handles only Pods.
+* Applies are retried as :func:`nymph.daemon.tasks.apply.apply_all` says; reports go through
+  the tracker, unpinned (no node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nymph.daemon.tasks.apply import apply_all
+from nymph.daemon.tasks.context import TaskContext
+from nymph.daemon.tracker import Report
+from nymph.dockyard.errors import DockyardConfigError
+from nymph.dockyard.render.task import dockyard_task_manifests
+from nymph.kube.errors import KubeError, NotFound, classify_kubectl
+from nymph.kube.kubectl import Kubectl
+from nymph.launch.render import manifest_sha256, to_yaml_stream
+from nymph.launch.state import InstanceState, Reason
+from nymph.logs import get_logger
+from nymph.protocol import TaskJSON
+
+_DELETE_ARGS = ("delete", "-f", "-", "--ignore-not-found", "--wait=false", "-o", "name")
+
+
+@dataclass(frozen=True)
+class DockyardObject:
+    """One rendered object, as the audit log, the messages and the task result name it."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    sha256: str
+
+    @classmethod
+    def of(cls, manifest: Mapping[str, Any]) -> DockyardObject:
+        meta = manifest.get("metadata") or {}
+        return cls(
+            api_version=str(manifest.get("apiVersion") or ""),
+            kind=str(manifest.get("kind") or ""),
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            sha256=manifest_sha256(manifest),
+        )
+
+    @property
+    def ref(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+    @property
+    def printed_name(self) -> str:
+        """How ``kubectl ... -o name`` prints it: ``deployment.apps/x``, ``service/x``."""
+        group = self.api_version.rpartition("/")[0]
+        return f"{self.kind.lower()}{'.' + group if group else ''}/{self.name}"
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "manifestSha256": self.sha256,
+        }
+
+
+# --- pure --------------------------------------------------------------------------------------
+
+
+def render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
+    """The manifests of a dockyard task spec for ``namespace``, in apply order.
+
+    Raises :class:`DockyardConfigError` for a spec of the wrong shape, one dispatched to
+    another namespace than the task's, or one the renderer refuses.
+    """
+    if not isinstance(spec, Mapping):
+        raise DockyardConfigError("the task carries no dockyard spec", source="task")
+    recipe = spec.get("recipe")
+    infra = spec.get("infra") or {}
+    overrides = spec.get("overrides") or []
+    if not isinstance(recipe, Mapping):
+        raise DockyardConfigError("expected a mapping", path="recipe", source="task")
+    if not isinstance(infra, Mapping):
+        raise DockyardConfigError("expected a mapping", path="infra", source="task")
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise DockyardConfigError("expected a list of strings", path="overrides", source="task")
+    if spec.get("namespace") != namespace:
+        raise DockyardConfigError(
+            f"the spec is for namespace {spec.get('namespace')!r} but the task for {namespace!r}",
+            path="namespace",
+            source="task",
+        )
+    return dockyard_task_manifests(recipe=recipe, infra=infra, overrides=overrides, namespace=namespace)
+
+
+def _describe(obj: DockyardObject, err: KubeError) -> str:
+    return f"{obj.ref}: {err.__class__.__name__}: {err.message}"[:2000]
+
+
+# --- I/O ---------------------------------------------------------------------------------------
+
+
+def _log(ctx: TaskContext, task: Mapping[str, Any]) -> Any:
+    return get_logger(
+        "dockyard-tasks", node=ctx.node, instance=task.get("instanceId"), task=task.get("taskId")
+    )
+
+
+async def _render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
+    """:func:`render` off the event loop (a render takes tens of milliseconds)."""
+    try:
+        return await asyncio.to_thread(render, spec, namespace=namespace)
+    except RecursionError:
+        raise DockyardConfigError("nested too deep to render", source="task") from None
+
+
+async def _delete(kubectl: Kubectl, manifests: Sequence[Mapping[str, Any]]) -> list[KubeError | bool]:
+    """Delete in the order given; per object True (deleted), False (already gone) or the error.
+
+    One kubectl invocation; when it fails, the objects it did not report deleted are deleted
+    one by one so that each gets its own answer.
+    """
+    objs = [DockyardObject.of(m) for m in manifests]
+    try:
+        res = await kubectl.run(_DELETE_ARGS, stdin=to_yaml_stream([dict(m) for m in manifests]))
+    except KubeError as exc:
+        return [exc for _ in objs]
+    printed = set(res.stdout.split())
+    if res.code == 0:
+        return [o.printed_name in printed for o in objs]
+    results: list[KubeError | bool] = []
+    for obj, manifest in zip(objs, manifests, strict=True):
+        if obj.printed_name in printed:
+            results.append(True)
+            continue
+        try:
+            one = await kubectl.run(_DELETE_ARGS, stdin=to_yaml_stream([dict(manifest)]))
+        except KubeError as exc:
+            results.append(exc)
+            continue
+        if one.code == 0:
+            results.append(obj.printed_name in one.stdout.split())
+            continue
+        err = classify_kubectl(one.stderr)
+        # NotFound covers a kind whose CRD is gone: no such object can exist.
+        results.append(False if isinstance(err, NotFound) else err)
+    return results
+
+
+# --- task handlers -----------------------------------------------------------------------------
+
+
+async def launch(ctx: TaskContext, task: TaskJSON) -> None:
+    """A ``dockyard`` task: render, apply every object in order, report, complete."""
+    tid = str(task["taskId"])
+    iid = str(task.get("instanceId"))
+    ns = str(task.get("kubeNamespace") or "")
+    blog = _log(ctx, task)
+    try:
+        manifests = await _render(task.get("spec"), namespace=ns)
+    except DockyardConfigError as exc:
+        ctx.refuse_spec(task, what="dockyard", error=exc, namespace=ns, requester=task.get("requester"))
+        blog.warning("dockyard launch refused", error=str(exc))
+        return
+    unserved = ctx.unserved(ns)
+    if unserved:
+        ctx.complete(task_id=tid, ok=False, error=unserved, retryable=False)
+        return
+    if ctx.stopping.is_set():
+        return  # not started: the lease lapses and another daemon takes it
+    objs = [DockyardObject.of(m) for m in manifests]
+    if int(task.get("attempt") or 1) <= 1:
+        ctx.tracker.report_unpinned(
+            iid, Report(InstanceState.STARTING, None, f"applying {len(objs)} dockyard objects")
+        )
+    outcomes = await apply_all(applier=ctx.kubectl, manifests=manifests, metrics=ctx.metrics)
+    for obj, outcome in zip(objs, outcomes, strict=True):
+        _audit_object(
+            ctx, "apply", task, obj, result="ok" if outcome.ok else "failed", error=outcome.error, sha256=True
+        )
+    failures = [(o, out.error) for o, out in zip(objs, outcomes, strict=True) if out.error is not None]
+    if not failures:
+        ctx.metrics.launches.labels("applied").inc()
+        refs = ", ".join(o.ref for o in objs)
+        ctx.tracker.report_unpinned(
+            iid, Report(InstanceState.RUNNING, None, f"{len(objs)} objects applied: {refs}")
+        )
+        ctx.complete(task_id=tid, ok=True, result={"objects": [o.to_json() for o in objs], "namespace": ns})
+        blog.info("dockyard launch applied", objects=len(objs))
+        return
+    retryable = all(err.transient for _, err in failures)
+    first = next(((o, e) for o, e in failures if not e.transient), failures[0])
+    message = _describe(*first)
+    if not retryable:
+        applied = [m for m, out in zip(manifests, outcomes, strict=True) if out.ok]
+        await _rollback(ctx, task, list(reversed(applied)))
+    ctx.metrics.launches.labels("failed").inc()
+    ctx.complete(task_id=tid, ok=False, error=message, retryable=retryable)
+    blog.warning("dockyard launch failed", error=message, retryable=retryable)
+
+
+def _audit_object(
+    ctx: TaskContext,
+    action: str,
+    task: Mapping[str, Any],
+    obj: DockyardObject,
+    *,
+    result: str,
+    error: KubeError | None,
+    sha256: bool = False,
+) -> None:
+    """One audit record for one dockyard object of a task."""
+    ctx.audit.append(
+        action,
+        task=task.get("taskId"),
+        instance=task.get("instanceId"),
+        namespace=obj.namespace,
+        node=ctx.node,
+        requester=task.get("requester"),
+        kind=obj.kind,
+        name=obj.name,
+        manifest_sha256=obj.sha256 if sha256 else None,
+        result=result,
+        error=None if error is None else _describe(obj, error),
+    )
+
+
+async def _rollback(
+    ctx: TaskContext, task: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]]
+) -> None:
+    """After a permanent failure: delete what this attempt applied (reverse order)."""
+    if not manifests:
+        return
+    results = await _delete(ctx.kubectl, manifests)
+    for manifest, result in zip(manifests, results, strict=True):
+        failed = isinstance(result, KubeError)
+        _audit_object(
+            ctx,
+            "delete",
+            task,
+            DockyardObject.of(manifest),
+            result="rollback-failed" if failed else "rolled-back",
+            error=result if isinstance(result, KubeError) else None,
+        )
+
+
+async def stop(ctx: TaskContext, task: TaskJSON) -> None:
+    """A stop task of a dockyard instance: delete its objects in reverse order, report stopped."""
+    tid = str(task["taskId"])
+    iid = str(task.get("instanceId"))
+    ns = str(task.get("kubeNamespace") or "")
+    spec = (task.get("spec") or {}).get("dockyard")
+    try:
+        manifests = list(reversed(await _render(spec, namespace=ns)))
+    except DockyardConfigError as exc:
+        ctx.metrics.stops.labels("failed").inc()
+        ctx.audit.append(
+            "delete", task=tid, instance=iid, namespace=ns, node=ctx.node, result="failed", error=str(exc)
+        )
+        ctx.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
+        return
+    objs = [DockyardObject.of(m) for m in manifests]
+    results = await _delete(ctx.kubectl, manifests)
+    deleted: list[str] = []
+    gone: list[str] = []
+    errors: list[tuple[DockyardObject, KubeError]] = []
+    for obj, result in zip(objs, results, strict=True):
+        if isinstance(result, KubeError):
+            errors.append((obj, result))
+        elif result:
+            deleted.append(obj.ref)
+        else:
+            gone.append(obj.ref)
+        _audit_object(
+            ctx,
+            "delete",
+            task,
+            obj,
+            result="failed" if isinstance(result, KubeError) else "deleted" if result else "already-gone",
+            error=result if isinstance(result, KubeError) else None,
+        )
+    if errors:
+        ctx.metrics.stops.labels("failed").inc()
+        retryable = all(e.transient for _, e in errors)
+        message = "delete failed: " + "; ".join(_describe(o, e) for o, e in errors)
+        ctx.complete(task_id=tid, ok=False, error=message[:4000], retryable=retryable)
+        _log(ctx, task).warning("dockyard stop failed", error=message, retryable=retryable)
+        return
+    ctx.metrics.stops.labels("deleted" if deleted else "already-gone").inc()
+    ctx.tracker.report_unpinned(
+        iid,
+        Report(
+            InstanceState.STOPPED,
+            Reason.STOPPED,
+            f"stopped on request ({len(deleted)} objects deleted, {len(gone)} already gone)",
+        ),
+    )
+    ctx.complete(task_id=tid, ok=True, result={"deleted": deleted, "alreadyGone": gone})
+    _log(ctx, task).info("dockyard stop done", deleted=len(deleted), already_gone=len(gone))

@@ -1,0 +1,90 @@
+"""The hygiene plugin fails a run that leaves processes behind, names them, and kills them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_inner.py").write_text(body)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.hygiene_plugin",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path / "test_inner.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+LEAKY = """
+import subprocess
+
+def test_leaks_a_child():
+    subprocess.Popen(["sleep", "60"])  # never waited for
+
+def test_leaks_an_orphan():
+    # the shell exits at once: its sleep is re-parented away from pytest, found by the marker
+    subprocess.run(["sh", "-c", "sleep 61 >/dev/null 2>&1 &"], check=True)
+"""
+
+
+def test_a_leaked_process_fails_the_run_is_named_and_killed(tmp_path: Path) -> None:
+    res = run(tmp_path, LEAKY)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "2 passed" in res.stdout  # the tests themselves pass: the leak alone fails the run
+    assert "processes left running after the tests" in res.stdout
+    leaked = dict(re.findall(r"pid (\d+): (sleep 6[01])", res.stdout))
+    assert sorted(leaked.values()) == ["sleep 60", "sleep 61"], res.stdout
+    deadline = time.monotonic() + 5
+    while any(_alive(int(pid)) for pid in leaked) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(int(pid)) for pid in leaked)
+
+
+TIDY = """
+import subprocess
+import pytest
+from tests.hygiene_plugin import track
+
+def test_waits_for_what_it_starts():
+    subprocess.run(["true"], check=True)
+
+def test_tracked_process_is_killed_when_the_test_fails():
+    track(subprocess.Popen(["sleep", "62"], start_new_session=True))
+    pytest.fail("boom")
+"""
+
+
+def test_a_run_that_cleans_up_passes_and_tracked_processes_die_with_their_test(tmp_path: Path) -> None:
+    res = run(tmp_path, TIDY)
+    assert res.returncode == 1, res.stdout + res.stderr  # one test fails on purpose ...
+    assert "1 failed, 1 passed" in res.stdout
+    assert "left running" not in res.stdout  # ... but nothing leaked
+    assert "sleep 62" not in res.stdout
