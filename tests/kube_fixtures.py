@@ -190,8 +190,8 @@ __all__ = [
     "kuberay_crds",
     "namespace",
     "real_kube",
-    "real_node_assets",
     "real_namespace",
+    "real_node_assets",
     "sa_kubeconfig",
     "token_kubeconfig",
 ]
