@@ -10,7 +10,6 @@ OCI archives, the local pause image as sandbox image) and kubelet registering as
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import subprocess
@@ -75,15 +74,9 @@ def real_node_support(assets: Path) -> str | None:
 
 def default_images() -> list[NodeImage]:
     """The local images (pause, python) built or taken from the per-user cache."""
-    try:
-        module = importlib.import_module("nymph.localcluster.images")
-    except ImportError as exc:
-        raise RealNodeError(f"the local images module is missing: {exc}") from None
-    images = module.ensure_images()
-    return [
-        NodeImage(name=str(i.name), archive=Path(getattr(i, "oci_archive", None) or i.archive))
-        for i in images
-    ]
+    from nymph.localcluster.images import ensure_images
+
+    return [NodeImage(name=i.name, archive=i.oci_archive) for i in ensure_images()]
 
 
 @dataclass
