@@ -250,6 +250,18 @@ def delete_bridge(bridge: str) -> None:
     subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
 
 
+def make_cgroups(cgroup_root: str) -> None:
+    """The node's cgroup root in every hierarchy (kubelet requires it to exist); a v1 cpuset
+    gets its parent's CPUs and memory nodes, without which no process could join it."""
+    for mnt in cgroup_mounts():
+        base = Path(mnt + cgroup_root)
+        base.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            mine, parent = base / knob, Path(mnt) / knob
+            if mine.exists() and not mine.read_text().strip():
+                mine.write_text(parent.read_text())
+
+
 def remove_cgroups(cgroup_root: str, *, timeout: float = 5.0) -> list[str]:
     deadline = time.monotonic() + timeout
     left: list[str] = []

@@ -116,6 +116,10 @@ class RealNode:
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if res.returncode != 0:
                 raise RealNodeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
+        try:
+            host.make_cgroups(layout.cgroup_root)
+        except OSError as exc:
+            raise RealNodeError(f"cannot create the node's cgroups ({layout.cgroup_root}): {exc}") from None
         return layout
 
     def start(self, *, server: str, pki: PKI, deadline: float) -> None:
