@@ -55,11 +55,13 @@ class Owner:
 
 
 def _start_time(pid: int) -> str:
+    """The process's start time (clock ticks since boot), "" if it is gone or a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat.rsplit(")", 1)[1].split()
+    return "" if fields[0] in ("Z", "X") else fields[19]
 
 
 @contextlib.contextmanager
@@ -302,3 +304,51 @@ def remove_stale_shim_sockets() -> None:
     for d in (SHIM_SOCKETS, SHIM_SOCKETS.parent):
         with contextlib.suppress(OSError):
             d.rmdir()
+
+
+# -- the reaper ------------------------------------------------------------------------------
+
+
+def reap_when_owner_dies(slot: int, root: Path) -> None:
+    """Block until stdin closes (the launcher exited, however it died); if the slot is still
+    recorded for a dead owner, sweep it and free it (the last node restores the sysctls)."""
+    with contextlib.suppress(OSError):
+        while os.read(0, 4096):
+            pass
+    deadline = time.monotonic() + 10  # the pipe closes while the owner is still exiting
+    while time.monotonic() < deadline:
+        owner = _records(root).get(slot)
+        if owner is None or not owner.alive():
+            break
+        time.sleep(0.1)
+    with _locked(root):
+        owner = _records(root).get(slot)
+        if owner is None or owner.alive():
+            return
+        sweep(NodeLayout(slot=slot, state_dir=root / str(slot)))
+        (root / f"{slot}.json").unlink(missing_ok=True)
+        if not any(o.alive() for o in _records(root).values()):
+            restore_sysctls(root / "sysctls.json")
+
+
+def start_reaper(layout: NodeLayout, *, root: Path | None = None) -> subprocess.Popen[bytes]:
+    """A watcher in its own session that outlives a killed launcher just long enough to sweep
+    its slot: the runc shims and their containers do not die with kubelet and containerd.
+    Its stdin is a pipe only this process holds; closing it (or dying) wakes it."""
+    import sys
+
+    root = root or state_root()
+    return subprocess.Popen(
+        [sys.executable, "-m", "nymph.localcluster.host", str(layout.slot), str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover - the reaper process
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reap_when_owner_dies(int(sys.argv[1]), Path(sys.argv[2]))

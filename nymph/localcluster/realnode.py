@@ -89,6 +89,7 @@ class RealNode:
     layout: NodeLayout | None = None
     procs: list[Proc] = field(default_factory=list)
     image_names: list[str] = field(default_factory=list)
+    reaper: subprocess.Popen[bytes] | None = None
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -105,6 +106,7 @@ class RealNode:
             self._say("building or reusing the local images")
             self.images = default_images()
         self.layout = layout = host.claim_slot()
+        self.reaper = host.start_reaper(layout)
         self._say(
             f"real node slot {layout.slot}: bridge {layout.bridge} {layout.node_ip}, state {layout.state_dir}"
         )
@@ -194,7 +196,17 @@ class RealNode:
         procs, self.procs = self.procs, []
         stop_all(procs, grace=5.0)
         layout, self.layout = self.layout, None
-        return host.release_slot(layout) if layout is not None else []
+        problems = host.release_slot(layout) if layout is not None else []
+        reaper, self.reaper = self.reaper, None
+        if reaper is not None:
+            assert reaper.stdin is not None
+            reaper.stdin.close()
+            try:
+                reaper.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                reaper.kill()
+                reaper.wait()
+        return problems
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from nymph.launch.render import render_pod
 from nymph.launch.spec import build_launch_spec
 from nymph.launch.state import Reason, pod_reason
 from nymph.localcluster import LocalCluster, host
-from nymph.localcluster.nodeconfig import KUBELET_SYSCTLS
+from nymph.localcluster.nodeconfig import KUBELET_SYSCTLS, NodeLayout
 
 pytestmark = pytest.mark.e2e
 
@@ -245,38 +245,41 @@ def test_in_cluster_clients_reach_the_api_server(real_kube: LocalCluster, real_n
     assert env["KUBERNETES_SERVICE_HOST"] == real_kube.api_host
 
 
-def test_killed_launcher_is_swept_by_the_next_start(tmp_path: Path, real_node_assets: Path) -> None:
-    """SIGKILL of a process running a real node leaves kubelet's and containerd's leftovers;
-    the next claim of a slot sweeps them."""
+def test_a_killed_launcher_leaves_nothing_behind(tmp_path: Path, real_node_assets: Path) -> None:
+    """SIGKILL of the process running a real node (no cleanup code runs there): kubelet and
+    containerd die with it, and its reaper sweeps the shims, containers, mounts, bridge and
+    cgroups it left."""
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
         "from nymph.localcluster import LocalCluster\n"
         "c = LocalCluster(Path(sys.argv[1]), node='real', node_names=())\n"
         "c.start()\n"
+        "c.kubectl('run', 'sleeper', '--image', c.node_image_names[-1], '--restart=Never', '--',\n"
+        "          'python3', '-c', 'import time; time.sleep(600)')\n"
+        "c.kubectl('wait', '--for=condition=Ready', 'pod/sleeper', '--timeout=60s')\n"
         "print(c.real.layout.slot, flush=True)\n"
         "time.sleep(600)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp_path / "k")],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
+        [sys.executable, "-c", code, str(tmp_path / "k")], stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None
-        slot = int(proc.stdout.readline())
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), f"the launcher did not start a node: {line!r}"
+        layout = NodeLayout(slot=int(line), state_dir=host.state_root() / line.strip())
+        shims = host._pids_naming(layout.state_dir) | host._pids_in_cgroups(layout.cgroup_root)
+        assert host.mounts_under(layout.state_dir) and shims
     finally:
         proc.kill()
         proc.wait()
-    state = host.state_root() / str(slot)
-    assert (host.state_root() / f"{slot}.json").exists()
-    assert host.mounts_under(state), "the killed run left no mount: nothing to sweep"
-    layout = host.claim_slot()
-    try:
-        assert not (host.state_root() / f"{slot}.json").exists() or layout.slot == slot
-        assert host.mounts_under(state) == []
-        assert not Path(f"/sys/class/net/nymphbr{slot}").exists()
-        assert host._pids_naming(state) == set()
-    finally:
-        assert host.release_slot(layout) == []
+    deadline = time.monotonic() + 60
+    while (host.state_root() / f"{layout.slot}.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not (host.state_root() / f"{layout.slot}.json").exists(), "the slot was not swept"
+    assert host.mounts_under(layout.state_dir) == []
+    assert not Path(f"/sys/class/net/{layout.bridge}").exists()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in shims)
+    for mnt in host.cgroup_mounts():
+        assert not Path(mnt + layout.cgroup_root).exists()
