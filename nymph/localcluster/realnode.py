@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -90,6 +91,8 @@ class RealNode:
     procs: list[Proc] = field(default_factory=list)
     image_names: list[str] = field(default_factory=list)
     reaper: subprocess.Popen[bytes] | None = None
+    _loader: threading.Thread | None = None
+    _load_error: RealNodeError | None = None
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -122,12 +125,15 @@ class RealNode:
             host.make_cgroups(layout.cgroup_root)
         except OSError as exc:
             raise RealNodeError(f"cannot create the node's cgroups ({layout.cgroup_root}): {exc}") from None
+        self._start_containerd()
+        # The images load while the control plane starts; start() waits for them.
+        self._loader = threading.Thread(target=self._load_images, name="node-images", daemon=True)
+        self._loader.start()
         return layout
 
-    def start(self, *, server: str, pki: PKI, deadline: float) -> None:
-        """containerd, the images, then kubelet (registering itself with ``server``)."""
+    def _start_containerd(self) -> None:
         layout, images = self.layout, self.images
-        assert layout is not None and images is not None and pki.node is not None
+        assert layout is not None and images is not None
         runc, cni = find_runc(), find_cni_dir()
         assert runc is not None and cni is not None
         sandbox = next((i.name for i in images if i.name.startswith(PAUSE_PREFIX)), None)
@@ -138,26 +144,49 @@ class RealNode:
         layout.containerd_config.write_text(
             containerd_toml(layout, sandbox_image=sandbox, runc=runc, cni_bin_dir=cni)
         )
-        env = {**os.environ, "PATH": f"{self.assets}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
         self._say("starting containerd")
         self.procs.append(
             spawn(
                 "containerd",
                 [str(self.assets / "containerd"), f"--config={layout.containerd_config}"],
                 logdir=self.logdir,
-                env=env,
+                env=self._env(),
             )
         )
-        self._wait_containerd(deadline)
-        self._say(f"importing {len(images)} images")
-        for image in images:
-            self._ctr("images", "import", "--snapshotter=overlayfs", str(image.archive))
-        listed = self._ctr("images", "list", "--quiet").split()
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "PATH": f"{self.assets}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
+
+    def _load_images(self) -> None:
+        images = self.images
+        assert images is not None
+        try:
+            self._wait_containerd(time.monotonic() + 60)
+            self._say(f"importing {len(images)} images")
+            for image in images:
+                self._ctr("images", "import", "--snapshotter=overlayfs", str(image.archive))
+            listed = self._ctr("images", "list", "--quiet").split()
+        except RealNodeError as exc:
+            self._load_error = exc
+            return
         self.image_names = [i.name for i in images if i.name in listed]
         lost = [i.name for i in images if i.name not in listed]
         if lost:
-            raise RealNodeError(f"images not found in containerd after import: {', '.join(lost)}")
+            self._load_error = RealNodeError(
+                f"images not found in containerd after import: {', '.join(lost)}"
+            )
 
+    def start(self, *, server: str, pki: PKI, deadline: float) -> None:
+        """Wait for containerd and the images, then start kubelet (registering with ``server``)."""
+        layout = self.layout
+        assert layout is not None and pki.node is not None and self._loader is not None
+        while self._loader.is_alive() and time.monotonic() < deadline:
+            self.check_alive()
+            self._loader.join(0.2)
+        if self._loader.is_alive():
+            raise RealNodeError("the images did not load in time")
+        if self._load_error is not None:
+            raise self._load_error
         layout.kubelet_config.write_text(
             kubelet_yaml(
                 layout,
@@ -181,7 +210,7 @@ class RealNode:
                     "--v=1",
                 ],
                 logdir=self.logdir,
-                env=env,
+                env=self._env(),
             )
         )
 
@@ -191,10 +220,14 @@ class RealNode:
             if code is not None:
                 raise RealNodeError(f"{p.name} exited with code {code}; last log lines:\n{p.tail()}")
 
-    def stop(self) -> list[str]:
-        """Stop kubelet and containerd and sweep the slot; returns what could not be removed."""
+    def stop_processes(self) -> None:
+        """Stop kubelet, then containerd (the shims and containers stay until :meth:`stop`)."""
         procs, self.procs = self.procs, []
         stop_all(procs, grace=5.0)
+
+    def stop(self) -> list[str]:
+        """Stop kubelet and containerd and sweep the slot; returns what could not be removed."""
+        self.stop_processes()
         layout, self.layout = self.layout, None
         problems = host.release_slot(layout) if layout is not None else []
         reaper, self.reaper = self.reaper, None
