@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nymph.errors import NymphError
-from nymph.localcluster import host
+from nymph.localcluster import host, nodeimages
 from nymph.localcluster.certs import PKI
 from nymph.localcluster.nodeconfig import NodeLayout, cni_conflist, containerd_toml, kubelet_yaml
 from nymph.localcluster.procs import Proc, spawn, stop_all
@@ -125,14 +125,54 @@ class RealNode:
             host.make_cgroups(layout.cgroup_root)
         except OSError as exc:
             raise RealNodeError(f"cannot create the node's cgroups ({layout.cgroup_root}): {exc}") from None
+        self._seed_root()
         self._start_containerd()
         # The images load while the control plane starts; start() waits for them.
         self._loader = threading.Thread(target=self._load_images, name="node-images", daemon=True)
         self._loader.start()
         return layout
 
-    def _start_containerd(self) -> None:
+    def _seed_root(self) -> None:
+        """Start containerd's root as a hard-linked copy of the seed root holding the images
+        (built here the first time; see :mod:`nymph.localcluster.nodeimages`)."""
         layout, images = self.layout, self.images
+        assert layout is not None and images is not None
+        seeds = nodeimages.seeds_dir()
+        seeds.mkdir(parents=True, exist_ok=True)
+        if os.environ.get("NYMPH_NODE_SEED") == "0" or not nodeimages.same_filesystem(
+            seeds, layout.state_dir
+        ):
+            return
+        wanted = [nodeimages.SeedImage(name=i.name, archive=i.archive) for i in images]
+        key = nodeimages.seed_key(wanted, containerd=self.assets / "containerd")
+
+        def build(tmp: Path) -> None:
+            self._say("importing the images into a seed root, once per machine")
+            seed_layout = NodeLayout(slot=layout.slot, state_dir=tmp)
+            proc = self._start_containerd(seed_layout, name="containerd-seed")
+            try:
+                self._wait_containerd(time.monotonic() + 120, socket=seed_layout.containerd_socket)
+                for image in wanted:
+                    self._ctr(
+                        "images",
+                        "import",
+                        "--snapshotter=overlayfs",
+                        str(image.archive),
+                        socket=seed_layout.containerd_socket,
+                    )
+            finally:
+                self.procs.remove(proc)
+                stop_all([proc], grace=10.0)
+
+        try:
+            nodeimages.link_copy(nodeimages.ensure_seed(key, build), layout.state_dir / "containerd-root")
+        except OSError as exc:
+            self._say(f"no seed root ({exc}): importing the images into this node")
+            host.remove_tree(layout.state_dir / "containerd-root")
+
+    def _start_containerd(self, layout: NodeLayout | None = None, *, name: str = "containerd") -> Proc:
+        layout = layout or self.layout
+        images = self.images
         assert layout is not None and images is not None
         runc, cni = find_runc(), find_cni_dir()
         assert runc is not None and cni is not None
@@ -144,15 +184,15 @@ class RealNode:
         layout.containerd_config.write_text(
             containerd_toml(layout, sandbox_image=sandbox, runc=runc, cni_bin_dir=cni)
         )
-        self._say("starting containerd")
-        self.procs.append(
-            spawn(
-                "containerd",
-                [str(self.assets / "containerd"), f"--config={layout.containerd_config}"],
-                logdir=self.logdir,
-                env=self._env(),
-            )
+        self._say(f"starting {name}")
+        proc = spawn(
+            name,
+            [str(self.assets / "containerd"), f"--config={layout.containerd_config}"],
+            logdir=self.logdir,
+            env=self._env(),
         )
+        self.procs.append(proc)
+        return proc
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "PATH": f"{self.assets}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
@@ -162,8 +202,11 @@ class RealNode:
         assert images is not None
         try:
             self._wait_containerd(time.monotonic() + 60)
-            self._say(f"importing {len(images)} images")
-            for image in images:
+            listed = self._ctr("images", "list", "--quiet").split()
+            missing = [i for i in images if i.name not in listed]
+            if missing:
+                self._say(f"importing {len(missing)} images")
+            for image in missing:
                 self._ctr("images", "import", "--snapshotter=overlayfs", str(image.archive))
             listed = self._ctr("images", "list", "--quiet").split()
         except RealNodeError as exc:
@@ -243,10 +286,11 @@ class RealNode:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _ctr(self, *args: str) -> str:
+    def _ctr(self, *args: str, socket: Path | None = None) -> str:
         assert self.layout is not None
+        address = socket or self.layout.containerd_socket
         res = subprocess.run(
-            [str(self.assets / "ctr"), f"--address={self.layout.containerd_socket}", "-n", "k8s.io", *args],
+            [str(self.assets / "ctr"), f"--address={address}", "-n", "k8s.io", *args],
             capture_output=True,
             text=True,
             timeout=300,
@@ -256,14 +300,15 @@ class RealNode:
             raise RealNodeError(f"ctr {' '.join(args[:2])} failed: {res.stderr.strip()[-500:]}")
         return res.stdout
 
-    def _wait_containerd(self, deadline: float) -> None:
+    def _wait_containerd(self, deadline: float, *, socket: Path | None = None) -> None:
         assert self.layout is not None
+        socket = socket or self.layout.containerd_socket
         last = ""
         while time.monotonic() < deadline:
             self.check_alive()
-            if self.layout.containerd_socket.exists():
+            if socket.exists():
                 try:
-                    self._ctr("version")
+                    self._ctr("version", socket=socket)
                     return
                 except RealNodeError as exc:
                     last = str(exc)

@@ -198,7 +198,7 @@ def tricky_script() -> str:
         "print('Ωmega — done')",
     ]
     body = "\n".join(lines) + "\n"
-    filler = [f"v{i} = {i!r}  # filler line {i} with some text to grow the script" for i in range(2000)]
+    filler = [f"v{i} = {i!r}  # filler line {i} with some text to grow the script" for i in range(1000)]
     code = body + "\n".join(filler) + "\n"
     pad = 100 * 1024 - len(code.encode())
     assert pad > 0
