@@ -30,6 +30,18 @@ from nymph.errors import NymphError
 from nymph.localcluster.nodeconfig import KUBELET_SYSCTLS, MAX_SLOTS, NodeLayout
 
 SHIM_SOCKETS = Path("/run/containerd/s")
+#: Host directories kubelet, containerd or the CNI plugins create at fixed paths whatever their
+#: configuration says (deepest first). Those the first live node finds missing are removed by
+#: the last one to go; only kubelet's device-plugin socket directory is emptied first.
+HOST_DIRS = (
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet",
+    "/var/log/containers",
+    "/var/lib/cni/results",
+    "/var/lib/cni",
+    "/run/containerd/s",
+    "/run/containerd",
+)
 MNT_DETACH = 2
 
 
@@ -98,11 +110,14 @@ def claim_slot(*, root: Path | None = None) -> NodeLayout:
                 sweep(NodeLayout(slot=slot, state_dir=root / str(slot)))
                 (root / f"{slot}.json").unlink(missing_ok=True)
                 del records[slot]
-        saved = root / "sysctls.json"
+        saved, dirs = root / "sysctls.json", root / "host-dirs.json"
         if not records:
             restore_sysctls(saved)
+            remove_created_dirs(dirs)
         if not saved.exists():
             saved.write_text(json.dumps(read_sysctls()))
+        if not dirs.exists():
+            dirs.write_text(json.dumps([d for d in HOST_DIRS if not Path(d).exists()]))
         free = next((s for s in range(MAX_SLOTS) if s not in records), None)
         if free is None:
             raise HostError(f"all {MAX_SLOTS} real-node slots under {root} are in use")
@@ -122,6 +137,7 @@ def release_slot(layout: NodeLayout, *, root: Path | None = None) -> list[str]:
         (root / f"{layout.slot}.json").unlink(missing_ok=True)
         if not any(o.alive() for o in _records(root).values()):
             restore_sysctls(root / "sysctls.json")
+            remove_created_dirs(root / "host-dirs.json")
     return problems
 
 
@@ -148,6 +164,21 @@ def restore_sysctls(saved: Path) -> None:
         with contextlib.suppress(OSError):
             if _sysctl_path(name).read_text().strip() != value:
                 _sysctl_path(name).write_text(value)
+    saved.unlink()
+
+
+def remove_created_dirs(saved: Path) -> None:
+    """Remove the host directories recorded as created by the nodes (if empty by now)."""
+    if not saved.exists():
+        return
+    created: list[str] = json.loads(saved.read_text())
+    for d in (Path(x) for x in HOST_DIRS if x in created):
+        if d.name == "device-plugins":
+            for f in d.glob("*"):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+        with contextlib.suppress(OSError):
+            d.rmdir()
     saved.unlink()
 
 
@@ -337,6 +368,7 @@ def reap_when_owner_dies(slot: int, root: Path) -> None:
         (root / f"{slot}.json").unlink(missing_ok=True)
         if not any(o.alive() for o in _records(root).values()):
             restore_sysctls(root / "sysctls.json")
+            remove_created_dirs(root / "host-dirs.json")
 
 
 def start_reaper(layout: NodeLayout, *, root: Path | None = None) -> subprocess.Popen[bytes]:
