@@ -68,6 +68,13 @@ def ensure_seed(key: str, build: Callable[[Path], None]) -> Path:
             build(tmp)
             seed.parent.mkdir(parents=True, exist_ok=True)
             (tmp / "containerd-root").rename(seed)
+            # Seeds of other images or containerd builds are stale: nodes started from them hold
+            # their own hard links, so removing them takes nothing from a running node.
+            for old in seeds_dir().iterdir():
+                if old.is_dir() and not old.name.startswith(".") and old.name != key:
+                    subprocess.run(
+                        ["rm", "-rf", "--one-file-system", str(old)], capture_output=True, check=False
+                    )
         finally:
             subprocess.run(["rm", "-rf", "--one-file-system", str(tmp)], capture_output=True, check=False)
     return seed
