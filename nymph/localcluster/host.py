@@ -77,7 +77,7 @@ def _start_time(pid: int) -> str:
 
 
 @contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
+def locked(root: Path) -> Iterator[None]:
     root.mkdir(parents=True, exist_ok=True)
     with (root / "lock").open("w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -87,7 +87,7 @@ def _locked(root: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _records(root: Path) -> dict[int, Owner]:
+def records(root: Path) -> dict[int, Owner]:
     out: dict[int, Owner] = {}
     for f in root.glob("*.json"):
         if not f.stem.isdigit():
@@ -103,22 +103,22 @@ def _records(root: Path) -> dict[int, Owner]:
 def claim_slot(*, root: Path | None = None) -> NodeLayout:
     """Sweep what dead runs left, record the sysctls if no live node did, claim a free slot."""
     root = root or state_root()
-    with _locked(root):
-        records = _records(root)
-        for slot, owner in sorted(records.items()):
+    with locked(root):
+        live = records(root)
+        for slot, owner in sorted(live.items()):
             if not owner.alive():
                 sweep(NodeLayout(slot=slot, state_dir=root / str(slot)))
                 (root / f"{slot}.json").unlink(missing_ok=True)
-                del records[slot]
+                del live[slot]
         saved, dirs = root / "sysctls.json", root / "host-dirs.json"
-        if not records:
+        if not live:
             restore_sysctls(saved)
             remove_created_dirs(dirs)
         if not saved.exists():
             saved.write_text(json.dumps(read_sysctls()))
         if not dirs.exists():
             dirs.write_text(json.dumps([d for d in HOST_DIRS if not Path(d).exists()]))
-        free = next((s for s in range(MAX_SLOTS) if s not in records), None)
+        free = next((s for s in range(MAX_SLOTS) if s not in live), None)
         if free is None:
             raise HostError(f"all {MAX_SLOTS} real-node slots under {root} are in use")
         me = Owner.me()
@@ -132,10 +132,10 @@ def claim_slot(*, root: Path | None = None) -> NodeLayout:
 def release_slot(layout: NodeLayout, *, root: Path | None = None) -> list[str]:
     """Sweep this node's slot and free it; the last live node restores the sysctls."""
     root = root or state_root()
-    with _locked(root):
+    with locked(root):
         problems = sweep(layout)
         (root / f"{layout.slot}.json").unlink(missing_ok=True)
-        if not any(o.alive() for o in _records(root).values()):
+        if not any(o.alive() for o in records(root).values()):
             restore_sysctls(root / "sysctls.json")
             remove_created_dirs(root / "host-dirs.json")
     return problems
@@ -343,52 +343,3 @@ def remove_stale_shim_sockets() -> None:
     for d in (SHIM_SOCKETS, SHIM_SOCKETS.parent):
         with contextlib.suppress(OSError):
             d.rmdir()
-
-
-# -- the reaper ------------------------------------------------------------------------------
-
-
-def reap_when_owner_dies(slot: int, root: Path) -> None:
-    """Block until stdin closes (the launcher exited, however it died); if the slot is still
-    recorded for a dead owner, sweep it and free it (the last node restores the sysctls)."""
-    with contextlib.suppress(OSError):
-        while os.read(0, 4096):
-            pass
-    deadline = time.monotonic() + 10  # the pipe closes while the owner is still exiting
-    while time.monotonic() < deadline:
-        owner = _records(root).get(slot)
-        if owner is None or not owner.alive():
-            break
-        time.sleep(0.1)
-    with _locked(root):
-        owner = _records(root).get(slot)
-        if owner is None or owner.alive():
-            return
-        sweep(NodeLayout(slot=slot, state_dir=root / str(slot)))
-        (root / f"{slot}.json").unlink(missing_ok=True)
-        if not any(o.alive() for o in _records(root).values()):
-            restore_sysctls(root / "sysctls.json")
-            remove_created_dirs(root / "host-dirs.json")
-
-
-def start_reaper(layout: NodeLayout, *, root: Path | None = None) -> subprocess.Popen[bytes]:
-    """A watcher in its own session that outlives a killed launcher just long enough to sweep
-    its slot: the runc shims and their containers do not die with kubelet and containerd.
-    Its stdin is a pipe only this process holds; closing it (or dying) wakes it."""
-    import sys
-
-    root = root or state_root()
-    return subprocess.Popen(
-        [sys.executable, "-m", "nymph.localcluster.host", str(layout.slot), str(root)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-if __name__ == "__main__":  # pragma: no cover - the reaper process
-    import sys
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    reap_when_owner_dies(int(sys.argv[1]), Path(sys.argv[2]))

@@ -24,6 +24,7 @@ from nymph.localcluster import host, nodeimages
 from nymph.localcluster.certs import PKI
 from nymph.localcluster.nodeconfig import NodeLayout, cni_conflist, containerd_toml, kubelet_yaml
 from nymph.localcluster.procs import Proc, spawn, stop_all
+from nymph.localcluster.reaper import start_reaper
 
 REAL_NODE = "nymph-real"
 NODE_BINARIES = ("kubelet", "containerd", "ctr", "containerd-shim-runc-v2")
@@ -109,7 +110,7 @@ class RealNode:
             self._say("building or reusing the local images")
             self.images = default_images()
         self.layout = layout = host.claim_slot()
-        self.reaper = host.start_reaper(layout)
+        self.reaper = start_reaper(layout)
         self._say(
             f"real node slot {layout.slot}: bridge {layout.bridge} {layout.node_ip}, state {layout.state_dir}"
         )
@@ -273,15 +274,15 @@ class RealNode:
         self.stop_processes()
         layout, self.layout = self.layout, None
         problems = host.release_slot(layout) if layout is not None else []
-        reaper, self.reaper = self.reaper, None
-        if reaper is not None:
-            assert reaper.stdin is not None
-            reaper.stdin.close()
+        watcher, self.reaper = self.reaper, None
+        if watcher is not None:
+            assert watcher.stdin is not None
+            watcher.stdin.close()
             try:
-                reaper.wait(timeout=30)
+                watcher.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                reaper.kill()
-                reaper.wait()
+                watcher.kill()
+                watcher.wait()
         return problems
 
     # -- helpers ---------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def terminated(pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_stop_leaves_the_machine_as_it_was(tmp_path: Path, real_node_assets: Path) -> None:
     # First in the module, so usually no other real node runs and the sysctls are the host's.
-    alone = not any(o.alive() for o in host._records(host.state_root()).values())
+    alone = not any(o.alive() for o in host.records(host.state_root()).values())
     before_sysctls = host.read_sysctls()
     before_links = set(os.listdir("/sys/class/net"))
     cluster = LocalCluster(tmp_path / "c", assets=real_node_assets, node="real", node_names=())
@@ -123,7 +123,7 @@ def test_stop_leaves_the_machine_as_it_was(tmp_path: Path, real_node_assets: Pat
     for mnt in host.cgroup_mounts():
         assert not Path(mnt + layout.cgroup_root).exists(), f"cgroup left in {mnt}"
     # The sysctls are the host's again once no real node runs (others may run on this machine).
-    if alone and not any(o.alive() for o in host._records(host.state_root()).values()):
+    if alone and not any(o.alive() for o in host.records(host.state_root()).values()):
         assert host.read_sysctls() == before_sysctls
         assert not (host.state_root() / "sysctls.json").exists()
         # kubelet did rewrite them while it ran (when the host's values differ from its own)
