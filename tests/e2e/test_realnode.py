@@ -284,3 +284,28 @@ def test_a_killed_launcher_leaves_nothing_behind(tmp_path: Path, real_node_asset
     assert all(host._start_time(pid) == "" for pid in shims), "a process outlived the launcher"
     for mnt in host.cgroup_mounts():
         assert not Path(mnt + layout.cgroup_root).exists()
+
+
+def test_a_stop_while_running_honours_the_grace_period(
+    real_kube: LocalCluster, real_namespace: str, tmp_path: Path
+) -> None:
+    """Deleting the Pod (what a stop does) sends SIGTERM and waits: the script's handler runs
+    and its last words reach the hostPath workdir before the Pod is gone."""
+    script = (
+        "import os, signal, sys, time\n"
+        "def term(*_):\n"
+        "    time.sleep(1)\n"
+        "    open(os.path.join(os.environ['NYMPH_WORKDIR'], 'term.txt'), 'w').write('terminated cleanly')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    root = tmp_path / "root"
+    pod, _ = run_script(real_kube, real_namespace, script, workdir_root=root, until="running", timeout=60)
+    name = pod["metadata"]["name"]
+    deadline = time.monotonic() + 30
+    while "ready" not in logs(real_kube, real_namespace, pod) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    real_kube.kubectl("delete", "pod", name, "-n", real_namespace, "--grace-period=20", "--wait=true")
+    assert (root / "work" / name / "term.txt").read_text() == "terminated cleanly"
