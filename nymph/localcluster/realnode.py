@@ -114,6 +114,7 @@ class RealNode:
         self._say(
             f"real node slot {layout.slot}: bridge {layout.bridge} {layout.node_ip}, state {layout.state_dir}"
         )
+        host.delete_bridge(layout.bridge)  # a free slot's bridge can only be a leftover
         for cmd in (
             ["ip", "link", "add", layout.bridge, "type", "bridge"],
             ["ip", "addr", "add", f"{layout.node_ip}/24", "dev", layout.bridge],
