@@ -1,0 +1,129 @@
+"""Building the nymph image (``daemonset/Dockerfile``) here, without a daemon or a registry.
+
+Debian's buildah builds it on the local python base (``--isolation chroot``, vfs storage in a
+throw-away store), and pushes it to an OCI archive in the per-user cache keyed by a hash of
+every input (the nymph sources, pyproject.toml, README.md, the Dockerfile and its entrypoint, and
+the base image). pip in the build fetches the Python packages; when the host's pip trusts an
+extra CA (``PIP_CERT``), that file is mounted into the build and handed to pip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import nymph
+from nymph.localcluster.images import (
+    ARCHIVE,
+    ImageBuildError,
+    LocalImage,
+    cached_archive,
+    ensure_python_image,
+    progress,
+    recipe_key,
+    run_step,
+)
+
+NYMPH_IMAGE = "nymph.local/nymph:dev"
+CONTEXT_FILES = ("pyproject.toml", "README.md", "daemonset/Dockerfile", "daemonset/entrypoint.sh")
+_CA_IN_BUILD = "/run/nymph-build-ca.crt"
+
+
+def source_root() -> Path:
+    """The checkout this nymph was imported from (it holds pyproject.toml and the Dockerfile)."""
+    root = Path(nymph.__file__).resolve().parent.parent
+    if not all((root / f).is_file() for f in CONTEXT_FILES):
+        raise ImageBuildError(
+            f"{root} is not a nymph checkout (no {' / '.join(CONTEXT_FILES)}); the image is built from one"
+        )
+    return root
+
+
+def context_files(root: Path) -> list[Path]:
+    """The build context, relative to ``root``: what the Dockerfile copies, sorted."""
+    files = [Path(f) for f in CONTEXT_FILES]
+    for path in sorted((root / "nymph").rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and "__pycache__" not in rel.parts and path.suffix not in (".pyc", ".pyo"):
+            files.append(rel)
+    return files
+
+
+def context_digest(root: Path, files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for rel in files:
+        data = (root / rel).read_bytes()
+        h.update(f"{rel.as_posix()}\0{len(data)}\0".encode() + data)
+    return h.hexdigest()
+
+
+def _host_pip_cert() -> Path | None:
+    value = os.environ.get("PIP_CERT")
+    if value and Path(value).is_file():
+        return Path(value)
+    return None
+
+
+def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) -> LocalImage:
+    """``nymph.local/nymph:dev`` built from this checkout (a few minutes cold, instant warm)."""
+    src = source if source is not None else source_root()
+    base = ensure_python_image(root=root)
+    files = context_files(src)
+    key = recipe_key("nymph-dev", context_digest(src, files), base.oci_archive.parent.name)
+
+    def build(tmp: Path) -> None:
+        if os.geteuid() != 0:
+            raise ImageBuildError("building the nymph image with buildah needs root")
+        if shutil.which("buildah") is None:
+            raise ImageBuildError("building the nymph image needs buildah (tests/envtest/deps.sh)")
+        work = tmp / "work"
+        context = work / "context"
+        for rel in files:
+            (context / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, context / rel)
+        store = [
+            "--root",
+            str(work / "storage"),
+            "--runroot",
+            str(work / "run"),
+            "--storage-driver",
+            "vfs",
+        ]
+        started = time.monotonic()
+        progress(f"building {NYMPH_IMAGE} with buildah on {base.name} (a few minutes the first time)")
+        run_step(
+            ["buildah", *store, "pull", "--quiet", f"oci-archive:{base.oci_archive}"],
+            what="buildah pull of the python base",
+        )
+        run_step(["buildah", *store, "tag", base.name, base.name], what="buildah tag")
+        bud = [
+            "buildah",
+            *store,
+            "bud",
+            "--isolation",
+            "chroot",
+            "--pull=never",
+            "--layers=false",
+            "--format",
+            "oci",
+            "--build-arg",
+            f"BASE={base.name}",
+            "-f",
+            str(context / "daemonset" / "Dockerfile"),
+            "-t",
+            NYMPH_IMAGE,
+        ]
+        cert = _host_pip_cert()
+        if cert is not None:
+            bud += ["--volume", f"{cert}:{_CA_IN_BUILD}:ro", "--build-arg", f"PIP_OPTS=--cert={_CA_IN_BUILD}"]
+        run_step([*bud, str(context)], what="buildah bud", log=work / "build.log", timeout=1800)
+        run_step(
+            ["buildah", *store, "push", "--quiet", NYMPH_IMAGE, f"oci-archive:{tmp / ARCHIVE}:{NYMPH_IMAGE}"],
+            what="buildah push",
+        )
+        progress(f"built {NYMPH_IMAGE} in {time.monotonic() - started:.0f} s")
+
+    return LocalImage(NYMPH_IMAGE, cached_archive(key, build, root=root))

@@ -1,0 +1,179 @@
+"""The local image cache: apt sources, keys, atomic builds, and the pause image itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from nymph.localcluster.images import (
+    PAUSE_IMAGE,
+    ImageBuildError,
+    cached_archive,
+    debian_mirror,
+    ensure_pause_image,
+    parse_apt_sources,
+    recipe_key,
+)
+from nymph.localcluster.oci import blob_path
+
+ONE_LINE = """\
+# deb http://old.example/debian buster main
+deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian bookworm main contrib
+deb-src http://mirror.example/debian bookworm main
+deb http://mirror.example/debian-security bookworm-security main
+"""
+
+DEB822 = """\
+Types: deb
+# a comment
+URIs: http://deb.example/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.example/debian-security
+Suites: bookworm-security
+Components: main
+
+Types: deb
+URIs: http://disabled.example/debian
+Suites: trixie
+Enabled: no
+"""
+
+
+def test_parse_one_line_sources() -> None:
+    assert parse_apt_sources(ONE_LINE, deb822=False) == [
+        ("http://mirror.example/debian", ["bookworm"]),
+        ("http://mirror.example/debian-security", ["bookworm-security"]),
+    ]
+
+
+def test_parse_deb822_sources() -> None:
+    assert parse_apt_sources(DEB822, deb822=True) == [
+        ("http://deb.example/debian", ["bookworm", "bookworm-updates"]),
+        ("http://deb.example/debian-security", ["bookworm-security"]),
+    ]
+
+
+def test_debian_mirror_skips_security_and_disabled(tmp_path: Path) -> None:
+    d = tmp_path / "sources.list.d"
+    d.mkdir()
+    (d / "a-security.sources").write_text(
+        "Types: deb\nURIs: http://sec.example/debian-security\nSuites: bookworm-security\n"
+    )
+    (d / "b.list.disabled").write_text("deb http://no.example/debian bookworm main\n")
+    (d / "c.sources").write_text(DEB822)
+    assert debian_mirror(sources=[tmp_path / "sources.list", d]) == "http://deb.example/debian"
+
+
+def test_debian_mirror_missing_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ImageBuildError, match="no Debian archive"):
+        debian_mirror(sources=[tmp_path / "nothing"])
+
+
+def test_recipe_key_changes_with_each_part() -> None:
+    assert recipe_key("x", "a", "b") == recipe_key("x", "a", "b")
+    assert recipe_key("x", "a", "b") != recipe_key("x", "ab")
+    assert recipe_key("x", "a") != recipe_key("x", "b")
+    assert recipe_key("x", "a").startswith("x-")
+
+
+def test_cached_archive_builds_once(tmp_path: Path) -> None:
+    calls: list[Path] = []
+
+    def build(tmp: Path) -> None:
+        calls.append(tmp)
+        (tmp / "work").mkdir()
+        (tmp / "work" / "scratch").write_text("big")
+        (tmp / "image.tar").write_bytes(b"archive")
+
+    first = cached_archive("k-1", build, root=tmp_path)
+    second = cached_archive("k-1", build, root=tmp_path)
+    assert first == second == tmp_path / "k-1" / "image.tar"
+    assert len(calls) == 1
+    assert first.read_bytes() == b"archive"
+    assert sorted(p.name for p in (tmp_path / "k-1").iterdir()) == ["image.tar"]  # no scratch
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_failed_build_leaves_no_image(tmp_path: Path) -> None:
+    def build(tmp: Path) -> None:
+        (tmp / "image.tar").write_bytes(b"half")
+        raise ImageBuildError("boom")
+
+    with pytest.raises(ImageBuildError, match="boom"):
+        cached_archive("k-2", build, root=tmp_path)
+    assert not (tmp_path / "k-2").exists()
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_build_without_archive_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ImageBuildError, match="wrote no image.tar"):
+        cached_archive("k-3", lambda tmp: None, root=tmp_path)
+    assert not (tmp_path / "k-3").exists()
+
+
+def test_stale_temp_dir_of_a_killed_build_is_swept(tmp_path: Path) -> None:
+    stale = tmp_path / ".tmp-k-4-999999"
+    (stale / "work").mkdir(parents=True)
+    (stale / "image.tar").write_bytes(b"half")
+    other = tmp_path / ".tmp-k-40-1"  # another key's build: not ours to touch
+    other.mkdir()
+
+    def build(tmp: Path) -> None:
+        (tmp / "image.tar").write_bytes(b"whole")
+
+    archive = cached_archive("k-4", build, root=tmp_path)
+    assert archive.read_bytes() == b"whole"
+    assert not stale.exists()
+    assert other.exists()
+
+
+def _has_interpreter(elf: bytes) -> bool:
+    """Whether a 64-bit little-endian ELF asks for a dynamic loader (a PT_INTERP header)."""
+    assert elf[:4] == b"\x7fELF"
+    (phoff,) = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    return any(struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == 3 for i in range(phnum))
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_pause_image_runs_and_stops_on_sigterm(tmp_path: Path) -> None:
+    image = ensure_pause_image(root=tmp_path)
+    assert image.name == PAUSE_IMAGE
+    with tarfile.open(image.oci_archive) as tar:
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        manifest = json.load(tar.extractfile(blob_path(index["manifests"][0]["digest"])))  # type: ignore[arg-type]
+        config = json.load(tar.extractfile(blob_path(manifest["config"]["digest"])))  # type: ignore[arg-type]
+        layer = tar.extractfile(blob_path(manifest["layers"][0]["digest"]))
+        assert layer is not None
+        with tarfile.open(fileobj=layer, mode="r:gz") as inner:
+            assert inner.getnames() == ["pause"]
+            inner.extract("pause", tmp_path / "out", filter="tar")
+    assert config["config"]["Entrypoint"] == ["/pause"]
+    pause = tmp_path / "out" / "pause"
+    assert os.access(pause, os.X_OK)
+    assert not _has_interpreter(pause.read_bytes())  # static: runs in an empty rootfs
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen([str(pause)])
+        try:
+            time.sleep(0.2)
+            assert proc.poll() is None  # it waits
+            proc.send_signal(sig)
+            assert proc.wait(timeout=5) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+    # a second call finds the cached archive
+    assert ensure_pause_image(root=tmp_path) == image
