@@ -175,7 +175,8 @@ def check_dispatch_kwargs(provider: Provider, mode: Mode | None = None) -> None:
         given = [k for k in DIRECT_ONLY_KWARGS if kwargs.get(k) not in (None, "")]
         if given:
             raise ConfigError(
-                f"{where}: {' and '.join(given)} mean nothing on a 'dispatch: daemon' provider "
+                f"{where}: {' and '.join(given)} {'mean' if len(given) > 1 else 'means'} nothing "
+                "on a 'dispatch: daemon' provider "
                 "(the daemon in the cluster uses its own identity): remove them, or use "
                 "'dispatch: direct' to have the queue create the Pod with that connection"
             )

@@ -18,10 +18,12 @@ from aiohttp import web
 
 from nymph.queue.auth import Authenticator
 from nymph.queue.db import Database
+from nymph.queue.direct import wiring as direct
 from nymph.queue.keys import AUTH, SETTINGS, STORE
 from nymph.queue.middlewares import auth_middleware, error_middleware
 from nymph.queue.models import QueueSettings
 from nymph.queue.routes import daemon as daemon_routes
+from nymph.queue.routes import secrets as secret_routes
 from nymph.queue.routes import user as user_routes
 from nymph.queue.store import Store
 
@@ -83,9 +85,11 @@ def create_app(*, db_path: Path, settings: QueueSettings | None = None) -> web.A
     app[AUTH] = Authenticator(db=db, cache_seconds=settings.limits.token_cache_seconds)
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sweeper_ctx)
+    direct.install(app, store=app[STORE], db_path=Path(db_path))
     app.on_shutdown.append(_release_long_polls)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.yaml", openapi)
     app.add_routes(user_routes.routes)
     app.add_routes(daemon_routes.routes)
+    app.add_routes(secret_routes.routes)
     return app

@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass, field
 
 from nymph.protocol import TaskJSON
+from nymph.queue.direct.settings import DirectSettings
 
 
 class Role(str, enum.Enum):
@@ -77,6 +78,7 @@ class QueueSettings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     poll: PollSettings = field(default_factory=PollSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    direct: DirectSettings = field(default_factory=DirectSettings)
 
 
 @dataclass(frozen=True)

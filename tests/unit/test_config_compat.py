@@ -87,7 +87,7 @@ def test_a_launch_body_cannot_change_the_connection() -> None:
 
 def test_daemon_providers_refuse_connection_kwargs() -> None:
     daemon = Provider(name="d", kwargs={"context": "prod"}, dispatch="daemon")
-    with pytest.raises(ConfigError, match="mean nothing on a 'dispatch: daemon' provider"):
+    with pytest.raises(ConfigError, match="means nothing on a 'dispatch: daemon' provider"):
         check_dispatch_kwargs(daemon)
     ok = Provider(name="d", kwargs={"namespace": "x"}, dispatch="daemon")
     check_dispatch_kwargs(ok)
