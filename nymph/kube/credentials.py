@@ -87,14 +87,17 @@ def check_kubeconfig_text(text: str, *, what: str, context: str | None = None) -
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
         doc = None
-    if not isinstance(doc, dict) or not all(
-        isinstance(doc.get(k), list) for k in ("clusters", "contexts", "users")
+    sections = ("clusters", "contexts", "users")
+    if (
+        not isinstance(doc, dict)
+        or not any(k in doc for k in sections)
+        or not all(isinstance(doc.get(k) or [], list) for k in sections)
     ):
         raise CredentialsError(
             f"kubeconfig {what} does not parse as a kubeconfig (YAML with clusters, contexts and users lists)"
         )
     if context:
-        known = [c.get("name") for c in doc["contexts"] if isinstance(c, dict)]
+        known = [c.get("name") for c in doc.get("contexts") or [] if isinstance(c, dict)]
         if context not in known:
             names = ", ".join(str(n) for n in known if isinstance(n, str)) or "none"
             raise CredentialsError(f"context {context!r} is not in kubeconfig {what} (it has: {names})")
