@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from nymph.errors import ConfigError, CredentialsError
-from nymph.kube.credentials import SECRET_NAME, allowed_path, looks_like_path
+from nymph.kube.credentials import SECRET_NAME, allowed_path, check_kubeconfig_text, looks_like_path
 from nymph.kube.pods import Connection, open_api
 from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
 from nymph.queue.direct.errors import service_error
@@ -66,6 +66,10 @@ class Connector:
                 'kwargs.kubeconfig must be a path, inline content or {"$secret": NAME}',
                 code="invalid_kubeconfig",
             )
+        try:
+            check_kubeconfig_text(ref, what=f"(inline, kwargs of {kind} {name!r})")
+        except CredentialsError as exc:
+            raise BadRequest(str(exc), code="invalid_kubeconfig") from None
         secret = inline_secret_name(kind, name)
         await self.secrets.put(ns=ns, name=secret, value=ref)
         out["kubeconfig"] = {"$secret": secret}
