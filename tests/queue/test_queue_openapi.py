@@ -196,6 +196,13 @@ def test_every_operation_conforms(served: Served) -> None:
     ]
     call("DELETE", NS + "/providers/kind/instances/lakeshore-00000000", expect=404)
 
+    call("PUT", NS + "/secrets/kc", body={"value": "apiVersion: v1\nusers: []\n"}, expect=200)
+    call("PUT", NS + "/secrets/kc", body={"value": ""}, expect=422)
+    call("PUT", NS + "/secrets/bad%20name", body={"value": "x"}, expect=400)
+    call("GET", NS + "/secrets", expect=200)
+    call("DELETE", NS + "/secrets/kc", expect=204)
+    call("DELETE", NS + "/secrets/kc", expect=404)
+
     assert call.seen == ALL_OPERATIONS, sorted(ALL_OPERATIONS - call.seen)
     assert {400, 401, 403, 404, 409, 413, 422} <= call.statuses
 
