@@ -254,7 +254,15 @@ def parse_assignments(items: Iterable[str], *, flag: str) -> dict[str, Any]:
 
 
 def provider_from_cli(name: str, *, launcher: str, kwargs: Iterable[str]) -> Provider:
-    return Provider(name=name, launcher=launcher, kwargs=parse_assignments(kwargs, flag="--kwarg"))
+    """``--kwarg kubeconfig="$(cat FILE)"`` stays the text it is (inline content), not the
+    mapping that text parses to; ``--kwarg kubeconfig='{"$secret": "NAME"}'`` is a reference."""
+    items = list(kwargs)
+    parsed = parse_assignments(items, flag="--kwarg")
+    ref = parsed.get("kubeconfig")
+    if isinstance(ref, (dict, list)) and not (isinstance(ref, dict) and "$secret" in ref):
+        raw = [i.partition("=")[2] for i in items if i.partition("=")[0].strip() == "kubeconfig"]
+        parsed["kubeconfig"] = raw[-1]
+    return Provider(name=name, launcher=launcher, kwargs=parsed)
 
 
 def mode_from_cli(name: str, *, provider: str | None, fields: Iterable[str]) -> Mode:
