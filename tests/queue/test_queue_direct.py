@@ -21,6 +21,7 @@ from nymph.kube.credentials import CredentialPolicy, staged_kubeconfig
 from nymph.kube.pods import Connection, open_api
 from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
+from nymph.queue.direct.wiring import DIRECT
 from tests.kube_fixtures import SaKubeconfig
 
 POD_RULES = [
@@ -185,6 +186,12 @@ async def test_finished_direct_pods_are_reaped_and_still_listed(
     assert iid not in _pods(kube, namespace)  # reaped after reap_after
     r = await q.call("GET", f"{NS}/providers/short/instances")
     assert [(i["instanceId"], i["state"]) for i in r.body["items"]] == [(iid, "stopped")]  # history kept
+    watches = q.app[DIRECT].watches.watches
+    for _ in range(50):  # nothing left to watch: the watch stops after watch_idle
+        if not watches:
+            break
+        await asyncio.sleep(0.1)
+    assert watches == {}
 
 
 async def test_context_switches_identity_and_a_forbidden_one_leaves_nothing(
