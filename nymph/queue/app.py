@@ -1,8 +1,10 @@
 """The queue service's aiohttp application factory.
 
 ``create_app(db_path=..., settings=...)`` wires the store, the auth and error middlewares,
-the user and dispatch routes, the lease sweeper (a named background task in ``cleanup_ctx``)
-and, on shutdown, the release of every held long-poll so a graceful stop never waits for them.
+the user, secret and dispatch routes, the lease sweeper (a named background task in
+``cleanup_ctx``), the direct path (:mod:`nymph.queue.direct.wiring`: its watch set and reaper,
+also named background tasks) and, on shutdown, the release of every held long-poll so a
+graceful stop never waits for them.
 """
 
 from __future__ import annotations
