@@ -56,7 +56,7 @@ DISPATCH_DIRECT = "direct"
 DISPATCH_DAEMON = "daemon"
 DISPATCH_VALUES = frozenset({DISPATCH_DIRECT, DISPATCH_DAEMON})
 #: The dispatch of a provider that names none.
-DEFAULT_DISPATCH = DISPATCH_DAEMON
+DEFAULT_DISPATCH = DISPATCH_DIRECT
 #: Kwargs that mean nothing on a ``dispatch: daemon`` provider (the daemon uses its own identity).
 DIRECT_ONLY_KWARGS = ("kubeconfig", "context")
 

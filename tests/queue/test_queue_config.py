@@ -104,6 +104,11 @@ async def test_inline_kubeconfig_moves_into_the_secret_store_and_paths_need_an_a
     assert r.status == 400 and "means nothing on a 'dispatch: daemon' provider" in r.body["detail"]
 
 
+async def test_a_provider_that_names_no_dispatch_is_direct(queue: Queue) -> None:
+    r = await queue.call("POST", P, json_body={"name": "plain", "launcher": "Kube"})
+    assert r.status == 201 and r.body["dispatch"] == "direct"
+
+
 async def test_body_size_is_capped(queue: Queue) -> None:
     big = b'{"name": "x", "launcher": "Kube", "kwargs": {"context": "' + b"a" * (1024 * 1024) + b'"}}'
     r = await queue.call("POST", P, data=big, headers={"Content-Type": "application/json"})

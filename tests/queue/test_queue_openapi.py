@@ -76,7 +76,7 @@ def test_every_operation_conforms(served: Served) -> None:
     call = Conformance(served)
     call("GET", "/healthz", expect=200, token=None)
     call("GET", "/openapi.yaml", expect=200, token=None)
-    kind = {"name": "kind", "launcher": "Kube", "kwargs": {"namespace": "jobs"}}
+    kind = {"name": "kind", "launcher": "Kube", "dispatch": "daemon", "kwargs": {"namespace": "jobs"}}
     call("POST", NS + "/providers", body=kind, expect=201)
     call("POST", NS + "/providers", body=kind, expect=409)
     call("POST", NS + "/providers", body={**kind, "launcher": "k8s"}, expect=400)
@@ -88,7 +88,7 @@ def test_every_operation_conforms(served: Served) -> None:
     call("GET", "/v1/namespaces/Bad/providers", expect=400)
     call("GET", NS + "/providers/kind", expect=200)
     call("GET", NS + "/providers/nope", expect=404)
-    call("PUT", NS + "/providers/spare", body={"launcher": "Kube"}, expect=200)
+    call("PUT", NS + "/providers/spare", body={"launcher": "Kube", "dispatch": "daemon"}, expect=200)
     call("DELETE", NS + "/providers/spare", expect=204)
     call("DELETE", NS + "/providers/spare", expect=404)
 

@@ -85,6 +85,16 @@ def test_a_launch_body_cannot_change_the_connection() -> None:
             )
 
 
+def test_direct_is_the_default_dispatch() -> None:
+    assert Provider(name="p").dispatch == "direct" and Provider(name="p").direct
+    cfg = parse_dreamrc(LAKESHORE_DREAMRC)
+    assert cfg.provider("my-cluster").dispatch == "direct"
+    assert (
+        parse_dreamrc("providers:\n  d: !providers.Kube {dispatch: daemon}\n").provider("d").dispatch
+        == "daemon"
+    )
+
+
 def test_daemon_providers_refuse_connection_kwargs() -> None:
     daemon = Provider(name="d", kwargs={"context": "prod"}, dispatch="daemon")
     with pytest.raises(ConfigError, match="means nothing on a 'dispatch: daemon' provider"):
