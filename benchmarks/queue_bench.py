@@ -138,7 +138,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             line = await asyncio.to_thread(proc.stdout.readline)
             url = line.split("serving on ", 1)[1].split()[0]
             async with QueueClient(base_url=url, token=user_token) as user:
-                await user.create_provider(name="bench", kwargs={"namespace": "bench"})
+                await user.create_provider(name="bench", kwargs={"namespace": "bench"}, dispatch="daemon")
                 await user.create_mode(name="tiny", provider="bench", fields={"image": "busybox"})
             n = args.tasks
             launch_s = await launch_all(url, user_token, n)

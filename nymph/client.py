@@ -188,11 +188,15 @@ class QueueClient(DispatchCalls):
         name: str,
         kwargs: Mapping[str, Any],
         launcher: str = "Kube",
-        dispatch: str = "daemon",
+        dispatch: str | None = None,
         replace: bool = False,
         namespace: str | None = None,
     ) -> dict[str, Any]:
-        body = {"name": name, "launcher": launcher, "kwargs": dict(kwargs), "dispatch": dispatch}
+        """Create (or with ``replace``, replace) a provider; ``dispatch=None`` takes the queue's
+        default (``direct``)."""
+        body: dict[str, Any] = {"name": name, "launcher": launcher, "kwargs": dict(kwargs)}
+        if dispatch is not None:
+            body["dispatch"] = dispatch
         if replace:
             path = f"{self._ns(namespace)}/providers/{_seg(name)}"
             return cast(dict[str, Any], await self.request("PUT", path, json=body))

@@ -236,7 +236,9 @@ async def _demo(url: str, user_token: str, *, cluster: Cluster, script: str) -> 
     from nymph.userview import follow, print_instances
 
     async with QueueClient(base_url=url, token=user_token) as c:
-        await c.create_provider(name="dev", launcher="Kube", kwargs={"namespace": "default"}, replace=True)
+        await c.create_provider(
+            name="dev", launcher="Kube", kwargs={"namespace": "default"}, dispatch="daemon", replace=True
+        )
         await c.create_mode(name="python", provider="dev", fields={"image": cluster.image}, replace=True)
         tags = {"app": "nymph-dev"} | ({"sim.nymph.io/run": "2s"} if cluster.simulated else {})
         accepted = await c.launch(provider="dev", mode="python", script=script, tags=tags)
@@ -283,6 +285,8 @@ def run_dev(opts: DevOptions) -> int:
                     str(db),
                     "--listen",
                     f"127.0.0.1:{qport}",
+                    # one user on one machine: the queue may use this machine's own kubeconfig
+                    "--ambient-kubeconfig",
                 ],
                 log=qlog,
             )

@@ -13,6 +13,7 @@ from nymph.errors import ConfigError
 from nymph.netaddr import parse_listen
 from nymph.queue.auth import create_token, import_token
 from nymph.queue.db import connect, transaction
+from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
 from nymph.queue.serve import DEFAULT_LISTEN, default_db_path, serve
 
@@ -47,6 +48,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = QueueSettings(
         lease=LeaseSettings(sweep_interval=args.sweep_interval, stop_node_fallback=args.stop_node_fallback),
         retry=RetrySettings(max_attempts=args.max_attempts, backoff_base=args.backoff_base),
+        direct=DirectSettings(
+            kubeconfig_dirs=tuple(Path(d).expanduser() for d in args.kubeconfig_dir),
+            ambient=args.ambient_kubeconfig,
+            secret_key_file=Path(args.secret_key_file).expanduser() if args.secret_key_file else None,
+            reap_after=args.reap_after,
+        ),
     )
     asyncio.run(serve(db_path=_db_path(args), host=host, port=port, settings=settings))
     return 0
@@ -108,6 +115,34 @@ def register(sub: Any) -> None:
         type=float,
         default=30.0,
         help="seconds a stop task waits for the instance's node before any daemon may take it (default 30)",
+    )
+    g = p.add_argument_group("direct dispatch and secrets")
+    g.add_argument(
+        "--secret-key-file",
+        metavar="FILE",
+        help="key of the secret store (e.g. a mounted Secret; must exist). Default: a file "
+        "beside the database, created 0600 on first use (a single local queue)",
+    )
+    g.add_argument(
+        "--kubeconfig-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory path kubeconfigs of direct providers may be read from (symlinks "
+        "resolved; repeatable). With none, path kubeconfigs are refused",
+    )
+    g.add_argument(
+        "--ambient-kubeconfig",
+        action="store_true",
+        help="let a direct provider without a kubeconfig use this host's own credentials "
+        "(KUBECONFIG, ~/.kube/config or the in-cluster ServiceAccount): only for a single "
+        "user, as any user token could then act with the queue's identity",
+    )
+    g.add_argument(
+        "--reap-after",
+        type=float,
+        default=600.0,
+        help="seconds after a direct Pod ends before it is deleted, its log tail kept (default 600)",
     )
     p.set_defaults(func=cmd_serve)
 

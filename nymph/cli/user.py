@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nymph.cli import usersecrets
 from nymph.cli.userverbs import (
     cmd_instances,
     cmd_launch,
@@ -69,7 +70,13 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="connection kwarg: namespace, context, kubeconfig (repeatable; JSON/YAML values)",
     )
-    p.add_argument("--dispatch", default="daemon", help="how launches reach the cluster (only: daemon)")
+    p.add_argument(
+        "--dispatch",
+        choices=["direct", "daemon"],
+        help="direct: the queue creates the Pods with this provider's connection (the default); "
+        "daemon: a nymph daemon in the cluster does, with its own identity (then kubeconfig and "
+        "context are refused)",
+    )
     p.add_argument("--replace", action="store_true", help="replace an existing provider of that name")
     p.set_defaults(func=cmd_providers_add)
     p = psub.add_parser("list", parents=[common], help="list providers")
@@ -179,6 +186,8 @@ def register(sub: Any) -> None:
         help="show each state change until the objects are applied; exit 1 if it failed",
     )
     p.set_defaults(func=cmd_launch_dockyard)
+
+    usersecrets.register(sub, common)
 
     p = sub.add_parser("instances", parents=[common], help="list a provider's instances")
     p.add_argument("provider")

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import yaml
 
@@ -54,14 +55,43 @@ def _run(args: argparse.Namespace, body: Callable[[QueueClient], Awaitable[int]]
 # --- providers -----------------------------------------------------------------------------
 
 
+_DISPATCH_SAYS = {
+    "direct": "the queue creates its Pods with the provider's connection",
+    "daemon": "a nymph daemon in the cluster creates its Pods with its own identity",
+}
+
+
+def describe_kubeconfig(ref: object) -> str:
+    """How ``providers show`` names a kubeconfig ref (never content)."""
+    if isinstance(ref, dict) and "$secret" in ref:
+        return f"<secret {ref['$secret']}>"
+    if isinstance(ref, str):
+        return f"<path {ref}>"
+    return "<none: the queue's own credentials, if its operator allows them>"
+
+
 def cmd_providers_add(args: argparse.Namespace) -> int:
     provider = provider_from_cli(args.name, launcher=args.launcher, kwargs=args.kwarg)
 
     async def body(client: QueueClient) -> int:
-        await client.create_provider(
-            name=provider.name, kwargs=provider.kwargs, dispatch=args.dispatch, replace=args.replace
-        )
+        data: dict[str, Any] = {
+            "name": provider.name,
+            "launcher": provider.launcher,
+            "kwargs": dict(provider.kwargs),
+        }
+        if args.dispatch:
+            data["dispatch"] = args.dispatch
+        base = f"/v1/namespaces/{quote(client.namespace, safe='')}/providers"
+        if args.replace:
+            saved = await client.request("PUT", f"{base}/{quote(provider.name, safe='')}", json=data)
+        else:
+            saved = await client.request("POST", base, json=data)
+        dispatch = saved.get("dispatch", "")
         print(f"provider {provider.name} saved in namespace {client.namespace}")
+        print(f"dispatch: {dispatch} ({_DISPATCH_SAYS.get(dispatch, '')})")
+        ref = (saved.get("kwargs") or {}).get("kubeconfig")
+        if ref is not None:
+            print(f"kubeconfig: {describe_kubeconfig(ref)}")
         return 0
 
     return _run(args, body)
@@ -91,7 +121,13 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
 
 def cmd_providers_show(args: argparse.Namespace) -> int:
     async def body(client: QueueClient) -> int:
-        print(yaml.safe_dump(await client.get_provider(name=args.name), sort_keys=False), end="")
+        provider = await client.get_provider(name=args.name)
+        kwargs = dict(provider.get("kwargs") or {})
+        if provider.get("dispatch") == "direct" or "kubeconfig" in kwargs:
+            kwargs["kubeconfig"] = describe_kubeconfig(kwargs.get("kubeconfig"))
+        print(yaml.safe_dump({**provider, "kwargs": kwargs}, sort_keys=False), end="")
+        dispatch = str(provider.get("dispatch", ""))
+        print(f"# dispatch {dispatch}: {_DISPATCH_SAYS.get(dispatch, '')}")
         return 0
 
     return _run(args, body)

@@ -1,1 +1,2 @@
-"""The I/O edge to Kubernetes: kubectl runner, credentials staging, pod watch."""
+"""The I/O edge to Kubernetes: kubectl runner, credentials staging (with the policy of what a
+kubeconfig ref may reach), Pods through the API with a provider's own connection, pod watch."""

@@ -1,8 +1,10 @@
 """Providers and modes: the configuration a launch is made from (pure).
 
 A *provider* says where Pods go (the connection: ``kubeconfig``, ``context``, ``namespace``).
-A *mode* says what the Pod looks like (``image``, ``resources``, ``env``, ...). Both come from a
-``.dreamrc`` YAML file or from the CLI verbs ``providers add`` / ``modes add``::
+A *mode* says what the Pod looks like (``image``, ``resources``, ``env``, ...). Either may carry
+the other's keys: kwargs merge provider first, then mode (the mode wins per key). A ``name`` key
+is ignored wherever it appears (with a debug log). Both come from a ``.dreamrc`` YAML file or from
+the CLI verbs ``providers add`` / ``modes add`` (``--field provider=P`` names the provider)::
 
     providers:
       my-cluster: !providers.Kube
@@ -18,6 +20,7 @@ A *mode* says what the Pod looks like (``image``, ``resources``, ``env``, ...). 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +33,12 @@ from nymph.errors import ConfigError
 LAUNCHER = "Kube"
 PROVIDER_TAG_PREFIX = "!providers."
 
-#: Connection kwargs a Kube provider reads. ``name`` is accepted and ignored.
+log = logging.getLogger(__name__)
+
+#: Connection kwargs (usually on the provider). ``name`` is accepted and ignored.
 PROVIDER_KWARGS = frozenset({"kubeconfig", "context", "namespace"})
 IGNORED_PROVIDER_KWARGS = frozenset({"name"})
-#: Pod-shape fields a mode may set.
+#: Pod-shape kwargs (usually on the mode).
 MODE_FIELDS = frozenset(
     {
         "image",
@@ -45,7 +50,24 @@ MODE_FIELDS = frozenset(
         "image_pull_secrets",
     }
 )
-DISPATCH_VALUES = frozenset({"daemon"})
+#: Every kwarg a provider or a mode may carry (either may sit on the other).
+KUBE_KWARGS = PROVIDER_KWARGS | MODE_FIELDS
+DISPATCH_DIRECT = "direct"
+DISPATCH_DAEMON = "daemon"
+DISPATCH_VALUES = frozenset({DISPATCH_DIRECT, DISPATCH_DAEMON})
+#: The dispatch of a provider that names none.
+DEFAULT_DISPATCH = DISPATCH_DIRECT
+#: Kwargs that mean nothing on a ``dispatch: daemon`` provider (the daemon uses its own identity).
+DIRECT_ONLY_KWARGS = ("kubeconfig", "context")
+
+
+def _drop_ignored(kwargs: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """``kwargs`` without the keys this launcher never reads (``name``), logged at debug."""
+    out = dict(kwargs)
+    for key in IGNORED_PROVIDER_KWARGS & set(out):
+        log.debug("%s: kwarg %r is not read by the Kube launcher; ignored", where, key)
+        del out[key]
+    return out
 
 
 def check_launcher(launcher: object) -> str:
@@ -65,7 +87,7 @@ class Provider:
     name: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     launcher: str = LAUNCHER
-    dispatch: str = "daemon"
+    dispatch: str = DEFAULT_DISPATCH
 
     def __post_init__(self) -> None:
         check_launcher(self.launcher)
@@ -73,14 +95,22 @@ class Provider:
             raise ConfigError("a provider needs a non-empty name")
         if self.dispatch not in DISPATCH_VALUES:
             raise ConfigError(
-                f"provider {self.name!r}: dispatch {self.dispatch!r} is not supported; use 'daemon'"
+                f"provider {self.name!r}: dispatch {self.dispatch!r} is not supported; use "
+                f"'{DISPATCH_DIRECT}' (the queue creates the Pod) or '{DISPATCH_DAEMON}' (a "
+                "daemon in the cluster does)"
             )
-        unknown = sorted(set(self.kwargs) - PROVIDER_KWARGS - IGNORED_PROVIDER_KWARGS)
+        unknown = sorted(set(self.kwargs) - KUBE_KWARGS - IGNORED_PROVIDER_KWARGS)
         if unknown:
             raise ConfigError(
                 f"provider {self.name!r}: unknown kwarg(s) {', '.join(unknown)}; a Kube provider "
-                f"takes {', '.join(sorted(PROVIDER_KWARGS))} (Pod shape belongs in a mode)"
+                f"takes {', '.join(sorted(PROVIDER_KWARGS))} and the Pod-shape kwargs "
+                f"{', '.join(sorted(MODE_FIELDS))}"
             )
+        object.__setattr__(self, "kwargs", _drop_ignored(self.kwargs, where=f"provider {self.name!r}"))
+
+    @property
+    def direct(self) -> bool:
+        return self.dispatch == DISPATCH_DIRECT
 
     @property
     def namespace(self) -> str:
@@ -88,7 +118,7 @@ class Provider:
         return ns if isinstance(ns, str) and ns else "default"
 
     def to_json(self) -> dict[str, Any]:
-        kwargs = {k: v for k, v in self.kwargs.items() if k not in IGNORED_PROVIDER_KWARGS}
+        kwargs = dict(self.kwargs)
         return {
             "name": self.name,
             "launcher": self.launcher,
@@ -108,15 +138,48 @@ class Mode:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError("a mode needs a non-empty name")
-        unknown = sorted(set(self.fields) - MODE_FIELDS)
+        unknown = sorted(set(self.fields) - KUBE_KWARGS - IGNORED_PROVIDER_KWARGS)
         if unknown:
             raise ConfigError(
                 f"mode {self.name!r}: unknown field(s) {', '.join(unknown)}; a mode takes "
-                f"{', '.join(sorted(MODE_FIELDS))}"
+                f"{', '.join(sorted(MODE_FIELDS))} and the connection kwargs "
+                f"{', '.join(sorted(PROVIDER_KWARGS))}"
             )
+        object.__setattr__(self, "fields", _drop_ignored(self.fields, where=f"mode {self.name!r}"))
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "provider": self.provider, "fields": dict(self.fields)}
+
+
+def merged_kwargs(provider: Provider, mode: Mode) -> dict[str, Any]:
+    """Provider kwargs, then mode fields over them (the mode wins per key)."""
+    return {**provider.kwargs, **mode.fields}
+
+
+def connection_kwargs(provider: Provider, mode: Mode) -> dict[str, Any]:
+    """The connection a launch of ``mode`` on ``provider`` uses (``kubeconfig``, ``context``,
+    ``namespace``; absent keys left out). A launch body never changes it."""
+    merged = merged_kwargs(provider, mode)
+    return {k: merged[k] for k in sorted(PROVIDER_KWARGS) if merged.get(k) not in (None, "")}
+
+
+def check_dispatch_kwargs(provider: Provider, mode: Mode | None = None) -> None:
+    """On a ``dispatch: daemon`` provider, ``kubeconfig`` and ``context`` mean nothing: refuse
+    them (on the provider, or on a mode bound to it) instead of ignoring them."""
+    if provider.direct:
+        return
+    for where, kwargs in (
+        (f"provider {provider.name!r}", provider.kwargs),
+        (f"mode {mode.name!r}" if mode else "", mode.fields if mode else {}),
+    ):
+        given = [k for k in DIRECT_ONLY_KWARGS if kwargs.get(k) not in (None, "")]
+        if given:
+            raise ConfigError(
+                f"{where}: {' and '.join(given)} {'mean' if len(given) > 1 else 'means'} nothing "
+                "on a 'dispatch: daemon' provider "
+                "(the daemon in the cluster uses its own identity): remove them, or use "
+                "'dispatch: direct' to have the queue create the Pod with that connection"
+            )
 
 
 @dataclass(frozen=True)
@@ -191,11 +254,33 @@ def parse_assignments(items: Iterable[str], *, flag: str) -> dict[str, Any]:
 
 
 def provider_from_cli(name: str, *, launcher: str, kwargs: Iterable[str]) -> Provider:
-    return Provider(name=name, launcher=launcher, kwargs=parse_assignments(kwargs, flag="--kwarg"))
+    """``--kwarg kubeconfig="$(cat FILE)"`` stays the text it is (inline content), not the
+    mapping that text parses to; ``--kwarg kubeconfig='{"$secret": "NAME"}'`` is a reference."""
+    items = list(kwargs)
+    parsed = parse_assignments(items, flag="--kwarg")
+    ref = parsed.get("kubeconfig")
+    if isinstance(ref, (dict, list)) and not (isinstance(ref, dict) and "$secret" in ref):
+        raw = [i.partition("=")[2] for i in items if i.partition("=")[0].strip() == "kubeconfig"]
+        parsed["kubeconfig"] = raw[-1]
+    return Provider(name=name, launcher=launcher, kwargs=parsed)
 
 
 def mode_from_cli(name: str, *, provider: str | None, fields: Iterable[str]) -> Mode:
-    return Mode(name=name, provider=provider, fields=parse_assignments(fields, flag="--field"))
+    """``--field provider=P`` names the provider as ``--provider P`` does."""
+    parsed = parse_assignments(fields, flag="--field")
+    return Mode(name=name, provider=_lift_provider(parsed, provider, where="--field provider"), fields=parsed)
+
+
+def _lift_provider(fields: dict[str, Any], provider: Any, *, where: str) -> str | None:
+    """Pop ``provider`` out of ``fields``; it must agree with ``provider`` when both are given."""
+    if "provider" not in fields:
+        return provider if provider is None or isinstance(provider, str) else str(provider)
+    named = fields.pop("provider")
+    if not isinstance(named, str) or not named:
+        raise ConfigError(f"{where}: expected a provider name")
+    if provider not in (None, named):
+        raise ConfigError(f"{where}={named!r} differs from the provider {provider!r} given beside it")
+    return named
 
 
 # --- .dreamrc --------------------------------------------------------------------------------
@@ -242,7 +327,7 @@ def _provider_entry(name: str | None, entry: Any, where: str) -> Provider:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{where}: a list entry needs a 'name'")
-    dispatch = body.pop("dispatch", "daemon")
+    dispatch = body.pop("dispatch", DEFAULT_DISPATCH)
     if isinstance(body.get("kwargs"), dict):
         body = {**body.pop("kwargs"), **body}
     try:
@@ -263,6 +348,7 @@ def _mode_entry(name: str | None, entry: Any, where: str) -> Mode:
     if isinstance(body.get("fields"), dict):
         body = {**body.pop("fields"), **body}
     try:
+        provider = _lift_provider(body, provider, where=f"{where}.provider")
         return Mode(name=name, provider=provider, fields=body)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None

@@ -2,10 +2,11 @@
 
 Precedence, low to high:
 
-1. the **provider** gives the connection (``kubeconfig``, ``context``, ``namespace``, default
-   ``default``); a launch can never change it;
-2. the **mode** gives the Pod shape (``image``, ``resources``, ``env``, ``node_selector``,
-   ``tolerations``, ``service_account``, ``image_pull_secrets``);
+1. the **provider** usually gives the connection (``kubeconfig``, ``context``, ``namespace``,
+   default ``default``), the **mode** usually the Pod shape (``image``, ``resources``, ``env``,
+   ``node_selector``, ``tolerations``, ``service_account``, ``image_pull_secrets``); either may
+   carry the other's keys, and they merge provider first, then mode (the mode wins per key);
+2. a launch can never change the connection;
 3. the **launch body** gives ``script`` (required) and ``tags``; its ``fields`` replace mode fields
    of the same name for this launch only, and its ``env`` is merged over the mode's env name by
    name.
@@ -21,7 +22,7 @@ from typing import Any
 
 from nymph.errors import ValidationError
 from nymph.launch import names
-from nymph.launch.config import MODE_FIELDS, Mode, Provider
+from nymph.launch.config import MODE_FIELDS, Mode, Provider, merged_kwargs
 
 #: Env vars nymph sets itself; a mode or launch may not override them.
 RESERVED_ENV = frozenset({"NYMPH_INSTANCE_ID", "NYMPH_WORKDIR"})
@@ -277,11 +278,15 @@ def build_launch_spec(
             f"launch.fields.{bad[0]}", f"unknown field; use {', '.join(sorted(MODE_FIELDS))}"
         )
 
+    merged = merged_kwargs(provider, mode)
+
     def pick(name: str) -> tuple[Any, str]:
         if name in overrides:
             value, fld = overrides[name], f"launch.fields.{name}"
-        else:
+        elif name in mode.fields or name not in provider.kwargs:
             value, fld = mode.fields.get(name), f"mode.{name}"
+        else:
+            value, fld = provider.kwargs[name], f"provider.{name}"
         check_depth(value, fld)
         return value, fld
 
@@ -292,14 +297,15 @@ def build_launch_spec(
     env_raw, env_fld = pick("env")
     env, notes = _check_env(env_raw, env_fld)
     launch_env, launch_notes = _check_env(body.get("env"), "launch.env")
-    merged = dict(env)
-    merged.update(launch_env)
+    env_merged = dict(env)
+    env_merged.update(launch_env)
     labels, dropped = names.tags_to_labels(body.get("tags"), field="tags")
     notes += launch_notes + [f"tags.{k} dropped: reserved label key" for k in dropped]
 
-    ns_raw = provider.kwargs.get("namespace")
+    ns_raw = merged.get("namespace")
     namespace = names.check_namespace(
-        ns_raw if ns_raw not in (None, "") else "default", field="provider.namespace"
+        ns_raw if ns_raw not in (None, "") else "default",
+        field="mode.namespace" if "namespace" in mode.fields else "provider.namespace",
     )
     sa, sa_fld = pick("service_account")
     return LaunchSpec(
@@ -310,7 +316,7 @@ def build_launch_spec(
         image=_check_image(image, image_fld),
         script=_check_script(body.get("script"), "launch.script"),
         resources=_check_resources(*pick("resources")),
-        env=tuple(merged.items()),
+        env=tuple(env_merged.items()),
         node_selector=_check_node_selector(*pick("node_selector")),
         tolerations=_check_tolerations(*pick("tolerations")),
         service_account=None if sa in (None, "") else names.check_dns_subdomain(sa, field=sa_fld),

@@ -1,8 +1,10 @@
 """The queue service's aiohttp application factory.
 
 ``create_app(db_path=..., settings=...)`` wires the store, the auth and error middlewares,
-the user and dispatch routes, the lease sweeper (a named background task in ``cleanup_ctx``)
-and, on shutdown, the release of every held long-poll so a graceful stop never waits for them.
+the user, secret and dispatch routes, the lease sweeper (a named background task in
+``cleanup_ctx``), the direct path (:mod:`nymph.queue.direct.wiring`: its watch set and reaper,
+also named background tasks) and, on shutdown, the release of every held long-poll so a
+graceful stop never waits for them.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from aiohttp import web
 
 from nymph.queue.auth import Authenticator
 from nymph.queue.db import Database
+from nymph.queue.direct import wiring as direct
 from nymph.queue.keys import AUTH, SESSIONS, SETTINGS, STORE
 from nymph.queue.middlewares import auth_middleware, error_middleware
 from nymph.queue.models import QueueSettings
 from nymph.queue.routes import daemon as daemon_routes
+from nymph.queue.routes import secrets as secret_routes
 from nymph.queue.routes import user as user_routes
 from nymph.queue.sessions import SessionStore
 from nymph.queue.store import Store
@@ -85,9 +89,11 @@ def create_app(*, db_path: Path, settings: QueueSettings | None = None) -> web.A
     app[SESSIONS] = SessionStore(settings=settings.sessions)
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sweeper_ctx)
+    direct.install(app, store=app[STORE], db_path=Path(db_path))
     app.on_shutdown.append(_release_long_polls)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.yaml", openapi)
     app.add_routes(user_routes.routes)
     app.add_routes(daemon_routes.routes)
+    app.add_routes(secret_routes.routes)
     return app

@@ -8,6 +8,7 @@ import enum
 from dataclasses import dataclass, field
 
 from nymph.protocol import TaskJSON
+from nymph.queue.direct.settings import DirectSettings
 
 
 class Role(str, enum.Enum):
@@ -107,6 +108,7 @@ class QueueSettings:
     poll: PollSettings = field(default_factory=PollSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     sessions: SessionSettings = field(default_factory=SessionSettings)
+    direct: DirectSettings = field(default_factory=DirectSettings)
 
 
 @dataclass(frozen=True)

@@ -275,6 +275,15 @@ class Store:
             )
         )
 
+    async def keep_log_tail(self, *, instance_id: str, logs: str) -> None:
+        """The log tail of a direct launch, kept by the queue itself before it reaps the Pod."""
+        max_bytes = self.settings.limits.max_log_bytes
+        await self.db.write(
+            lambda conn: sql_reports.keep_log_tail(
+                conn, instance_id=instance_id, logs=logs, max_bytes=max_bytes, now=now()
+            )
+        )
+
     async def active(self, *, session: DaemonSession) -> list[ActiveJSON]:
         return await self.db.read(lambda conn: sql_reports.active(conn, session=session))
 

@@ -205,7 +205,9 @@ def _bind_role(kube: LocalCluster, namespace: str, role: dict[str, Any]) -> None
 
 async def setup_provider(q: QueueProc, namespace: str, *, image: str = "python:3.12-slim") -> None:
     async with q.client() as c:
-        await c.create_provider(name="local", launcher="Kube", kwargs={"namespace": namespace})
+        await c.create_provider(
+            name="local", launcher="Kube", kwargs={"namespace": namespace}, dispatch="daemon"
+        )
         await c.create_mode(name="py", provider="local", fields={"image": image})
 
 

@@ -55,7 +55,9 @@ def stack(
 
     async def provider() -> None:
         async with q.client() as c:
-            await c.create_provider(name="local", launcher="Kube", kwargs={"namespace": namespace})
+            await c.create_provider(
+                name="local", launcher="Kube", kwargs={"namespace": namespace}, dispatch="daemon"
+            )
 
     asyncio.run(provider())
     d.start()

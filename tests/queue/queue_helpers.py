@@ -186,7 +186,12 @@ async def add_kind(
         "POST",
         f"/v1/namespaces/{namespace}/providers",
         token=token,
-        json_body={"name": "kind", "launcher": "Kube", "kwargs": {"namespace": kube_ns}},
+        json_body={
+            "name": "kind",
+            "launcher": "Kube",
+            "dispatch": "daemon",
+            "kwargs": {"namespace": kube_ns},
+        },
     )
     assert r.status == 201, r.body
     r = await q.call(

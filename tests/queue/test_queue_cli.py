@@ -45,7 +45,18 @@ def env(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
 
 
 def test_verbs_round_trip(env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, out, _ = run(capsys, "providers", "add", "kind", "--launcher", "Kube", "--kwarg", "namespace=jobs")
+    code, out, _ = run(
+        capsys,
+        "providers",
+        "add",
+        "kind",
+        "--launcher",
+        "Kube",
+        "--dispatch",
+        "daemon",
+        "--kwarg",
+        "namespace=jobs",
+    )
     assert code == 0 and "provider kind saved in namespace default" in out
     code, _, err = run(capsys, "providers", "add", "bad", "--launcher", "k8s")
     assert code == 2 and "'Kube'" in err
@@ -129,7 +140,7 @@ async def _fake_daemon(served: Served, final: list[tuple[str, str | None]]) -> N
 
 async def _setup(served: Served) -> None:
     async with served.client(served.user_token) as u:
-        await u.create_provider(name="kind", kwargs={"namespace": "jobs"})
+        await u.create_provider(name="kind", kwargs={"namespace": "jobs"}, dispatch="daemon")
         await u.create_mode(name="small", provider="kind", fields={"image": "python:3.12-slim"})
 
 

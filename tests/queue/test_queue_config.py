@@ -11,10 +11,11 @@ M = "/v1/namespaces/default/modes"
 
 
 async def test_provider_crud(queue: Queue) -> None:
-    body = {"name": "kind", "launcher": "Kube", "kwargs": {"namespace": "jobs", "context": "kind-kind"}}
+    kwargs = {"namespace": "jobs", "context": "kind-kind"}
+    body = {"name": "kind", "launcher": "Kube", "dispatch": "direct", "kwargs": kwargs}
     r = await queue.call("POST", P, json_body=body)
     assert r.status == 201
-    assert r.body == Provider(name="kind", kwargs=body["kwargs"]).to_json()
+    assert r.body == Provider(name="kind", kwargs=kwargs, dispatch="direct").to_json()
 
     r = await queue.call("GET", P + "/kind")
     assert r.status == 200 and r.body["kwargs"] == {"namespace": "jobs", "context": "kind-kind"}
@@ -56,8 +57,13 @@ async def test_provider_bad_bodies(queue: Queue) -> None:
         (b'{"name": "x", "launcher": "Kube", "kwargs": [1]}', 422, "invalid_body"),
         (b'{"name": 7, "launcher": "Kube"}', 422, "invalid_body"),
         (b'{"name": "x", "launcher": "Kube", "colour": "red"}', 422, "invalid_body"),
-        (b'{"name": "x", "launcher": "Kube", "kwargs": {"image": "py"}}', 400, "invalid_provider"),
-        (b'{"name": "x", "launcher": "Kube", "dispatch": "direct"}', 400, "invalid_provider"),
+        (b'{"name": "x", "launcher": "Kube", "kwargs": {"imag": "py"}}', 400, "invalid_provider"),
+        (b'{"name": "x", "launcher": "Kube", "dispatch": "kubectl"}', 400, "invalid_provider"),
+        (
+            b'{"name": "x", "launcher": "Kube", "dispatch": "daemon", "kwargs": {"context": "c"}}',
+            400,
+            "invalid_provider",
+        ),
         (b'{"name": "a/b", "launcher": "Kube"}', 400, "invalid_name"),
         (b"\xff\xfe", 400, "invalid_json"),
     ]
@@ -67,16 +73,40 @@ async def test_provider_bad_bodies(queue: Queue) -> None:
         assert r.body["detail"].strip()
 
 
-async def test_inline_kubeconfig_is_refused_and_not_echoed(queue: Queue) -> None:
-    secret = "apiVersion: v1\nusers:\n- name: x\n  user: {token: s3cr3t-material}\n"
-    r = await queue.call(
-        "POST", P, json_body={"name": "x", "launcher": "Kube", "kwargs": {"kubeconfig": secret}}
+async def test_inline_kubeconfig_moves_into_the_secret_store_and_paths_need_an_allowed_dir(
+    queue: Queue,
+) -> None:
+    secret = (
+        "apiVersion: v1\nclusters: []\ncontexts: []\nusers:\n- name: x\n  user: {token: s3cr3t-material}\n"
     )
-    assert r.status == 400 and r.body["error"] == "inline_secret"
+    r = await queue.call(
+        "POST",
+        P,
+        json_body={"name": "x", "launcher": "Kube", "dispatch": "direct", "kwargs": {"kubeconfig": secret}},
+    )
+    assert r.status == 201 and r.body["kwargs"]["kubeconfig"] == {"$secret": "provider.x.kubeconfig"}
     assert "s3cr3t" not in r.text
-    for ok in ("/etc/kube/config", "~/.kube/config", {"$secret": "team-kubeconfig"}):
-        r = await queue.call("PUT", P + "/x", json_body={"launcher": "Kube", "kwargs": {"kubeconfig": ok}})
-        assert r.status == 200, ok
+    r = await queue.call("GET", "/v1/namespaces/default/secrets")
+    assert [i["name"] for i in r.body["items"]] == ["provider.x.kubeconfig"] and "s3cr3t" not in r.text
+    for path in ("/etc/kube/config", "~/.kube/config"):
+        body = {"launcher": "Kube", "dispatch": "direct", "kwargs": {"kubeconfig": path}}
+        r = await queue.call("PUT", P + "/x", json_body=body)
+        assert r.status == 400 and r.body["error"] == "kubeconfig_path_refused", path
+        assert "--kubeconfig-dir" in r.body["detail"]
+    ref = {"$secret": "team-kubeconfig"}
+    r = await queue.call(
+        "PUT", P + "/x", json_body={"launcher": "Kube", "dispatch": "direct", "kwargs": {"kubeconfig": ref}}
+    )
+    assert r.status == 200
+    r = await queue.call(
+        "PUT", P + "/x", json_body={"launcher": "Kube", "dispatch": "daemon", "kwargs": {"kubeconfig": ref}}
+    )
+    assert r.status == 400 and "means nothing on a 'dispatch: daemon' provider" in r.body["detail"]
+
+
+async def test_a_provider_that_names_no_dispatch_is_direct(queue: Queue) -> None:
+    r = await queue.call("POST", P, json_body={"name": "plain", "launcher": "Kube"})
+    assert r.status == 201 and r.body["dispatch"] == "direct"
 
 
 async def test_body_size_is_capped(queue: Queue) -> None:

@@ -76,7 +76,9 @@ async def test_invalid_launches_are_refused_before_anything_is_queued(
     kind: Queue, body: dict[str, object], status: int, needle: str
 ) -> None:
     await kind.call("POST", NS + "/modes", json_body={"name": "bare", "provider": "kind", "fields": {}})
-    await kind.call("POST", NS + "/providers", json_body={"name": "other", "launcher": "Kube"})
+    await kind.call(
+        "POST", NS + "/providers", json_body={"name": "other", "launcher": "Kube", "dispatch": "daemon"}
+    )
     await kind.call(
         "POST", NS + "/modes", json_body={"name": "elsewhere", "provider": "other", "fields": {"image": "x"}}
     )
@@ -103,7 +105,9 @@ async def test_idempotency_key(kind: Queue) -> None:
     assert r.status == 409 and r.body["error"] == "idempotency_key_reused"
     assert len((await kind.call("GET", INSTANCES)).body["items"]) == 1
     # Keys are per namespace + provider: the same key elsewhere is a new launch.
-    await kind.call("POST", NS + "/providers", json_body={"name": "kind2", "launcher": "Kube"})
+    await kind.call(
+        "POST", NS + "/providers", json_body={"name": "kind2", "launcher": "Kube", "dispatch": "daemon"}
+    )
     await kind.call("PUT", NS + "/modes/small", json_body={"fields": {"image": "python:3.12-slim"}})
     other = await kind.call("POST", NS + "/providers/kind2/launch", json_body=body, headers=h)
     assert other.status == 202 and other.body["instanceId"] != first.body["instanceId"]

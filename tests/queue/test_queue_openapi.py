@@ -88,7 +88,7 @@ def test_every_operation_conforms(served: Served) -> None:
     call = Conformance(served)
     call("GET", "/healthz", expect=200, token=None)
     call("GET", "/openapi.yaml", expect=200, token=None)
-    kind = {"name": "kind", "launcher": "Kube", "kwargs": {"namespace": "jobs"}}
+    kind = {"name": "kind", "launcher": "Kube", "dispatch": "daemon", "kwargs": {"namespace": "jobs"}}
     call("POST", NS + "/providers", body=kind, expect=201)
     call("POST", NS + "/providers", body=kind, expect=409)
     call("POST", NS + "/providers", body={**kind, "launcher": "k8s"}, expect=400)
@@ -100,7 +100,7 @@ def test_every_operation_conforms(served: Served) -> None:
     call("GET", "/v1/namespaces/Bad/providers", expect=400)
     call("GET", NS + "/providers/kind", expect=200)
     call("GET", NS + "/providers/nope", expect=404)
-    call("PUT", NS + "/providers/spare", body={"launcher": "Kube"}, expect=200)
+    call("PUT", NS + "/providers/spare", body={"launcher": "Kube", "dispatch": "daemon"}, expect=200)
     call("DELETE", NS + "/providers/spare", expect=204)
     call("DELETE", NS + "/providers/spare", expect=404)
 
@@ -211,6 +211,13 @@ def test_every_operation_conforms(served: Served) -> None:
         "stopping",
     ]
     call("DELETE", NS + "/providers/kind/instances/lakeshore-00000000", expect=404)
+
+    call("PUT", NS + "/secrets/kc", body={"value": "apiVersion: v1\nusers: []\n"}, expect=200)
+    call("PUT", NS + "/secrets/kc", body={"value": ""}, expect=422)
+    call("PUT", NS + "/secrets/bad%20name", body={"value": "x"}, expect=400)
+    call("GET", NS + "/secrets", expect=200)
+    call("DELETE", NS + "/secrets/kc", expect=204)
+    call("DELETE", NS + "/secrets/kc", expect=404)
 
     assert call.seen == ALL_OPERATIONS, sorted(ALL_OPERATIONS - call.seen)
     assert {400, 401, 403, 404, 409, 413, 422} <= call.statuses

@@ -67,7 +67,7 @@ async def test_kill_9_loses_no_accepted_launch_or_report(tmp_path: Path) -> None
         QueueClient(base_url=url, token=user_token, timeout=10) as user,
         QueueClient(base_url=url, token=daemon_token, timeout=10) as daemon,
     ):
-        await user.create_provider(name="kind", kwargs={"namespace": "jobs"})
+        await user.create_provider(name="kind", kwargs={"namespace": "jobs"}, dispatch="daemon")
         await user.create_mode(name="small", provider="kind", fields={"image": "python:3.12-slim"})
         enough, some = asyncio.Event(), asyncio.Event()
 

@@ -36,8 +36,8 @@ def test_name_kwarg_is_not_read_but_unknown_kwargs_are_errors() -> None:
     p = Provider(name="real", kwargs={"name": "ignored", "context": "c"})
     assert p.name == "real"
     assert "name" not in p.to_json()["kwargs"]
-    with pytest.raises(ConfigError, match="unknown kwarg.*image"):
-        Provider(name="p", kwargs={"image": "x"})
+    with pytest.raises(ConfigError, match="unknown kwarg.*colour"):
+        Provider(name="p", kwargs={"colour": "x"})
 
 
 def test_unknown_mode_field_is_named() -> None:
@@ -137,7 +137,7 @@ modes:
         ("providers:\n  p: !providers.K8s {}\n", "launcher 'K8s' is not supported"),
         ("providers:\n  p: !providers.kube {}\n", "launcher 'kube' is not supported"),
         ("providers:\n  p: {context: x}\n", "tag the entry '!providers.Kube'"),
-        ("providers:\n  p: !providers.Kube {image: x}\n", "unknown kwarg"),
+        ("providers:\n  p: !providers.Kube {imag: x}\n", "unknown kwarg"),
         ("modes:\n  m: {provider: nope, image: x}\n", "provider 'nope' is not defined"),
         ("providers: [1, 2\n", "not valid YAML at line"),
         ("- a\n- b\n", "expected a mapping"),

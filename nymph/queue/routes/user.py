@@ -17,10 +17,11 @@ from aiohttp import web
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.errors import ConfigError
-from nymph.launch.config import LAUNCHER, Mode, Provider, check_launcher
+from nymph.launch.config import DEFAULT_DISPATCH, LAUNCHER, Mode, Provider, check_launcher
 from nymph.launch.state import InstanceState
 from nymph.protocol import InstanceJSON
 from nymph.queue.bodies import Fields, query_int, query_number, read_object
+from nymph.queue.direct.wiring import CONNECTOR, DIRECT
 from nymph.queue.errors import BadRequest
 from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.notify import wait_for_event
@@ -50,25 +51,6 @@ def check_name(name: object, *, what: str) -> str:
     return name
 
 
-def _looks_like_path(value: str) -> bool:
-    return value.startswith(("/", "./", "~")) and "\n" not in value
-
-
-def _check_kubeconfig(kwargs: dict[str, Any]) -> None:
-    value = kwargs.get("kubeconfig")
-    if value is None:
-        return
-    if isinstance(value, str) and _looks_like_path(value):
-        return
-    if isinstance(value, dict) and set(value) == {"$secret"} and isinstance(value["$secret"], str):
-        return
-    raise BadRequest(
-        'kwargs.kubeconfig must be a path on the daemon\'s host or a {"$secret": NAME} '
-        "reference: the queue does not store inline kubeconfig content",
-        code="inline_secret",
-    )
-
-
 def _provider_from(data: dict[str, Any], *, path_name: str | None) -> Provider:
     f = Fields(data)
     f.reject_unknown({"name", "launcher", "kwargs", "dispatch"})
@@ -83,8 +65,7 @@ def _provider_from(data: dict[str, Any], *, path_name: str | None) -> Provider:
         except ConfigError as exc:
             raise BadRequest(str(exc), code="unsupported_launcher") from None
     kwargs = f.mapping("kwargs") or {}
-    dispatch = f.string("dispatch", required=False) or "daemon"
-    _check_kubeconfig(kwargs)
+    dispatch = f.string("dispatch", required=False) or DEFAULT_DISPATCH
     try:
         return Provider(name=name, kwargs=kwargs, launcher=LAUNCHER, dispatch=dispatch)
     except ConfigError as exc:
@@ -99,9 +80,18 @@ def _mode_from(data: dict[str, Any], *, path_name: str | None) -> Mode:
         raise BadRequest(f"body name {name!r} differs from the URL's {path_name!r}", code="name_mismatch")
     name = check_name(name or path_name, what="mode")
     provider = f.string("provider", required=False)
+    fields = dict(f.mapping("fields") or {})
+    if "provider" in fields:  # the provider given as a field, as lakeshore's CLI writes it
+        named = fields.pop("provider")
+        if provider not in (None, named):
+            raise BadRequest(
+                f"fields.provider {named!r} differs from provider {provider!r}", code="invalid_mode"
+            )
+        provider = named if isinstance(named, str) else None
+        if provider is None:
+            raise BadRequest("fields.provider must be a provider name", code="invalid_mode")
     if provider is not None:
         check_name(provider, what="provider")
-    fields = f.mapping("fields") or {}
     try:
         return Mode(name=name, provider=provider, fields=fields)
     except ConfigError as exc:
@@ -137,6 +127,7 @@ def _json(data: Any, *, status: int = 200) -> web.Response:
 @routes.post(NS + "/providers")
 async def create_provider(request: web.Request) -> web.Response:
     provider = _provider_from(await read_object(request), path_name=None)
+    provider = await request.app[CONNECTOR].prepare_provider(ns=request.match_info["ns"], provider=provider)
     body = await request.app[STORE].put_provider(
         ns=request.match_info["ns"], provider=provider, replace=False
     )
@@ -146,6 +137,7 @@ async def create_provider(request: web.Request) -> web.Response:
 @routes.put(NS + "/providers/{name}")
 async def replace_provider(request: web.Request) -> web.Response:
     provider = _provider_from(await read_object(request), path_name=request.match_info["name"])
+    provider = await request.app[CONNECTOR].prepare_provider(ns=request.match_info["ns"], provider=provider)
     body = await request.app[STORE].put_provider(ns=request.match_info["ns"], provider=provider, replace=True)
     return _json(body)
 
@@ -175,6 +167,7 @@ async def delete_provider(request: web.Request) -> web.Response:
 @routes.post(NS + "/modes")
 async def create_mode(request: web.Request) -> web.Response:
     mode = _mode_from(await read_object(request), path_name=None)
+    mode = await request.app[CONNECTOR].prepare_mode(ns=request.match_info["ns"], mode=mode)
     body = await request.app[STORE].put_mode(ns=request.match_info["ns"], mode=mode, replace=False)
     return _json(body, status=201)
 
@@ -182,6 +175,7 @@ async def create_mode(request: web.Request) -> web.Response:
 @routes.put(NS + "/modes/{name}")
 async def replace_mode(request: web.Request) -> web.Response:
     mode = _mode_from(await read_object(request), path_name=request.match_info["name"])
+    mode = await request.app[CONNECTOR].prepare_mode(ns=request.match_info["ns"], mode=mode)
     body = await request.app[STORE].put_mode(ns=request.match_info["ns"], mode=mode, replace=True)
     return _json(body)
 
@@ -228,6 +222,12 @@ async def launch(request: web.Request) -> web.Response:
     f.req_string("mode")
     for name in ("tags", "env", "fields"):
         f.mapping(name)
+    direct = request.app[DIRECT]
+    if await direct.is_direct(ns=m["ns"], provider=m["name"]):
+        accepted = await direct.launch(
+            ns=m["ns"], provider=m["name"], body=data, idempotency_key=key, principal=request[PRINCIPAL]
+        )
+        return _json(accepted, status=202)
     accepted = await request.app[STORE].launch(
         ns=m["ns"], provider=m["name"], body=data, idempotency_key=key, principal=request[PRINCIPAL]
     )
@@ -270,7 +270,11 @@ async def list_instances(request: web.Request) -> web.Response:
             f"state {state!r} is not an instance state; use one of {', '.join(sorted(_STATES))}",
             code="invalid_query",
         )
-    items = await request.app[STORE].list_instances(ns=m["ns"], provider=m["name"], state=state)
+    direct = request.app[DIRECT]
+    if await direct.is_direct(ns=m["ns"], provider=m["name"]):
+        items = await direct.list_instances(ns=m["ns"], provider=m["name"], state=state)
+    else:
+        items = await request.app[STORE].list_instances(ns=m["ns"], provider=m["name"], state=state)
     return _json({"items": items})
 
 
@@ -300,6 +304,12 @@ async def get_instance(request: web.Request) -> web.Response:
 async def stop_instance(request: web.Request) -> web.Response:
     m = request.match_info
     grace = query_int(request, "gracePeriodSeconds", minimum=0, maximum=86_400)
+    direct = request.app[DIRECT]
+    if await direct.owns_instance(instance_id=m["id"]):
+        await direct.stop(
+            ns=m["ns"], provider=m["name"], instance_id=m["id"], grace=grace, principal=request[PRINCIPAL]
+        )
+        return web.Response(status=204)
     await request.app[STORE].stop_instance(
         ns=m["ns"], provider=m["name"], instance_id=m["id"], grace=grace, principal=request[PRINCIPAL]
     )
@@ -323,6 +333,10 @@ async def test_provider(request: web.Request) -> web.Response:
     f = Fields(data)
     f.reject_unknown({"mode"})
     mode = f.string("mode", required=False)
+    direct = request.app[DIRECT]
+    if await direct.is_direct(ns=m["ns"], provider=m["name"]):
+        task_id = await direct.probe(ns=m["ns"], provider=m["name"], mode=mode, principal=request[PRINCIPAL])
+        return _json({"taskId": task_id}, status=202)
     task_id = await request.app[STORE].probe(
         ns=m["ns"], provider=m["name"], mode=mode, principal=request[PRINCIPAL]
     )

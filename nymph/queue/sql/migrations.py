@@ -156,4 +156,22 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX tasks_open ON tasks (status, seq);
     CREATE INDEX tasks_by_instance ON tasks (instance_id, kind);
     """,
+    # 3: direct dispatch and the secret store. A direct instance keeps its dispatch, the
+    # connection it was launched with (a path or a {"$secret": NAME} ref, never content), its
+    # rendered Pod (so a restart can create it if it never was) and when its Pod was reaped.
+    # Secrets are encrypted by the queue (the key lives outside this file).
+    """
+    ALTER TABLE instances ADD COLUMN dispatch TEXT NOT NULL DEFAULT 'daemon';
+    ALTER TABLE instances ADD COLUMN connection TEXT;
+    ALTER TABLE instances ADD COLUMN pod TEXT;
+    ALTER TABLE instances ADD COLUMN reaped_at REAL;
+    CREATE TABLE secrets (
+        namespace TEXT NOT NULL,
+        name TEXT NOT NULL,
+        ciphertext BLOB NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (namespace, name)
+    );
+    """,
 )

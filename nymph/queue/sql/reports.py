@@ -85,6 +85,13 @@ def store_logs(
         raise NotFound(
             f"no instance {instance_id!r}: upload logs only for instances you run", code="instance_not_found"
         )
+    keep_log_tail(conn, instance_id=instance_id, logs=logs, max_bytes=max_bytes, now=now)
+
+
+def keep_log_tail(
+    conn: sqlite3.Connection, *, instance_id: str, logs: str, max_bytes: int, now: float
+) -> None:
+    """Store the last ``max_bytes`` of an instance's log (the queue's own, unscoped write)."""
     data = logs.encode("utf-8", errors="replace")
     if len(data) > max_bytes:
         dropped = len(data) - max_bytes

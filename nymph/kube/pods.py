@@ -1,0 +1,264 @@
+"""Pods through the API server with a provider's own connection (kubernetes_asyncio).
+
+:func:`open_api` turns a :class:`Connection` (a kubeconfig ref, a context, a namespace) into an
+``ApiClient``: the kubeconfig is staged in a private temp directory (0700, the file 0600), loaded,
+and the directory (with any certificate files the loader wrote from ``*-data`` fields) is removed
+before the client is handed out, also when loading fails. Then: create (adopting a Pod that
+already exists under the fixed name), list by labels, read, delete (``False`` when already gone),
+logs, a server-side dry run and an RBAC self-check. Every failure is a
+:class:`~nymph.kube.errors.KubeError` carrying the API server's message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.config import kube_config
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from nymph.errors import CredentialsError
+from nymph.kube.api import api_error
+from nymph.kube.credentials import (
+    OPEN_POLICY,
+    CredentialPolicy,
+    SecretResolver,
+    describe,
+    staged_kubeconfig,
+)
+from nymph.kube.errors import AlreadyExists, NotFound
+
+#: The accesses the direct path needs in the provider's namespace.
+REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
+    ("create", "pods", ""),
+    ("get", "pods", ""),
+    ("list", "pods", ""),
+    ("watch", "pods", ""),
+    ("delete", "pods", ""),
+    ("get", "pods", "log"),
+)
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach a cluster: a kubeconfig ref (a path or ``{"$secret": NAME}``; ``None`` for
+    the host's own), a context and the namespace Pods go to."""
+
+    kubeconfig: Any = None
+    context: str | None = None
+    namespace: str = "default"
+
+    def key(self) -> str:
+        """Equal for connections that reach the same cluster the same way (never the secret)."""
+        return json.dumps([self.kubeconfig, self.context, self.namespace], sort_keys=True)
+
+    def describe(self) -> str:
+        ctx = f", context {self.context}" if self.context else ""
+        return f"kubeconfig {describe(self.kubeconfig)}{ctx}, namespace {self.namespace}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kubeconfig": self.kubeconfig, "context": self.context, "namespace": self.namespace}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Connection:
+        return cls(
+            kubeconfig=data.get("kubeconfig"),
+            context=data.get("context") or None,
+            namespace=str(data.get("namespace") or "default"),
+        )
+
+
+def _forget_loader_files(directory: str) -> None:
+    """The loader caches the paths of the certificate files it wrote, by content; drop the
+    entries under ``directory`` so a later load writes fresh files instead of reusing gone ones."""
+    cache: dict[str, str] = kube_config._temp_files
+    for key in [k for k, v in cache.items() if v.startswith(directory + os.sep)]:
+        del cache[key]
+
+
+async def _load(path: str | None, *, conn: Connection, tmp: str) -> client.ApiClient:
+    cfg = client.Configuration()
+    if path is None and not conn.context and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(
+            config_file=path, context=conn.context, client_configuration=cfg, temp_file_path=tmp
+        )
+    return client.ApiClient(configuration=cfg)
+
+
+@contextlib.asynccontextmanager
+async def open_api(
+    conn: Connection,
+    *,
+    resolver: SecretResolver | None = None,
+    policy: CredentialPolicy = OPEN_POLICY,
+    tmp_root: str | None = None,
+) -> AsyncIterator[client.ApiClient]:
+    """An ``ApiClient`` for ``conn``; every staged file is gone before it is yielded."""
+    tmp = tempfile.mkdtemp(prefix="nymph-kube-", dir=tmp_root)
+    try:
+        with staged_kubeconfig(
+            conn.kubeconfig, resolver=resolver, tmpdir=tmp, policy=policy, context=conn.context
+        ) as path:
+            try:
+                api = await _load(path, conn=conn, tmp=tmp)
+            except (ConfigException, OSError, ValueError, KeyError, TypeError) as exc:
+                raise CredentialsError(
+                    f"{conn.describe()}: cannot be loaded as a kubeconfig ({exc.__class__.__name__})"
+                ) from None
+    finally:
+        _forget_loader_files(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+def _plain(api: client.ApiClient, obj: Any) -> dict[str, Any]:
+    data: dict[str, Any] = api.sanitize_for_serialization(obj)
+    data.setdefault("apiVersion", "v1")
+    data.setdefault("kind", "Pod")
+    return data
+
+
+async def create_pod(api: client.ApiClient, manifest: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Create the Pod; ``(pod, created)``. A Pod already there under its fixed name is adopted."""
+    meta = manifest["metadata"]
+    v1 = client.CoreV1Api(api)
+    try:
+        obj = await v1.create_namespaced_pod(meta["namespace"], dict(manifest))  # type: ignore[arg-type]
+        return _plain(api, obj), True
+    except Exception as exc:
+        err = api_error(exc)
+        if not isinstance(err, AlreadyExists):
+            raise err from None
+    return await read_pod(api, namespace=meta["namespace"], name=meta["name"]), False
+
+
+async def dry_run_pod(api: client.ApiClient, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A server-side dry run of creating the Pod (admission, quota and validation included)."""
+    v1 = client.CoreV1Api(api)
+    try:
+        obj = await v1.create_namespaced_pod(
+            manifest["metadata"]["namespace"],
+            dict(manifest),  # type: ignore[arg-type]
+            dry_run="All",
+        )
+    except Exception as exc:
+        raise api_error(exc) from None
+    return _plain(api, obj)
+
+
+async def read_pod(api: client.ApiClient, *, namespace: str, name: str) -> dict[str, Any]:
+    v1 = client.CoreV1Api(api)
+    try:
+        return _plain(api, await v1.read_namespaced_pod(name, namespace))
+    except Exception as exc:
+        raise api_error(exc) from None
+
+
+async def list_pods(api: client.ApiClient, *, namespace: str, selector: str) -> list[dict[str, Any]]:
+    v1 = client.CoreV1Api(api)
+    try:
+        resp = await v1.list_namespaced_pod(namespace, label_selector=selector)
+    except Exception as exc:
+        raise api_error(exc) from None
+    data = api.sanitize_for_serialization(resp)
+    return [{"apiVersion": "v1", "kind": "Pod", **p} for p in data.get("items") or []]
+
+
+async def delete_pod(api: client.ApiClient, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    """Delete the Pod; ``False`` when it was already gone."""
+    v1 = client.CoreV1Api(api)
+    kwargs: dict[str, Any] = {}
+    if grace_seconds is not None:
+        kwargs["grace_period_seconds"] = grace_seconds
+    try:
+        await v1.delete_namespaced_pod(name, namespace, **kwargs)
+    except Exception as exc:
+        err = api_error(exc)
+        if isinstance(err, NotFound):
+            return False
+        raise err from None
+    return True
+
+
+async def pod_logs(api: client.ApiClient, *, namespace: str, name: str, limit_bytes: int) -> str:
+    v1 = client.CoreV1Api(api)
+    try:
+        text = await v1.read_namespaced_pod_log(name, namespace, container="user", tail_lines=5000)
+    except Exception as exc:
+        raise api_error(exc) from None
+    return str(text)[-limit_bytes:]
+
+
+@dataclass(frozen=True)
+class AccessCheck:
+    verb: str
+    resource: str
+    allowed: bool
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.verb} {self.resource}"
+
+
+async def check_access(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    accesses: Sequence[tuple[str, str, str]] = REQUIRED_ACCESS,
+) -> list[AccessCheck]:
+    """Ask the API server (SelfSubjectAccessReview) whether this identity may do each access."""
+    authz = client.AuthorizationV1Api(api)
+    out: list[AccessCheck] = []
+    for verb, resource, sub in accesses:
+        attrs: dict[str, Any] = {"namespace": namespace, "verb": verb, "resource": resource}
+        if sub:
+            attrs["subresource"] = sub
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs},
+        }
+        try:
+            review = await authz.create_self_subject_access_review(body)  # type: ignore[arg-type]
+        except Exception as exc:
+            raise api_error(exc) from None
+        status = api.sanitize_for_serialization(review).get("status") or {}
+        name = f"{resource}/{sub}" if sub else resource
+        out.append(
+            AccessCheck(
+                verb=verb,
+                resource=name,
+                allowed=bool(status.get("allowed")),
+                reason=str(status.get("reason") or ""),
+            )
+        )
+    return out
+
+
+__all__ = [
+    "REQUIRED_ACCESS",
+    "AccessCheck",
+    "AlreadyExists",
+    "Connection",
+    "check_access",
+    "create_pod",
+    "delete_pod",
+    "dry_run_pod",
+    "list_pods",
+    "open_api",
+    "pod_logs",
+    "read_pod",
+]

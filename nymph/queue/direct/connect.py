@@ -1,0 +1,121 @@
+"""Connections of direct providers: checked when a provider or mode is saved (inline kubeconfig
+moved into the secret store, paths held to the allowed directories, ``dispatch: daemon`` refusing
+connection kwargs), and opened for a call with secrets read from the store only."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from nymph.errors import ConfigError, CredentialsError
+from nymph.kube.credentials import SECRET_NAME, allowed_path, check_kubeconfig_text, looks_like_path
+from nymph.kube.pods import Connection, open_api
+from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
+from nymph.queue.direct.errors import service_error
+from nymph.queue.direct.settings import DirectSettings
+from nymph.queue.errors import BadRequest, NotFound
+from nymph.queue.secrets import FetchedSecrets
+from nymph.queue.secretstore import SecretStore
+
+
+def inline_secret_name(kind: str, name: str) -> str:
+    """The store name an inline kubeconfig of provider/mode ``name`` is moved to."""
+    slug = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-._") or "x"
+    out = f"{kind}.{slug}.kubeconfig"
+    if slug != name or not SECRET_NAME.match(out):
+        out = f"{kind}.{slug[:200]}.{hashlib.sha256(name.encode()).hexdigest()[:8]}.kubeconfig"
+    return out
+
+
+class Connector:
+    def __init__(self, *, secrets: SecretStore, settings: DirectSettings) -> None:
+        self.secrets = secrets
+        self.settings = settings
+
+    async def prepare(self, *, ns: str, kind: str, name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Kwargs as stored: an inline kubeconfig becomes a ``$secret`` ref (its content in the
+        store), a path must be readable under the allowed directories."""
+        out = dict(kwargs)
+        ref = out.get("kubeconfig")
+        if ref in (None, ""):
+            return out
+        if isinstance(ref, str) and looks_like_path(ref):
+            try:
+                allowed_path(ref, policy=self.settings.policy)
+            except CredentialsError as exc:
+                raise BadRequest(str(exc), code="kubeconfig_path_refused") from None
+            return out
+        if isinstance(ref, Mapping):
+            if (
+                set(ref) != {"$secret"}
+                or not isinstance(ref["$secret"], str)
+                or not SECRET_NAME.match(ref["$secret"])
+            ):
+                raise BadRequest(
+                    'kwargs.kubeconfig: a secret reference is exactly {"$secret": NAME}',
+                    code="invalid_kubeconfig",
+                )
+            return out
+        if not isinstance(ref, str):
+            raise BadRequest(
+                'kwargs.kubeconfig must be a path, inline content or {"$secret": NAME}',
+                code="invalid_kubeconfig",
+            )
+        try:
+            check_kubeconfig_text(ref, what=f"(inline, kwargs of {kind} {name!r})")
+        except CredentialsError as exc:
+            raise BadRequest(str(exc), code="invalid_kubeconfig") from None
+        secret = inline_secret_name(kind, name)
+        await self.secrets.put(ns=ns, name=secret, value=ref)
+        out["kubeconfig"] = {"$secret": secret}
+        return out
+
+    async def prepare_provider(self, *, ns: str, provider: Provider) -> Provider:
+        try:
+            check_dispatch_kwargs(provider)
+        except ConfigError as exc:
+            raise BadRequest(str(exc), code="invalid_provider") from None
+        kwargs = await self.prepare(ns=ns, kind="provider", name=provider.name, kwargs=provider.kwargs)
+        return Provider(
+            name=provider.name, kwargs=kwargs, launcher=provider.launcher, dispatch=provider.dispatch
+        )
+
+    async def prepare_mode(self, *, ns: str, mode: Mode) -> Mode:
+        fields = await self.prepare(ns=ns, kind="mode", name=mode.name, kwargs=mode.fields)
+        return Mode(name=mode.name, provider=mode.provider, fields=fields)
+
+    async def _resolver(self, *, ns: str, conn: Connection) -> FetchedSecrets:
+        values: dict[str, str] = {}
+        ref = conn.kubeconfig
+        if isinstance(ref, Mapping) and isinstance(ref.get("$secret"), str):
+            name = ref["$secret"]
+            # a missing one: the resolver says which secret is missing, and how to create it
+            with contextlib.suppress(NotFound):
+                values[name] = await self.secrets.plaintext(ns=ns, name=name)
+        return FetchedSecrets(values=values, namespace=ns)
+
+    @contextlib.asynccontextmanager
+    async def api(self, *, ns: str, conn: Connection, what: str) -> AsyncIterator[client.ApiClient]:
+        """An API client for ``conn`` on behalf of control-plane namespace ``ns``; a failure to
+        load it is the queue's HTTP error for ``what``."""
+        if isinstance(conn.kubeconfig, str) and not looks_like_path(conn.kubeconfig):
+            raise BadRequest(
+                "kubeconfig content is never stored: store it as a secret", code="invalid_kubeconfig"
+            )
+        try:
+            resolver = await self._resolver(ns=ns, conn=conn)
+            opened = open_api(
+                conn, resolver=resolver, policy=self.settings.policy, tmp_root=self.settings.tmp_root
+            )
+            api = await opened.__aenter__()
+        except Exception as exc:
+            raise service_error(exc, what=what) from None
+        try:
+            yield api
+        finally:
+            await opened.__aexit__(None, None, None)

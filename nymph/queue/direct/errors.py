@@ -1,0 +1,62 @@
+"""Kubernetes and credential failures as the queue's HTTP errors, naming the API server's message."""
+
+from __future__ import annotations
+
+from nymph.errors import CredentialsError
+from nymph.kube import errors as kube
+from nymph.queue.errors import BadRequest, ServiceError
+from nymph.queue.secrets import SecretKeyError
+
+
+class KubeForbidden(ServiceError):
+    status = 403
+    default_code = "kube_forbidden"
+
+
+class KubeInvalid(ServiceError):
+    status = 422
+    default_code = "kube_invalid"
+
+
+class KubeConflict(ServiceError):
+    status = 409
+    default_code = "kube_conflict"
+
+
+class KubeFailed(ServiceError):
+    status = 502
+    default_code = "kube_error"
+
+
+class KubeUnavailable(ServiceError):
+    status = 503
+    default_code = "kube_unavailable"
+
+
+class SecretKeyProblem(ServiceError):
+    status = 500
+    default_code = "secret_key"
+
+
+def service_error(exc: Exception, *, what: str) -> ServiceError:
+    """``what`` says what was being done ("creating Pod lakeshore-1a2b3c4d in jobs")."""
+    if isinstance(exc, SecretKeyError):
+        return SecretKeyProblem(str(exc))
+    if isinstance(exc, CredentialsError):
+        return BadRequest(str(exc), code="invalid_kubeconfig")
+    if isinstance(exc, kube.KubeError):
+        said = f"the Kubernetes API server refused {what}: {exc.message}"
+        if isinstance(exc, (kube.Forbidden, kube.Unauthorized)):
+            return KubeForbidden(
+                said, code="kube_unauthorized" if isinstance(exc, kube.Unauthorized) else None
+            )
+        if isinstance(exc, kube.Invalid):
+            return KubeInvalid(said)
+        if isinstance(exc, (kube.Conflict, kube.AlreadyExists)):
+            return KubeConflict(said)
+        if isinstance(exc, kube.Unavailable):
+            return KubeUnavailable(
+                f"the Kubernetes API server could not be reached for {what}: {exc.message}"
+            )
+        return KubeFailed(said)
+    raise exc

@@ -1,0 +1,265 @@
+"""Launch, list, stop and probe on the direct path.
+
+A launch is recorded first, then its Pod is created with the provider's connection; the 202
+carries the state read from the created Pod. When the API server refuses, the record is removed
+again and the error names the server's message. Listing merges the live Pods (the three reserved
+labels) with the queue's history; a stop deletes the Pod (204 also when it is gone).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from nymph.kube import pods
+from nymph.kube.pods import Connection
+from nymph.launch.config import Mode, connection_kwargs
+from nymph.launch.names import label_selector, selector_labels
+from nymph.launch.render import render_pod
+from nymph.launch.state import InstanceState, pod_state
+from nymph.protocol import InstanceJSON, LaunchAccepted, iso, now
+from nymph.queue.direct.connect import Connector
+from nymph.queue.direct.errors import service_error
+from nymph.queue.direct.watches import WatchManager
+from nymph.queue.models import Principal
+from nymph.queue.sql import catalog, launches
+from nymph.queue.sql import direct as sql
+from nymph.queue.store import Store
+
+log = structlog.get_logger(__name__, component="queue.direct")
+
+
+def selector(*, ns: str, provider: str) -> str:
+    """The three reserved labels of ``provider``'s Pods launched from namespace ``ns``."""
+    return label_selector(selector_labels(owner_namespace=ns, provider=provider))
+
+
+class DirectDispatch:
+    def __init__(self, *, store: Store, connector: Connector, watches: WatchManager) -> None:
+        self.store = store
+        self.connector = connector
+        self.watches = watches
+
+    async def is_direct(self, *, ns: str, provider: str) -> bool:
+        p = await self.store.db.read(lambda conn: catalog.get_provider(conn, ns=ns, name=provider))
+        return p.direct
+
+    async def owns_instance(self, *, instance_id: str) -> bool:
+        return await self.store.db.read(lambda conn: sql.is_direct(conn, instance_id=instance_id))
+
+    async def launch(
+        self,
+        *,
+        ns: str,
+        provider: str,
+        body: Mapping[str, Any],
+        idempotency_key: str | None,
+        principal: Principal,
+    ) -> LaunchAccepted:
+        rec = await self.store.db.write(
+            lambda conn: sql.record_launch(
+                conn,
+                ns=ns,
+                provider_name=provider,
+                body=body,
+                idempotency_key=idempotency_key,
+                requester=principal.requester,
+            )
+        )
+        iid = rec.accepted["instanceId"]
+        if rec.state != InstanceState.QUEUED.value:
+            return {**rec.accepted, "state": rec.state}  # a replay of a launch already created
+        conn = Connection.from_json(rec.connection)
+        what = f"creating Pod {iid} in namespace {conn.namespace}"
+        try:
+            async with self.connector.api(ns=ns, conn=conn, what=what) as api:
+                try:
+                    pod, created = await pods.create_pod(api, rec.pod)
+                except Exception as exc:
+                    raise service_error(exc, what=what) from None
+        except BaseException:
+            await self.store.db.write(lambda c: sql.forget(c, instance_id=iid))
+            log.info("direct launch refused; nothing kept", instance=iid, namespace=ns, provider=provider)
+            raise
+        ts = now()
+        changed = await self.store.db.write(lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=False, ts=ts))
+        accepted: LaunchAccepted = {**rec.accepted, "state": pod_state(pod).value}
+        await self.store.db.write(lambda c: sql.answered(c, instance_id=iid, accepted=accepted))
+        if changed:
+            self.store.instance_changed.notify(iid)
+        self.watches.ensure(ns=ns, connection=rec.connection)
+        log.info(
+            "direct launch created" if created else "direct launch adopted its Pod",
+            instance=iid,
+            namespace=ns,
+            provider=provider,
+            connection=conn.describe(),
+            requester=principal.requester,
+        )
+        return accepted
+
+    async def _live(
+        self, *, ns: str, provider: str, connections: list[dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        live: dict[str, dict[str, Any]] = {}
+        seen: set[str] = set()
+        for data in connections:
+            conn = Connection.from_json(data)
+            if conn.key() in seen:
+                continue
+            seen.add(conn.key())
+            what = f"listing the Pods of provider {provider} in namespace {conn.namespace}"
+            async with self.connector.api(ns=ns, conn=conn, what=what) as api:
+                try:
+                    found = await pods.list_pods(
+                        api, namespace=conn.namespace, selector=selector(ns=ns, provider=provider)
+                    )
+                except Exception as exc:
+                    raise service_error(exc, what=what) from None
+            live.update({p["metadata"]["name"]: p for p in found})
+        return live
+
+    async def list_instances(self, *, ns: str, provider: str, state: str | None) -> list[InstanceJSON]:
+        """The queue's history merged with the live Pods of the provider's connections."""
+
+        def read(conn: Any) -> tuple[Any, list[str], list[InstanceJSON]]:
+            p = catalog.get_provider(conn, ns=ns, name=provider)
+            return (
+                p,
+                sql.connections_of(conn, ns=ns, provider=provider),
+                launches.list_instances(conn, ns=ns, provider=provider, state=None),
+            )
+
+        p, stored, history = await self.store.db.read(read)
+        own = {k: v for k, v in p.kwargs.items() if k in ("kubeconfig", "context")}
+        own["namespace"] = catalog.kube_namespace(p)
+        live = await self._live(ns=ns, provider=provider, connections=[own, *(json.loads(s) for s in stored)])
+        items: list[InstanceJSON] = []
+        for inst in history:
+            pod = live.pop(inst["instanceId"], None)
+            if pod is not None and inst["state"] != InstanceState.STOPPED.value:
+                inst = {
+                    **inst,
+                    "state": pod_state(pod).value,
+                    "node": (pod.get("spec") or {}).get("nodeName") or inst["node"],
+                }
+            items.append(inst)
+        for name, pod in sorted(live.items()):
+            items.append(_unrecorded(pod, ns=ns, provider=provider, name=name))
+        return [i for i in items if state is None or i["state"] == state]
+
+    async def stop(
+        self, *, ns: str, provider: str, instance_id: str, grace: int | None, principal: Principal
+    ) -> None:
+        row = await self.store.db.read(
+            lambda c: launches.instance_row(c, ns=ns, provider=provider, instance_id=instance_id)
+        )
+        if row["state"] == InstanceState.STOPPED.value:
+            return
+        ts = now()
+        if await self.store.db.write(lambda c: sql.request_stop(c, instance_id=instance_id, ts=ts)):
+            self.store.instance_changed.notify(instance_id)
+        data = await self.store.db.read(lambda c: sql.instance_connection(c, instance_id=instance_id))
+        conn = Connection.from_json(data)
+        what = f"deleting Pod {instance_id} in namespace {conn.namespace}"
+        async with self.connector.api(ns=ns, conn=conn, what=what) as api:
+            try:
+                logs = await pods.pod_logs(
+                    api,
+                    namespace=conn.namespace,
+                    name=instance_id,
+                    limit_bytes=self.store.settings.limits.max_log_bytes,
+                )
+            except Exception:
+                logs = None
+            try:
+                existed = await pods.delete_pod(
+                    api, namespace=conn.namespace, name=instance_id, grace_seconds=grace
+                )
+            except Exception as exc:
+                raise service_error(exc, what=what) from None
+        if logs is not None:
+            await self.store.keep_log_tail(instance_id=instance_id, logs=logs)
+        if not existed and await self.store.db.write(
+            lambda c: sql.gone(c, instance_id=instance_id, ts=now())
+        ):
+            self.store.instance_changed.notify(instance_id)
+        log.info("direct stop", instance=instance_id, pod_existed=existed, requester=principal.requester)
+
+    async def probe(self, *, ns: str, provider: str, mode: str | None, principal: Principal) -> str:
+        """RBAC and a server-side dry run with the provider's connection, as a finished task."""
+
+        def read(conn: Any) -> tuple[Any, Mode]:
+            p = catalog.get_provider(conn, ns=ns, name=provider)
+            if mode is not None:
+                return p, catalog.mode_for(conn, ns=ns, provider=p, mode_name=mode)
+            return p, Mode(name="probe", provider=p.name, fields={"image": launches.PROBE_IMAGE})
+
+        p, m = await self.store.db.read(read)
+        spec = launches._build(
+            provider=p, mode=m, body={"script": launches.PROBE_SCRIPT, "tags": {"nymph-probe": "true"}}, ns=ns
+        )
+        conn = Connection.from_json({**connection_kwargs(p, m), "namespace": spec.namespace})
+        checks: list[dict[str, Any]] = []
+        try:
+            async with self.connector.api(ns=ns, conn=conn, what="the probe") as api:
+                checks.append({"name": "connection", "ok": True, "detail": conn.describe()})
+                for a in await pods.check_access(api, namespace=conn.namespace):
+                    checks.append({"name": f"rbac: {a.name}", "ok": a.allowed, "detail": a.reason})
+                try:
+                    await pods.dry_run_pod(api, render_pod(spec))
+                    checks.append(
+                        {
+                            "name": "dry-run create",
+                            "ok": True,
+                            "detail": f"server accepted Pod {spec.instance_id}",
+                        }
+                    )
+                except Exception as exc:
+                    checks.append(
+                        {"name": "dry-run create", "ok": False, "detail": getattr(exc, "message", str(exc))}
+                    )
+        except Exception as exc:
+            checks.append(
+                {
+                    "name": "connection",
+                    "ok": False,
+                    "detail": getattr(exc, "detail", None)
+                    or getattr(exc, "message", None)
+                    or exc.__class__.__name__,
+                }
+            )
+        result = {"ok": all(c["ok"] for c in checks), "dispatch": "direct", "checks": checks}
+        return await self.store.db.write(
+            lambda c: sql.record_probe(
+                c,
+                ns=ns,
+                kube_ns=spec.namespace,
+                provider=p.name,
+                requester=principal.requester,
+                result=result,
+            )
+        )
+
+
+def _unrecorded(pod: Mapping[str, Any], *, ns: str, provider: str, name: str) -> InstanceJSON:
+    meta = pod.get("metadata") or {}
+    created = str(meta.get("creationTimestamp") or iso(now()))
+    return InstanceJSON(
+        instanceId=name,
+        providerName=provider,
+        namespace=ns,
+        kubeNamespace=str(meta.get("namespace") or ""),
+        state=pod_state(pod).value,
+        reason=None,
+        message="a live Pod with this provider's labels that the queue has no record of",
+        node=(pod.get("spec") or {}).get("nodeName"),
+        launchedAt=created,
+        updatedAt=created,
+        version=0,
+        requester="",
+        history=[],
+    )

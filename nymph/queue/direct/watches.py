@@ -1,0 +1,124 @@
+"""One Pod watch per distinct (control-plane namespace, connection), started on demand and
+stopped when idle, feeding the queue's history so ``launch --wait``, ``instances`` and the
+per-instance long-poll behave as on the daemon path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from nymph.kube.pods import Connection
+from nymph.kube.watch import PodWatcher
+from nymph.launch.names import LABEL_MANAGED, LABEL_NAMESPACE, label_selector
+from nymph.protocol import now
+from nymph.queue.direct.connect import Connector
+from nymph.queue.direct.settings import DirectSettings
+from nymph.queue.sql import direct as sql
+from nymph.queue.store import Store
+
+log = structlog.get_logger(__name__, component="queue.direct.watches")
+
+WatchKey = tuple[str, str]
+
+
+@dataclass
+class _Watch:
+    task: asyncio.Task[None]
+    idle_since: float | None = None
+    events: int = field(default=0)
+
+
+class WatchManager:
+    def __init__(self, *, store: Store, connector: Connector, settings: DirectSettings) -> None:
+        self.store = store
+        self.connector = connector
+        self.settings = settings
+        self.watches: dict[WatchKey, _Watch] = {}
+
+    @staticmethod
+    def key(*, ns: str, connection: dict[str, Any]) -> WatchKey:
+        return ns, Connection.from_json(connection).key()
+
+    def ensure(self, *, ns: str, connection: dict[str, Any]) -> None:
+        """Start the watch of this connection unless it runs already."""
+        key = self.key(ns=ns, connection=connection)
+        current = self.watches.get(key)
+        if current is not None and not current.task.done():
+            current.idle_since = None
+            return
+        conn = Connection.from_json(connection)
+        task = asyncio.create_task(self._run(ns, conn), name=f"nymph-direct-watch-{ns}-{conn.namespace}")
+        self.watches[key] = _Watch(task=task)
+        log.info("watch started", namespace=ns, connection=conn.describe())
+
+    async def _run(self, ns: str, conn: Connection) -> None:
+        selector = label_selector({LABEL_MANAGED: "true", LABEL_NAMESPACE: ns})
+
+        async def on_event(kind: str, pod: dict[str, Any]) -> None:
+            ts = now()
+            changed = await self.store.db.write(
+                lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=kind == "DELETED", ts=ts)
+            )
+            if changed:
+                self.store.instance_changed.notify(changed)
+
+        backoff = 0.5
+        while True:
+            try:
+                async with self.connector.api(ns=ns, conn=conn, what="watching Pods") as api:
+                    backoff = 0.5
+                    await PodWatcher(
+                        api=api, namespace=conn.namespace, label_selector=selector, on_event=on_event
+                    ).run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                detail = getattr(exc, "detail", None) or exc.__class__.__name__
+                log.warning(
+                    "watch cannot start; retrying", namespace=ns, connection=conn.describe(), error=detail
+                )
+            await asyncio.sleep(backoff + random.uniform(0, backoff / 2))
+            backoff = min(backoff * 2, 30.0)
+
+    async def tick(self) -> None:
+        """Start the watches recorded instances need; stop those idle for ``watch_idle``."""
+        needed = {
+            (ns, Connection.from_json(json.loads(c)).key()): (ns, json.loads(c))
+            for ns, c in await self.store.db.read(sql.watched)
+        }
+        for ns, data in needed.values():
+            self.ensure(ns=ns, connection=data)
+        t = asyncio.get_running_loop().time()
+        for key, w in list(self.watches.items()):
+            if key in needed:
+                w.idle_since = None
+                continue
+            if w.idle_since is None:
+                w.idle_since = t
+            elif t - w.idle_since >= self.settings.watch_idle:
+                await self._stop(key)
+
+    async def _stop(self, key: WatchKey) -> None:
+        w = self.watches.pop(key)
+        w.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await w.task
+        log.info("watch stopped (idle)", namespace=key[0])
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("watch bookkeeping failed; retrying")
+            await asyncio.sleep(self.settings.interval)
+
+    async def close(self) -> None:
+        for key in list(self.watches):
+            await self._stop(key)

@@ -1,0 +1,74 @@
+"""The direct path and the secret store in the app: typed app keys, and the background tasks
+(the watch set and the reaper, each named and guarded) in the app's ``cleanup_ctx``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from nymph.queue.direct.connect import Connector
+from nymph.queue.direct.launcher import DirectDispatch
+from nymph.queue.direct.reaper import Reaper
+from nymph.queue.direct.watches import WatchManager
+from nymph.queue.secrets import KeySource, SecretBox, default_key_file
+from nymph.queue.secretstore import SecretStore
+from nymph.queue.store import Store
+
+log = structlog.get_logger(__name__, component="queue.direct")
+
+DIRECT = web.AppKey("nymph.direct", DirectDispatch)
+SECRETS = web.AppKey("nymph.secrets", SecretStore)
+CONNECTOR = web.AppKey("nymph.connector", Connector)
+WATCHES_TASK = "nymph-queue-direct-watches"
+REAPER_TASK = "nymph-queue-direct-reaper"
+
+
+async def guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """Run ``run`` until cancelled; a crash is logged and it starts again after a pause."""
+    while True:
+        try:
+            await run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task crashed; restarting", task=name)
+            await asyncio.sleep(1.0)
+
+
+def install(app: web.Application, *, store: Store, db_path: Path) -> None:
+    settings = store.settings.direct
+    key_file = settings.secret_key_file
+    source = (
+        KeySource(path=key_file, create=False)
+        if key_file
+        else KeySource(path=default_key_file(db_path), create=True)
+    )
+    secrets = SecretStore(db=store.db, box=SecretBox(source=source))
+    connector = Connector(secrets=secrets, settings=settings)
+    watches = WatchManager(store=store, connector=connector, settings=settings)
+    reaper = Reaper(store=store, connector=connector, settings=settings)
+    app[SECRETS] = secrets
+    app[CONNECTOR] = connector
+    app[DIRECT] = DirectDispatch(store=store, connector=connector, watches=watches)
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        await secrets.check()
+        tasks = [
+            asyncio.create_task(guarded(WATCHES_TASK, watches.run), name=WATCHES_TASK),
+            asyncio.create_task(guarded(REAPER_TASK, reaper.run), name=REAPER_TASK),
+        ]
+        yield
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await watches.close()
+
+    app.cleanup_ctx.append(ctx)

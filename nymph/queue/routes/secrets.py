@@ -1,0 +1,33 @@
+"""Secret routes: ``PUT .../secrets/{name}`` ``{"value": TEXT}``, ``GET .../secrets`` (names and
+dates only), ``DELETE .../secrets/{name}``. No route ever returns a value."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from nymph.queue.bodies import Fields, read_object
+from nymph.queue.direct.wiring import SECRETS
+
+routes = web.RouteTableDef()
+NS = "/v1/namespaces/{ns}"
+
+
+@routes.put(NS + "/secrets/{name}")
+async def put_secret(request: web.Request) -> web.Response:
+    f = Fields(await read_object(request))
+    f.reject_unknown({"value"})
+    value = f.text("value") or ""
+    m = request.match_info
+    return web.json_response(await request.app[SECRETS].put(ns=m["ns"], name=m["name"], value=value))
+
+
+@routes.get(NS + "/secrets")
+async def list_secrets(request: web.Request) -> web.Response:
+    return web.json_response({"items": await request.app[SECRETS].list(ns=request.match_info["ns"])})
+
+
+@routes.delete(NS + "/secrets/{name}")
+async def delete_secret(request: web.Request) -> web.Response:
+    m = request.match_info
+    await request.app[SECRETS].delete(ns=m["ns"], name=m["name"])
+    return web.Response(status=204)

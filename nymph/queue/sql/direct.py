@@ -1,0 +1,253 @@
+"""Direct-dispatch instances (synchronous SQL inside the caller's transaction).
+
+A direct launch is recorded (instance ``queued``, its connection ref and rendered Pod) before its
+Pod is created, so a retry or a restart adopts the Pod under its fixed name instead of making a
+second one. Pod events from the queue's watches move the instance along its history exactly as
+a daemon's reports do on the other path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nymph.errors import ConfigError
+from nymph.launch.config import check_dispatch_kwargs, connection_kwargs
+from nymph.launch.render import render_pod
+from nymph.launch.state import InstanceState, Reason, pod_reason, pod_state
+from nymph.protocol import LaunchAccepted, TaskKind, now
+from nymph.queue.errors import BadRequest
+from nymph.queue.sql import catalog
+from nymph.queue.sql.idempotency import body_digest, remember, replay
+from nymph.queue.sql.launches import _build, _new_instance, new_task_id
+from nymph.queue.sql.rows import fetch_instance, transition
+
+
+@dataclass(frozen=True)
+class DirectLaunch:
+    accepted: LaunchAccepted
+    state: str
+    connection: dict[str, Any]
+    pod: dict[str, Any]
+
+
+def record_launch(
+    conn: sqlite3.Connection,
+    *,
+    ns: str,
+    provider_name: str,
+    body: Mapping[str, Any],
+    idempotency_key: str | None,
+    requester: str,
+) -> DirectLaunch:
+    """Record a direct launch (or find the one this Idempotency-Key recorded)."""
+    digest = body_digest(body)
+    earlier = replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
+    if earlier is not None:
+        row = conn.execute(
+            "SELECT state, connection, pod FROM instances WHERE instance_id = ?", (earlier["instanceId"],)
+        ).fetchone()
+        return DirectLaunch(
+            accepted=earlier,
+            state=row["state"],
+            connection=json.loads(row["connection"]),
+            pod=json.loads(row["pod"]),
+        )
+    provider = catalog.get_provider(conn, ns=ns, name=provider_name)
+    mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
+    try:
+        check_dispatch_kwargs(provider, mode)
+    except ConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_provider") from None
+    spec = _build(provider=provider, mode=mode, body={k: v for k, v in body.items() if k != "mode"}, ns=ns)
+    connection = {**connection_kwargs(provider, mode), "namespace": spec.namespace}
+    ts = now()
+    accepted = _new_instance(
+        conn,
+        first_id=spec.instance_id,
+        ns=ns,
+        provider=provider.name,
+        kube_ns=spec.namespace,
+        requester=requester,
+        ts=ts,
+    )
+    if accepted["instanceId"] != spec.instance_id:  # the first id was taken: the Pod takes the new one
+        spec = dataclasses.replace(spec, instance_id=accepted["instanceId"])
+    pod = dict(render_pod(spec))
+    conn.execute(
+        "UPDATE instances SET dispatch = 'direct', connection = ?, pod = ? WHERE instance_id = ?",
+        (json.dumps(connection), json.dumps(pod), spec.instance_id),
+    )
+    remember(
+        conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
+    )
+    return DirectLaunch(accepted=accepted, state=InstanceState.QUEUED.value, connection=connection, pod=pod)
+
+
+def forget(conn: sqlite3.Connection, *, instance_id: str) -> None:
+    """The Pod could not be created: remove every trace of the launch."""
+    for table in ("idempotency_keys", "instance_logs", "instance_events", "instances"):
+        conn.execute(f"DELETE FROM {table} WHERE instance_id = ?", (instance_id,))  # noqa: S608
+
+
+def answered(conn: sqlite3.Connection, *, instance_id: str, accepted: LaunchAccepted) -> None:
+    """Remember the 202 actually sent (its state read from the Pod) for Idempotency-Key replays."""
+    conn.execute(
+        "UPDATE idempotency_keys SET response = ? WHERE instance_id = ?", (json.dumps(accepted), instance_id)
+    )
+
+
+def pod_change(pod: Mapping[str, Any], *, deleted: bool, stop_requested: bool) -> tuple[str, str | None, str]:
+    """(state, reason, message) of an instance whose Pod looks like ``pod`` (pure)."""
+    reason, message = pod_reason(pod)
+    if deleted:
+        if stop_requested:
+            return InstanceState.STOPPED.value, Reason.STOPPED.value, "stopped on request"
+        if pod_state(pod) is InstanceState.STOPPED and reason is not None:
+            return InstanceState.STOPPED.value, reason.value, message
+        return InstanceState.STOPPED.value, Reason.DELETED.value, "the Pod was deleted"
+    state = pod_state(pod)
+    if state is InstanceState.UNKNOWN:
+        return state.value, None, ""
+    return state.value, None if reason is None else reason.value, message
+
+
+def apply_pod(
+    conn: sqlite3.Connection, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts: float
+) -> str | None:
+    """Move a direct instance of ``ns`` along with its Pod; returns its id when it changed."""
+    instance_id = str((pod.get("metadata") or {}).get("name") or "")
+    row = conn.execute(
+        "SELECT namespace, dispatch, stop_requested_at FROM instances WHERE instance_id = ?", (instance_id,)
+    ).fetchone()
+    if row is None or row["namespace"] != ns or row["dispatch"] != "direct":
+        return None
+    stop_requested = row["stop_requested_at"] is not None
+    state, reason, message = pod_change(pod, deleted=deleted, stop_requested=stop_requested)
+    if stop_requested and state not in (InstanceState.STOPPING.value, InstanceState.STOPPED.value):
+        return None  # a stop was asked for: a late "running" must not undo it
+    node = (pod.get("spec") or {}).get("nodeName") or None
+    changed = transition(
+        conn, instance_id=instance_id, now=ts, state=state, reason=reason, message=message, node=node
+    )
+    if deleted:
+        conn.execute("UPDATE instances SET reaped_at = ? WHERE instance_id = ?", (ts, instance_id))
+    return instance_id if changed else None
+
+
+def gone(conn: sqlite3.Connection, *, instance_id: str, ts: float) -> bool:
+    """The Pod of a live direct instance is not there (found at a reconcile or a stop)."""
+    row = fetch_instance(conn, instance_id)
+    if row is None:
+        return False
+    stopped = row["stop_requested_at"] is not None
+    conn.execute("UPDATE instances SET reaped_at = ? WHERE instance_id = ?", (ts, instance_id))
+    return transition(
+        conn,
+        instance_id=instance_id,
+        now=ts,
+        state=InstanceState.STOPPED.value,
+        reason=(Reason.STOPPED if stopped else Reason.DELETED).value,
+        message="stopped on request" if stopped else "the Pod is gone",
+    )
+
+
+def request_stop(conn: sqlite3.Connection, *, instance_id: str, ts: float) -> bool:
+    row = fetch_instance(conn, instance_id)
+    if row is None or row["state"] == InstanceState.STOPPED.value:
+        return False
+    if row["stop_requested_at"] is None:
+        conn.execute("UPDATE instances SET stop_requested_at = ? WHERE instance_id = ?", (ts, instance_id))
+    return transition(
+        conn,
+        instance_id=instance_id,
+        now=ts,
+        state=InstanceState.STOPPING.value,
+        reason=None,
+        message="stop requested",
+    )
+
+
+def is_direct(conn: sqlite3.Connection, *, instance_id: str) -> bool:
+    row = conn.execute("SELECT dispatch FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
+    return row is not None and row[0] == "direct"
+
+
+def instance_connection(conn: sqlite3.Connection, *, instance_id: str) -> dict[str, Any]:
+    row = conn.execute("SELECT connection FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
+    return dict(json.loads(row[0])) if row is not None and row[0] else {}
+
+
+def watched(conn: sqlite3.Connection) -> set[tuple[str, str]]:
+    """(namespace, connection JSON) of every direct instance whose Pod may still exist."""
+    rows = conn.execute(
+        "SELECT DISTINCT namespace, connection FROM instances "
+        "WHERE dispatch = 'direct' AND reaped_at IS NULL AND connection IS NOT NULL"
+    ).fetchall()
+    return {(str(r[0]), str(r[1])) for r in rows}
+
+
+def unreaped(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+    """Direct instances whose Pod may still exist, for the reconcile at start."""
+    return list(
+        conn.execute(
+            "SELECT instance_id, namespace, state, connection, pod, stop_requested_at FROM instances "
+            "WHERE dispatch = 'direct' AND reaped_at IS NULL ORDER BY launched_at"
+        )
+    )
+
+
+def reapable(conn: sqlite3.Connection, *, before: float) -> list[sqlite3.Row]:
+    return list(
+        conn.execute(
+            "SELECT instance_id, namespace, connection FROM instances WHERE dispatch = 'direct' "
+            "AND state = 'stopped' AND reaped_at IS NULL AND updated_at < ? ORDER BY updated_at LIMIT 100",
+            (before,),
+        )
+    )
+
+
+def mark_reaped(conn: sqlite3.Connection, *, instance_id: str, ts: float) -> None:
+    conn.execute("UPDATE instances SET reaped_at = ? WHERE instance_id = ?", (ts, instance_id))
+
+
+def connections_of(conn: sqlite3.Connection, *, ns: str, provider: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT DISTINCT connection FROM instances WHERE namespace = ? AND provider = ? "
+        "AND dispatch = 'direct' AND reaped_at IS NULL AND connection IS NOT NULL",
+        (ns, provider),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def record_probe(
+    conn: sqlite3.Connection, *, ns: str, kube_ns: str, provider: str, requester: str, result: dict[str, Any]
+) -> str:
+    """A finished probe of a direct provider, as a task row the CLI can read like any other."""
+    task_id = new_task_id()
+    ts = now()
+    ok = bool(result.get("ok"))
+    conn.execute(
+        "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, requester, "
+        "attempts, result, error, created_at, updated_at, finished_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
+        (
+            task_id,
+            TaskKind.PROBE.value,
+            "done" if ok else "failed",
+            ns,
+            kube_ns,
+            provider,
+            requester,
+            json.dumps(result),
+            None if ok else "the direct path is not ready: see the failed checks",
+            ts,
+            ts,
+            ts,
+        ),
+    )
+    return task_id

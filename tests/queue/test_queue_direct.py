@@ -1,0 +1,327 @@
+"""Direct dispatch against the real API server (etcd + kube-apiserver + kwok): the queue creates,
+lists, watches, stops and reaps Pods with each provider's own connection (a path, inline
+content moved into the secret store, or a ``$secret``), with ``context`` switching identities."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import stat
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from queue_helpers import FAST, Queue, open_queue
+
+from nymph.kube.credentials import CredentialPolicy, staged_kubeconfig
+from nymph.kube.pods import Connection, open_api
+from nymph.localcluster import LocalCluster
+from nymph.queue.direct.settings import DirectSettings
+from nymph.queue.direct.wiring import DIRECT
+from tests.kube_fixtures import SaKubeconfig
+
+POD_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+]
+NS = "/v1/namespaces/default"
+
+
+@pytest.fixture
+async def direct_queue(tmp_path: Path) -> AsyncIterator[Queue]:
+    (tmp_path / "kubeconfigs").mkdir()
+    (tmp_path / "stage").mkdir()
+    settings = replace(
+        FAST,
+        direct=DirectSettings(
+            kubeconfig_dirs=(tmp_path / "kubeconfigs",),
+            tmp_root=str(tmp_path / "stage"),
+            reap_after=0.5,
+            watch_idle=1.0,
+            interval=0.2,
+        ),
+    )
+    q, runner = await open_queue(tmp_path, settings)
+    try:
+        yield q
+    finally:
+        await q.close()
+        await runner.cleanup()
+
+
+async def _provider(q: Queue, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    body = {"name": name, "launcher": "Kube", "dispatch": "direct", "kwargs": kwargs}
+    r = await q.call("POST", NS + "/providers", json_body=body)
+    assert r.status == 201, r.body
+    r = await q.call(
+        "POST",
+        NS + "/modes",
+        json_body={"name": f"{name}-m", "provider": name, "fields": {"image": "busybox"}},
+    )
+    assert r.status == 201, r.body
+    return dict(body["kwargs"])
+
+
+async def _launch(q: Queue, provider: str, **tags: str) -> Any:
+    body = {"mode": f"{provider}-m", "script": "print('hi')", "tags": {"sim.nymph.io/run": "1h", **tags}}
+    return await q.call("POST", f"{NS}/providers/{provider}/launch", json_body=body)
+
+
+async def _wait_state(q: Queue, provider: str, iid: str, state: str) -> dict[str, Any]:
+    version = -1
+    for _ in range(60):
+        r = await q.call("GET", f"{NS}/providers/{provider}/instances/{iid}?after={version}&wait=5")
+        assert r.status == 200, r.body
+        if r.body["state"] == state:
+            return dict(r.body)
+        version = r.body["version"]
+    raise AssertionError(f"{iid} never reached {state}: {r.body}")
+
+
+def _pods(kube: LocalCluster, namespace: str) -> list[str]:
+    items = kube.api("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+    return [p["metadata"]["name"] for p in items]
+
+
+def _two_context_kubeconfig(
+    kube: LocalCluster, tmp: Path, *, a: tuple[str, Path], b: tuple[str, Path]
+) -> str:
+    """One kubeconfig whose contexts ctx-a / ctx-b act as two ServiceAccounts in two namespaces."""
+    users, contexts = [], []
+    cluster = None
+    for label, (ns, path) in (("a", a), ("b", b)):
+        doc = yaml.safe_load(path.read_text())
+        cluster = doc["clusters"][0]
+        users.append({"name": f"user-{label}", "user": doc["users"][0]["user"]})
+        contexts.append(
+            {
+                "name": f"ctx-{label}",
+                "context": {"cluster": cluster["name"], "user": f"user-{label}", "namespace": ns},
+            }
+        )
+    cfg = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "users": users, "contexts": contexts}
+    cfg["current-context"] = "ctx-a"
+    return yaml.safe_dump(cfg)
+
+
+async def test_path_inline_and_secret_kubeconfigs_launch_list_and_stop(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue, tmp_path: Path
+) -> None:
+    q = direct_queue
+    kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="launcher")
+    allowed = tmp_path / "kubeconfigs" / "launcher.kubeconfig"
+    allowed.write_text(kc.read_text())
+    await _provider(q, "by-path", {"kubeconfig": str(allowed), "namespace": namespace})
+    stored = await _provider(q, "inline", {"kubeconfig": kc.read_text(), "namespace": namespace})
+    r = await q.call("GET", NS + "/providers/inline")
+    assert r.body["kwargs"]["kubeconfig"] == {"$secret": "provider.inline.kubeconfig"}
+    assert stored["kubeconfig"] not in r.text
+    r = await q.call("PUT", NS + "/secrets/team-kube", json_body={"value": kc.read_text()})
+    assert r.status == 200 and set(r.body) == {"name", "createdAt", "updatedAt"}
+    await _provider(q, "by-secret", {"kubeconfig": {"$secret": "team-kube"}, "namespace": namespace})
+
+    ids = {}
+    for provider in ("by-path", "inline", "by-secret"):
+        r = await _launch(q, provider)
+        assert r.status == 202, r.body
+        assert r.body["state"] == "starting" and r.body["providerName"] == provider
+        ids[provider] = r.body["instanceId"]
+    assert sorted(_pods(kube, namespace)) == sorted(ids.values())
+    assert os.listdir(tmp_path / "stage") == []  # nothing staged outlives a call
+
+    for provider, iid in ids.items():
+        inst = await _wait_state(q, provider, iid, "running")
+        assert [h["state"] for h in inst["history"]][:2] == ["queued", "starting"] and inst["node"]
+        r = await q.call("GET", f"{NS}/providers/{provider}/instances")
+        assert [i["instanceId"] for i in r.body["items"]] == [iid]  # listed by the three labels
+
+    # A Pod with the reserved labels that the queue never recorded is listed too.
+    labels = {"lakeshore": "true", "lakeshore.namespace": "default", "lakeshore.provider": "by-path"}
+    kube.api(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {
+            "metadata": {"name": "lakeshore-feedf00d", "labels": labels},
+            "spec": {"containers": [{"name": "user", "image": "busybox"}]},
+        },
+    )
+    r = await q.call("GET", f"{NS}/providers/by-path/instances")
+    assert {i["instanceId"] for i in r.body["items"]} == {ids["by-path"], "lakeshore-feedf00d"}
+
+    iid = ids["by-secret"]
+    for _ in range(2):  # idempotent: the second DELETE finds the Pod gone or going
+        r = await q.call("DELETE", f"{NS}/providers/by-secret/instances/{iid}")
+        assert r.status == 204, r.body
+    inst = await _wait_state(q, "by-secret", iid, "stopped")
+    assert inst["reason"] == "Stopped"
+    for _ in range(50):
+        if iid not in _pods(kube, namespace):
+            break
+        await asyncio.sleep(0.1)
+    assert iid not in _pods(kube, namespace)
+    r = await q.call("DELETE", f"{NS}/providers/by-secret/instances/{iid}")
+    assert r.status == 204
+
+
+async def test_finished_direct_pods_are_reaped_and_still_listed(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
+) -> None:
+    q = direct_queue
+    kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="reaped")
+    r = await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+    await _provider(q, "short", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+    r = await _launch(q, "short", **{"sim.nymph.io/run": "1s"})
+    assert r.status == 202, r.body
+    iid = r.body["instanceId"]
+    inst = await _wait_state(q, "short", iid, "stopped")
+    assert inst["reason"] == "Completed"
+    for _ in range(100):
+        if iid not in _pods(kube, namespace):
+            break
+        await asyncio.sleep(0.1)
+    assert iid not in _pods(kube, namespace)  # reaped after reap_after
+    r = await q.call("GET", f"{NS}/providers/short/instances")
+    assert [(i["instanceId"], i["state"]) for i in r.body["items"]] == [(iid, "stopped")]  # history kept
+    watches = q.app[DIRECT].watches.watches
+    for _ in range(50):  # nothing left to watch: the watch stops after watch_idle
+        if not watches:
+            break
+        await asyncio.sleep(0.1)
+    assert watches == {}
+
+
+async def test_context_switches_identity_and_a_forbidden_one_leaves_nothing(
+    kube: LocalCluster, sa_kubeconfig: SaKubeconfig, direct_queue: Queue, tmp_path: Path
+) -> None:
+    q = direct_queue
+    spaces = []
+    for label in ("a", "b"):
+        ns = f"ctx-{label}-{os.urandom(3).hex()}"
+        kube.api("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+        kube.wait_default_sa(ns)
+        spaces.append((ns, sa_kubeconfig(namespace=ns, rules=POD_RULES, name=f"sa-{label}")))
+    (ns_a, _), (ns_b, _) = spaces
+    two = _two_context_kubeconfig(kube, tmp_path, a=spaces[0], b=spaces[1])
+    assert (await q.call("PUT", NS + "/secrets/two", json_body={"value": two})).status == 200
+    ref = {"$secret": "two"}
+    await _provider(q, "to-a", {"kubeconfig": ref, "context": "ctx-a", "namespace": ns_a})
+    await _provider(q, "to-b", {"kubeconfig": ref, "context": "ctx-b", "namespace": ns_b})
+    await _provider(q, "a-into-b", {"kubeconfig": ref, "context": "ctx-a", "namespace": ns_b})
+
+    a = await _launch(q, "to-a")
+    b = await _launch(q, "to-b")
+    assert a.status == b.status == 202, (a.body, b.body)
+    assert _pods(kube, ns_a) == [a.body["instanceId"]] and _pods(kube, ns_b) == [b.body["instanceId"]]
+
+    r = await _launch(q, "a-into-b")
+    assert r.status == 403 and r.body["error"] == "kube_forbidden", r.body
+    assert "the Kubernetes API server refused" in r.body["detail"]
+    assert f"system:serviceaccount:{ns_a}:sa-a" in r.body["detail"]  # the server's own message
+    assert _pods(kube, ns_b) == [b.body["instanceId"]]  # no Pod
+    r = await q.call("GET", f"{NS}/providers/a-into-b/instances")
+    assert r.status == 403  # listing with that identity is refused as clearly
+    rows = await q.store.db.read(
+        lambda c: c.execute("SELECT COUNT(*) FROM instances WHERE provider = 'a-into-b'").fetchone()[0]
+    )
+    assert rows == 0  # nor a record
+
+    await _provider(q, "no-ctx", {"kubeconfig": ref, "context": "ctx-z", "namespace": ns_a})
+    r = await _launch(q, "no-ctx")
+    assert r.status == 400 and "context 'ctx-z' is not in kubeconfig" in r.body["detail"]
+    assert "ctx-a, ctx-b" in r.body["detail"]
+
+
+async def test_paths_are_read_only_inside_allowed_dirs_after_resolving_symlinks(
+    direct_queue: Queue, tmp_path: Path
+) -> None:
+    q = direct_queue
+    outside = tmp_path / "elsewhere.kubeconfig"
+    outside.write_text("apiVersion: v1\nclusters: []\ncontexts: []\nusers: []\n")
+    link = tmp_path / "kubeconfigs" / "link.kubeconfig"
+    link.symlink_to(outside)
+    for path in (str(outside), str(link), str(tmp_path / "kubeconfigs" / ".." / "elsewhere.kubeconfig")):
+        body = {"name": "p", "launcher": "Kube", "dispatch": "direct", "kwargs": {"kubeconfig": path}}
+        r = await q.call("POST", NS + "/providers", json_body=body)
+        assert r.status == 400 and r.body["error"] == "kubeconfig_path_refused", path
+        assert "--kubeconfig-dir" in r.body["detail"]
+
+
+async def test_providers_test_checks_rbac_and_a_server_dry_run(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
+) -> None:
+    q = direct_queue
+    full = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="full")
+    read_only = sa_kubeconfig(
+        namespace=namespace, rules=[{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}], name="ro"
+    )
+    for name, kc in (("full", full), ("ro", read_only)):
+        await q.call("PUT", f"{NS}/secrets/{name}", json_body={"value": kc.read_text()})
+        await _provider(q, name, {"kubeconfig": {"$secret": name}, "namespace": namespace})
+    results = {}
+    for name in ("full", "ro"):
+        r = await q.call("POST", f"{NS}/providers/{name}/test", json_body={})
+        assert r.status == 202
+        task = (await q.call("GET", f"{NS}/tasks/{r.body['taskId']}")).body
+        results[name] = task
+    assert results["full"]["status"] == "done" and results["full"]["result"]["ok"] is True
+    checks = {c["name"]: c["ok"] for c in results["full"]["result"]["checks"]}
+    assert checks["dry-run create"] and checks["rbac: create pods"]
+    assert results["ro"]["status"] == "failed"
+    checks = {c["name"]: c["ok"] for c in results["ro"]["result"]["checks"]}
+    assert checks["rbac: get pods"] and not checks["rbac: create pods"] and not checks["dry-run create"]
+    assert _pods(kube, namespace) == []  # a dry run leaves nothing
+
+
+def _check_staging(text: str, tmp_path: Path) -> None:
+    with staged_kubeconfig(text, tmpdir=str(tmp_path)) as path:
+        assert path is not None and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert Path(path).read_text() == text
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(RuntimeError), staged_kubeconfig(text, tmpdir=str(tmp_path)) as path:
+        assert path is not None and os.path.exists(path)
+        raise RuntimeError("the call failed")
+    assert os.listdir(tmp_path) == []
+
+
+async def test_staged_files_are_0600_during_the_call_and_gone_after_also_on_failure(
+    kube: LocalCluster, tmp_path: Path
+) -> None:
+    text = kube.kubeconfig.read_text()
+    _check_staging(text, tmp_path)
+    # Through the API client too: the certificate files the loader writes go with it.
+    policy = CredentialPolicy(kubeconfig_dirs=(), ambient=False)
+    async with open_api(Connection(kubeconfig=text), policy=policy, tmp_root=str(tmp_path)) as api:
+        assert os.listdir(tmp_path) == []
+        assert await api.call_api(
+            "/version", "GET", response_types_map={200: "object"}, _return_http_data_only=True
+        )
+    with pytest.raises(Exception, match="is not in kubeconfig"):
+        async with open_api(
+            Connection(kubeconfig=text, context="nope"), policy=policy, tmp_root=str(tmp_path)
+        ):
+            pass
+    assert os.listdir(tmp_path) == []
+
+
+def test_secret_store_refuses_a_lost_key(tmp_path: Path) -> None:
+    from nymph.queue.secrets import KeySource, SecretBox, SecretKeyError
+
+    key = tmp_path / "db.secret-key"
+    box = SecretBox(source=KeySource(path=key, create=True))
+    blob = box.seal(ns="team-a", name="kc", value="v4lue-text", have_secrets=False)
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and b"v4lue" not in blob
+    assert box.open(ns="team-a", name="kc", blob=blob) == "v4lue-text"
+    with pytest.raises(SecretKeyError):  # bound to its namespace
+        box.open(ns="team-b", name="kc", blob=blob)
+    key.unlink()
+    with pytest.raises(SecretKeyError, match="is missing, but the database holds encrypted secrets"):
+        SecretBox(source=KeySource(path=key, create=True)).check(sample=("team-a", "kc", blob))
+    assert not key.exists()  # never silently reset
+    other = tmp_path / "other.key"
+    other.write_text(base64.urlsafe_b64encode(os.urandom(32)).decode())
+    with pytest.raises(SecretKeyError, match="does not open with the key"):
+        SecretBox(source=KeySource(path=other, create=False)).check(sample=("team-a", "kc", blob))
