@@ -128,7 +128,11 @@ class DispatchCalls:
         capacity: int,
         wait: float = 30.0,
         lease_seconds: int | None = None,
+        node_info: Mapping[str, Any] | None = None,
     ) -> list[TaskJSON]:
+        """Claim up to ``capacity`` tasks; ``node_info`` is what the daemon's node offers
+        (:meth:`nymph.launch.placement.NodeOffer.to_json`), so the queue hands it only launches
+        that node can run."""
         identity = self._identity(daemon_id=daemon_id, node=node, namespaces=namespaces)
         body: dict[str, Any] = {
             "daemonId": daemon_id,
@@ -139,6 +143,8 @@ class DispatchCalls:
         }
         if lease_seconds is not None:
             body["leaseSeconds"] = lease_seconds
+        if node_info is not None:
+            body["nodeInfo"] = dict(node_info)
         answer = await self._dispatch(
             "POST", "/v1/dispatch/claim", identity=identity, json=body, timeout=self.timeout + wait
         )

@@ -64,6 +64,9 @@ class InstanceJSON(TypedDict):
     version: int
     requester: str
     history: list[HistoryEntry]
+    #: Only on a ``queued`` launch that no live daemon's node can run: why (e.g. "no daemon's
+    #: node matches node_selector gpu=a100").
+    waiting: NotRequired[str]
 
 
 class LaunchAccepted(TypedDict):

@@ -38,7 +38,7 @@ def print_instances(items: Sequence[dict[str, Any]]) -> None:
             i["reason"] or "",
             i["node"] or "",
             when(i["launchedAt"]),
-            i["message"],
+            f"waiting: {i['waiting']}" if i.get("waiting") else i["message"],
         )
         for i in items
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nymph.client import QueueAuthError, QueueClient, QueueError
@@ -31,8 +32,13 @@ class Claimer:
         outbox: Outbox,
         audit: AuditLog,
         metrics: Metrics,
+        node_offer: Callable[[], dict[str, Any] | None] | None = None,
+        offer_ready: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.s = settings
+        #: What this daemon's node offers (labels, taints, allocatable), sent with each claim.
+        self.node_offer = node_offer
+        self.offer_ready = offer_ready
         self.node = settings.node
         self.client = client
         self.outbox = outbox
@@ -122,6 +128,8 @@ class Claimer:
         while not reconciled.is_set():
             self.last_progress = time.monotonic()
             await asyncio.sleep(0.2)
+        if self.offer_ready is not None:
+            await self.offer_ready()
         while not stopping.is_set():
             self.last_progress = time.monotonic()
             free = self.capacity()
@@ -139,6 +147,7 @@ class Claimer:
                     capacity=free,
                     wait=s.queue.poll_wait,
                     lease_seconds=s.queue.lease_seconds,
+                    node_info=self.node_offer() if self.node_offer is not None else None,
                 )
             except QueueAuthError as exc:
                 self.queue_ok = False

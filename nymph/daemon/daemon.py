@@ -19,6 +19,7 @@ from nymph.daemon.audit import AuditLog
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.health import HealthView, start_health_server
 from nymph.daemon.metrics import Metrics
+from nymph.daemon.nodeinfo import NodeInfo
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.reaper import Reaper
 from nymph.daemon.reconcile import reconcile
@@ -99,8 +100,15 @@ class Daemon:
         client = QueueClient(base_url=s.queue.url, token=s.queue.token, timeout=30.0)
         api = await make_api_client(kubeconfig=s.kube.kubeconfig, context=s.kube.context)
         applier, kubectl = self._applier(api)
+        nodeinfo = NodeInfo(api=api, node=self.node)
         claimer = Claimer(
-            settings=s, client=client, outbox=self.outbox, audit=self.audit, metrics=self.metrics
+            settings=s,
+            client=client,
+            outbox=self.outbox,
+            audit=self.audit,
+            metrics=self.metrics,
+            node_offer=nodeinfo.offer_json,
+            offer_ready=nodeinfo.wait_ready,
         )
         context = TaskContext(
             applier=applier,
@@ -156,6 +164,7 @@ class Daemon:
             apply_with=s.kube.apply_with,
         )
         self.loops.append(guarded("outbox", lambda: self.outbox.run(sender)))
+        self.loops.append(guarded("nodeinfo", nodeinfo.run))
         for ns in s.kube.namespaces:
             w = PodWatcher(
                 api=api,

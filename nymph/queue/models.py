@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from nymph.launch.placement import NodeOffer
 from nymph.protocol import TaskJSON
 from nymph.queue.direct.settings import DirectSettings
 
@@ -131,6 +132,8 @@ class ClaimRequest:
     namespaces: tuple[str, ...]
     capacity: int
     lease_seconds: int
+    #: What the daemon's node offers; None (an older daemon, or no node): launches go unfiltered.
+    node_info: NodeOffer | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from tests.e2e.harness import REPO, DaemonProc, QueueProc, launch, setup_provide
 from tests.kube_fixtures import token_kubeconfig
 
 SA = "system:serviceaccount:nymph-system:nymph-daemon"
-RBAC_KINDS = {"Namespace", "ServiceAccount", "Role", "RoleBinding"}
+RBAC_KINDS = {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 
 
 def kustomize(overlay: str) -> list[dict[str, Any]]:
@@ -44,6 +44,8 @@ def test_kustomize_renders(overlay: str) -> None:
             "RoleBinding",
             "Role",
             "RoleBinding",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "DaemonSet",
             "Deployment",
             "Service",
@@ -104,6 +106,8 @@ DOCKYARD_RESOURCES = (
 ALLOWED = (
     [(v, "pods", "default") for v in ("create", "get", "list", "watch", "delete", "patch")]
     + [("get", "pods/log", "default")]
+    # The one cluster-scoped grant: read Nodes (node-aware claims).
+    + [(v, "nodes", None) for v in ("get", "list", "watch")]
     + [(v, r, "default") for r in DOCKYARD_RESOURCES for v in ("get", "create", "patch", "delete")]
 )
 DENIED = [
@@ -117,7 +121,12 @@ DENIED = [
     ("get", "secrets", "nymph-system"),
     ("get", "pods/attach", "default"),
     ("create", "pods/portforward", "default"),
-    ("list", "nodes", None),
+    ("create", "nodes", None),
+    ("update", "nodes", None),
+    ("patch", "nodes", None),
+    ("delete", "nodes", None),
+    ("patch", "nodes/status", None),
+    ("get", "nodes/proxy", None),
     ("create", "namespaces", None),
     ("create", "clusterroles", None),
     ("create", "clusterrolebindings", None),

@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 
 from nymph.errors import ValidationError
+from nymph.launch.placement import NodeOffer
 from nymph.launch.names import check_namespace
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
@@ -104,6 +105,16 @@ def _disconnected(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
+def _node_info(f: Fields) -> NodeOffer | None:
+    raw = f.mapping("nodeInfo")
+    if raw is None:
+        return None
+    try:
+        return NodeOffer.from_json(raw)
+    except ValueError as exc:
+        raise Unprocessable(f"body.nodeInfo: {str(exc)[:200]}") from None
+
+
 @routes.post("/v1/dispatch/claim")
 async def claim(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
@@ -113,6 +124,7 @@ async def claim(request: web.Request) -> web.Response:
     f.string("daemonId", required=False)
     node = f.string("node", required=False)
     capacity = f.integer("capacity", minimum=0, maximum=1000)
+    node_info = _node_info(f)
     session = _session(request, f)
     if node is not None and node != session.node:
         raise Forbidden(
@@ -132,6 +144,7 @@ async def claim(request: web.Request) -> web.Response:
         node=session.node,
         namespaces=namespaces or session.namespaces,
         capacity=capacity,
+        node_info=node_info if session.node else None,
         lease_seconds=f.integer(
             "leaseSeconds",
             default=settings.lease.default_seconds,

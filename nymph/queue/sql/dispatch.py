@@ -4,8 +4,10 @@
 A task is claimable when it is ``pending`` (or ``leased`` with an expired lease), its
 ``not_before`` has passed, the task it is ordered after (a stop after its launch) has
 finished, its kube namespace is one the daemon serves, the daemon's token scope covers its
-owner namespace, and, for a stop task, the daemon is on the instance's node, the instance has
-no node yet, or the stop has waited longer than the node fallback.
+owner namespace, for a stop task, the daemon is on the instance's node, the instance has
+no node yet, or the stop has waited longer than the node fallback, and for a launch, the
+daemon's node (when it sent what it offers) matches the launch's node selector, tolerations
+and requests (see :mod:`nymph.queue.sql.placement`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, DaemonJSON, iso
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
+from nymph.queue.sql import placement
 from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, task_json, transition
 
 _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
@@ -29,7 +32,7 @@ _MAX_ERROR_CHARS = 4096
 #: How stale a daemon's lastSeen may get before an idle claim refreshes it.
 _SEEN_REFRESH = 5.0
 _SELECT_CLAIMABLE = (
-    "SELECT t.seq FROM tasks t "
+    "SELECT t.seq, t.kind, t.spec FROM tasks t "
     "LEFT JOIN instances i ON i.instance_id = t.instance_id "
     "LEFT JOIN tasks a ON a.task_id = t.after_task "
     "WHERE {where} ORDER BY t.seq LIMIT ?"
@@ -84,18 +87,25 @@ def _seen(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> None:
     claim that finds no work writes nothing and its commit costs no fsync (many daemons wake
     on every insert; all but one usually find nothing)."""
     namespaces = json.dumps(list(req.namespaces))
+    node_info = placement.node_info_text(req.node_info)
     row = conn.execute(
-        "SELECT node, namespaces, capacity, last_seen FROM daemons WHERE daemon_id = ?", (req.daemon_id,)
+        "SELECT node, namespaces, capacity, node_info, last_seen FROM daemons WHERE daemon_id = ?",
+        (req.daemon_id,),
     ).fetchone()
-    unchanged = row is not None and (row[0], row[1], row[2]) == (req.node, namespaces, req.capacity)
-    if unchanged and now - row[3] < _SEEN_REFRESH:
+    unchanged = row is not None and (row[0], row[1], row[2], row[3]) == (
+        req.node,
+        namespaces,
+        req.capacity,
+        node_info,
+    )
+    if unchanged and now - row[4] < _SEEN_REFRESH:
         return
     conn.execute(
-        "INSERT INTO daemons (daemon_id, node, namespaces, capacity, last_seen) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (daemon_id) DO UPDATE SET node = excluded.node, "
+        "INSERT INTO daemons (daemon_id, node, namespaces, capacity, node_info, last_seen) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (daemon_id) DO UPDATE SET node = excluded.node, "
         "namespaces = excluded.namespaces, capacity = excluded.capacity, "
-        "last_seen = excluded.last_seen",
-        (req.daemon_id, req.node, namespaces, req.capacity, now),
+        "node_info = excluded.node_info, last_seen = excluded.last_seen",
+        (req.daemon_id, req.node, namespaces, req.capacity, node_info, now),
     )
 
 
@@ -162,7 +172,12 @@ def claim(
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
         # Only constant fragments and "?" placeholders are formatted into these statements.
         select = _SELECT_CLAIMABLE.format(where=where)
-        seqs = [r[0] for r in conn.execute(select, [*params, req.capacity])]
+        # With a node offer, look past launches this node cannot run (they stay for others).
+        limit = req.capacity if req.node_info is None else req.capacity + placement.SCAN_EXTRA
+        rows = conn.execute(select, [*params, limit]).fetchall()
+        seqs = placement.pick(
+            conn, rows, offer=req.node_info, node=req.node, capacity=req.capacity, now=now
+        )
         if seqs:
             marks = ",".join("?" * len(seqs))
             conn.execute(_LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs])
@@ -319,6 +334,7 @@ def sweep(conn: sqlite3.Connection, *, now: float) -> tuple[int, set[str]]:
         "updated_at = ? WHERE status = 'leased' AND lease_expires <= ?",
         (now, now),
     )
+    placement.update_waiting(conn, now=now)
     return cur.rowcount, settled
 
 

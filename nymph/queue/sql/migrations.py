@@ -174,4 +174,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (namespace, name)
     );
     """,
+    # 4: node-aware claims. A daemon's last node offer (labels, taints, allocatable as JSON) and,
+    # for a queued launch no live daemon can take, why it waits.
+    """
+    ALTER TABLE daemons ADD COLUMN node_info TEXT;
+    ALTER TABLE instances ADD COLUMN waiting TEXT;
+    """,
 )

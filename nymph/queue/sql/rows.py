@@ -29,7 +29,7 @@ KEEP = Keep.KEEP
 
 INSTANCE_COLUMNS = (
     "instance_id, namespace, provider, kube_namespace, state, reason, message, node, "
-    "launched_at, updated_at, version, requester, stop_requested_at"
+    "launched_at, updated_at, version, requester, stop_requested_at, waiting"
 )
 
 
@@ -50,7 +50,7 @@ def instances_json(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> lis
             history[ev["instance_id"]].append(
                 HistoryEntry(state=ev["state"], reason=ev["reason"], message=ev["message"], at=iso(ev["at"]))
             )
-    return [
+    out = [
         InstanceJSON(
             instanceId=r["instance_id"],
             providerName=r["provider"],
@@ -68,6 +68,11 @@ def instances_json(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> lis
         )
         for r in rows
     ]
+    for item, r in zip(out, rows, strict=True):
+        # Why a queued launch waits: no live daemon's node can run it (see queue.sql.placement).
+        if r["waiting"] and r["state"] == "queued":
+            item["waiting"] = r["waiting"]
+    return out
 
 
 def session_filter(session: DaemonSession, *, alias: str = "") -> tuple[str, list[Any]]:

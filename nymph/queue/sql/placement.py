@@ -1,0 +1,132 @@
+"""Node-aware claims in SQL (synchronous, inside the caller's transaction): what the queue has
+placed on a node, which claimable launches a daemon's node can run, and why a queued launch
+waits when no live daemon's node can run it. The matching itself is
+:mod:`nymph.launch.placement` (pure)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+from nymph.launch.placement import NodeOffer, Needs, add, misfit, why_waiting
+
+#: A daemon that claimed within this many seconds counts as live for the waiting reason (a
+#: claim long-polls up to a minute; its record is refreshed when the claim starts).
+LIVE_SECONDS = 150.0
+#: How many claimable tasks past the daemon's capacity a claim looks at to find ones it can run.
+SCAN_EXTRA = 500
+#: How many queued launches one sweep gives a waiting reason.
+WAITING_BATCH = 500
+
+_PLACED = (
+    "SELECT t.spec FROM tasks t JOIN instances i ON i.instance_id = t.instance_id "
+    "WHERE t.kind = 'launch' AND i.state != 'stopped' AND ("
+    "(t.status = 'done' AND i.node = :node) OR "
+    "(t.status = 'leased' AND t.lease_expires > :now AND t.lease_owner IN "
+    "(SELECT daemon_id FROM daemons WHERE node = :node)))"
+)
+
+
+def _needs(spec_text: str | None) -> Needs:
+    try:
+        spec = json.loads(spec_text) if spec_text else None
+    except ValueError:
+        return Needs()
+    return Needs.from_spec(spec if isinstance(spec, Mapping) else None)
+
+
+def placed_on(conn: sqlite3.Connection, *, node: str, now: float) -> dict[str, Fraction]:
+    """The requests of the launches the queue has on ``node``: applied there and not stopped, or
+    leased to a daemon on it and not completed yet."""
+    used: dict[str, Fraction] = {}
+    for (spec,) in conn.execute(_PLACED, {"node": node, "now": now}):
+        used = add(used, _needs(spec).requests)
+    return used
+
+
+def pick(
+    conn: sqlite3.Connection,
+    rows: Sequence[sqlite3.Row],
+    *,
+    offer: NodeOffer | None,
+    node: str,
+    capacity: int,
+    now: float,
+) -> list[int]:
+    """The seqs of the first ``capacity`` candidate rows (seq, kind, spec) the node can run: a
+    launch must fit :func:`misfit` given what is placed there (including the ones picked now);
+    other kinds are not placed. Without an offer every row fits."""
+    if offer is None:
+        return [r["seq"] for r in rows[:capacity]]
+    used: dict[str, Fraction] | None = None
+    out: list[int] = []
+    for r in rows:
+        if len(out) >= capacity:
+            break
+        if r["kind"] != "launch":
+            out.append(r["seq"])
+            continue
+        if used is None:
+            used = placed_on(conn, node=node, now=now)
+        needs = _needs(r["spec"])
+        if misfit(needs, offer, used=used) is None:
+            used = add(used, needs.requests)
+            out.append(r["seq"])
+    return out
+
+
+def _live_offers(
+    conn: sqlite3.Connection, *, now: float
+) -> list[tuple[str, tuple[str, ...], NodeOffer | None]]:
+    out: list[tuple[str, tuple[str, ...], NodeOffer | None]] = []
+    for r in conn.execute(
+        "SELECT node, namespaces, node_info FROM daemons WHERE last_seen > ?", (now - LIVE_SECONDS,)
+    ):
+        offer: NodeOffer | None = None
+        if r["node_info"]:
+            try:
+                offer = NodeOffer.from_json(json.loads(r["node_info"]))
+            except ValueError:
+                offer = None
+        out.append((r["node"], tuple(json.loads(r["namespaces"])), offer))
+    return out
+
+
+def update_waiting(conn: sqlite3.Connection, *, now: float) -> None:
+    """Give each queued launch (the oldest ``WAITING_BATCH``) the reason no live daemon takes it,
+    or clear it. A daemon that sends no offer may take anything."""
+    conn.execute(
+        "UPDATE instances SET waiting = NULL WHERE waiting IS NOT NULL AND instance_id NOT IN "
+        "(SELECT instance_id FROM tasks WHERE kind = 'launch' AND status = 'pending' "
+        "AND instance_id IS NOT NULL)"
+    )
+    daemons = _live_offers(conn, now=now)
+    used_by_node: dict[str, dict[str, Fraction]] = {}
+    rows = conn.execute(
+        "SELECT t.kube_namespace, t.spec, i.instance_id, i.waiting FROM tasks t "
+        "JOIN instances i ON i.instance_id = t.instance_id "
+        "WHERE t.kind = 'launch' AND t.status = 'pending' AND i.state = 'queued' "
+        "ORDER BY t.seq LIMIT ?",
+        (WAITING_BATCH,),
+    ).fetchall()
+    for r in rows:
+        serving = [
+            (node, offer) for node, namespaces, offer in daemons if not namespaces or r["kube_namespace"] in namespaces
+        ]
+        offers: list[tuple[NodeOffer, Mapping[str, Fraction]]] = []
+        for node, offer in serving:
+            if offer is None or not node:
+                break  # a daemon that sends no offer may take anything
+            if node not in used_by_node:
+                used_by_node[node] = placed_on(conn, node=node, now=now)
+            offers.append((offer, used_by_node[node]))
+        reason = None if len(offers) < len(serving) else why_waiting(_needs(r["spec"]), offers)
+        if reason != r["waiting"]:
+            conn.execute("UPDATE instances SET waiting = ? WHERE instance_id = ?", (reason, r["instance_id"]))
+
+
+def node_info_text(offer: NodeOffer | None) -> str | None:
+    return None if offer is None else json.dumps(offer.to_json(), sort_keys=True)
+
