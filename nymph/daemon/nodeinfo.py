@@ -50,7 +50,7 @@ class NodeInfo:
         while True:
             try:
                 offer = await self.read()
-            except (ApiException, OSError, ValueError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, ApiException, OSError, ValueError) as exc:
                 failures += 1
                 status = getattr(exc, "status", None)
                 self.log.warning(

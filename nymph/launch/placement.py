@@ -38,7 +38,9 @@ _DECIMAL = {
     "P": Fraction(10**15),
     "E": Fraction(10**18),
 }
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$")
+_QUANTITY = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
+)
 _MAX_EXPONENT = 30
 
 
@@ -121,10 +123,15 @@ class NodeOffer:
         """Raises ValueError (a :class:`QuantityError` for a bad quantity) on a malformed offer."""
         if not isinstance(data, Mapping):
             raise ValueError("a node offer must be a mapping")
-        labels = data.get("labels") or {}
-        taints = data.get("taints") or []
-        allocatable = data.get("allocatable") or {}
-        if not isinstance(labels, Mapping) or not isinstance(taints, list) or not isinstance(allocatable, Mapping):
+        labels, taints, allocatable = (data.get(k) for k in ("labels", "taints", "allocatable"))
+        labels = {} if labels is None else labels
+        taints = [] if taints is None else taints
+        allocatable = {} if allocatable is None else allocatable
+        if (
+            not isinstance(labels, Mapping)
+            or not isinstance(taints, list)
+            or not isinstance(allocatable, Mapping)
+        ):
             raise ValueError("labels and allocatable must be mappings, taints a list")
         return cls(
             name=str(data.get("name") or ""),
@@ -180,7 +187,9 @@ def tolerates(toleration: Mapping[str, Any], taint: Taint) -> bool:
 def untolerated(tolerations: Sequence[Mapping[str, Any]], taints: Iterable[Taint]) -> list[Taint]:
     """The node's blocking taints that none of ``tolerations`` tolerates."""
     return [
-        t for t in taints if t.effect in BLOCKING_EFFECTS and not any(tolerates(tol, t) for tol in tolerations)
+        t
+        for t in taints
+        if t.effect in BLOCKING_EFFECTS and not any(tolerates(tol, t) for tol in tolerations)
     ]
 
 
@@ -218,7 +227,9 @@ class Needs:
         selector = spec.get("nodeSelector") or ()
         tolerations = spec.get("tolerations") or ()
         return cls(
-            node_selector=tuple((str(p[0]), str(p[1])) for p in selector if isinstance(p, (list, tuple)) and len(p) == 2),
+            node_selector=tuple(
+                (str(p[0]), str(p[1])) for p in selector if isinstance(p, (list, tuple)) and len(p) == 2
+            ),
             tolerations=tuple(t for t in tolerations if isinstance(t, Mapping)),
             requests=requests_of(spec.get("resources")),
         )
@@ -274,7 +285,9 @@ def why_waiting(needs: Needs, offers: Sequence[tuple[NodeOffer, Mapping[str, Fra
         taints = sorted({str(t) for o, _ in matching for t in untolerated(needs.tolerations, o.taints)})
         return f"no daemon's node tolerates its taints (untolerated: {', '.join(taints[:4])})"
     fits_empty = [
-        (o, u) for o, u in matching if not untolerated(needs.tolerations, o.taints) and misfit(needs, o) is None
+        (o, u)
+        for o, u in matching
+        if not untolerated(needs.tolerations, o.taints) and misfit(needs, o) is None
     ]
     if not fits_empty:
         wanted = ", ".join(

@@ -52,7 +52,9 @@ def test_parse_quantity(text: object, value: Fraction) -> None:
     assert parse_quantity(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "abc", "1Gb", "1 Gi", "--1", "1e", "m", True, None, [1], "1e99", float("nan")])
+@pytest.mark.parametrize(
+    "text", ["", "abc", "1Gb", "1 Gi", "--1", "1e", "m", True, None, [1], "1e99", float("nan")]
+)
 def test_parse_quantity_refuses(text: object) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(text)
@@ -60,11 +62,22 @@ def test_parse_quantity_refuses(text: object) -> None:
 
 @given(st.integers(min_value=0, max_value=10**6), st.sampled_from(["Ki", "Mi", "Gi", "k", "M", "G", "m", ""]))
 def test_parse_quantity_suffix_scales(n: int, suffix: str) -> None:
-    scale = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9, "m": Fraction(1, 1000), "": 1}
+    scale = {
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "k": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "m": Fraction(1, 1000),
+        "": 1,
+    }
     assert parse_quantity(f"{n}{suffix}") == n * Fraction(scale[suffix])
 
 
-@given(st.integers(min_value=0, max_value=2**50), st.sampled_from(["cpu", "memory", "pods", "nvidia.com/gpu"]))
+@given(
+    st.integers(min_value=0, max_value=2**50), st.sampled_from(["cpu", "memory", "pods", "nvidia.com/gpu"])
+)
 def test_format_then_parse_round_trips(n: int, resource: str) -> None:
     value = Fraction(n, 1000) if resource == "cpu" else Fraction(n)
     assert parse_quantity(format_quantity(value, resource=resource)) == value
@@ -94,8 +107,17 @@ _EFFECTS = st.sampled_from(["", "NoSchedule", "NoExecute", "PreferNoSchedule"])
 _VALUES = st.sampled_from(["", "a", "b"])
 
 
-@given(key=_KEYS, value=_VALUES, effect=_EFFECTS, tkey=_KEYS.filter(bool), tvalue=_VALUES, teffect=_EFFECTS.filter(bool))
-def test_toleration_properties(key: str, value: str, effect: str, tkey: str, tvalue: str, teffect: str) -> None:
+@given(
+    key=_KEYS,
+    value=_VALUES,
+    effect=_EFFECTS,
+    tkey=_KEYS.filter(bool),
+    tvalue=_VALUES,
+    teffect=_EFFECTS.filter(bool),
+)
+def test_toleration_properties(
+    key: str, value: str, effect: str, tkey: str, tvalue: str, teffect: str
+) -> None:
     taint = Taint(key=tkey, value=tvalue, effect=teffect)
     exists: dict[str, Any] = {"key": key, "operator": "Exists", "effect": effect}
     equal: dict[str, Any] = {"key": key, "operator": "Equal", "value": value, "effect": effect}
@@ -132,7 +154,12 @@ def test_misfit_reasons() -> None:
     big = Needs(tolerations=({"operator": "Exists"},), requests={"cpu": Fraction(3)})
     assert misfit(big, gpu_node) is None
     assert misfit(big, gpu_node, used={"cpu": Fraction(2)}) == "cpu request 3 exceeds the 2 free"
-    assert "nvidia.com/gpu" in (misfit(Needs(tolerations=({"operator": "Exists"},), requests={"nvidia.com/gpu": Fraction(1)}), gpu_node) or "")
+    assert "nvidia.com/gpu" in (
+        misfit(
+            Needs(tolerations=({"operator": "Exists"},), requests={"nvidia.com/gpu": Fraction(1)}), gpu_node
+        )
+        or ""
+    )
 
 
 @given(
@@ -154,7 +181,11 @@ def test_node_offer_from_node_object_round_trips() -> None:
         "status": {"allocatable": {"cpu": "7500m", "memory": "16Gi", "pods": "110", "bad": "x"}},
     }
     offer = node_offer(node)
-    assert offer.allocatable == {"cpu": Fraction(15, 2), "memory": Fraction(16 * 2**30), "pods": Fraction(110)}
+    assert offer.allocatable == {
+        "cpu": Fraction(15, 2),
+        "memory": Fraction(16 * 2**30),
+        "pods": Fraction(110),
+    }
     assert offer.taints == (Taint(key="gpu", value="a100", effect="NoSchedule"),)
     assert NodeOffer.from_json(offer.to_json()) == offer
 

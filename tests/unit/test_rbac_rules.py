@@ -44,7 +44,9 @@ def test_node_reader_is_a_read_only_cluster_role_of_its_own() -> None:
         "kind": "ClusterRole",
         "name": "nymph-daemon-nodes",
     }
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "nymph-daemon", "namespace": "nymph-system"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nymph-daemon", "namespace": "nymph-system"}
+    ]
     # Nodes stay out of the namespaced Role.
     assert all("nodes" not in rule["resources"] for rule in DAEMON_ROLE_RULES)
 

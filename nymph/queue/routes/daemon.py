@@ -18,8 +18,8 @@ import structlog
 from aiohttp import web
 
 from nymph.errors import ValidationError
-from nymph.launch.placement import NodeOffer
 from nymph.launch.names import check_namespace
+from nymph.launch.placement import NodeOffer
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
 from nymph.queue.bodies import Fields, read_object

@@ -175,9 +175,7 @@ def claim(
         # With a node offer, look past launches this node cannot run (they stay for others).
         limit = req.capacity if req.node_info is None else req.capacity + placement.SCAN_EXTRA
         rows = conn.execute(select, [*params, limit]).fetchall()
-        seqs = placement.pick(
-            conn, rows, offer=req.node_info, node=req.node, capacity=req.capacity, now=now
-        )
+        seqs = placement.pick(conn, rows, offer=req.node_info, node=req.node, capacity=req.capacity, now=now)
         if seqs:
             marks = ",".join("?" * len(seqs))
             conn.execute(_LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs])

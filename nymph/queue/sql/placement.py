@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from nymph.launch.placement import NodeOffer, Needs, add, misfit, why_waiting
+from nymph.launch.placement import Needs, NodeOffer, add, misfit, why_waiting
 
 #: A daemon that claimed within this many seconds counts as live for the waiting reason (a
 #: claim long-polls up to a minute; its record is refreshed when the claim starts).
@@ -113,7 +113,9 @@ def update_waiting(conn: sqlite3.Connection, *, now: float) -> None:
     ).fetchall()
     for r in rows:
         serving = [
-            (node, offer) for node, namespaces, offer in daemons if not namespaces or r["kube_namespace"] in namespaces
+            (node, offer)
+            for node, namespaces, offer in daemons
+            if not namespaces or r["kube_namespace"] in namespaces
         ]
         offers: list[tuple[NodeOffer, Mapping[str, Fraction]]] = []
         for node, offer in serving:
@@ -129,4 +131,3 @@ def update_waiting(conn: sqlite3.Connection, *, now: float) -> None:
 
 def node_info_text(offer: NodeOffer | None) -> str | None:
     return None if offer is None else json.dumps(offer.to_json(), sort_keys=True)
-

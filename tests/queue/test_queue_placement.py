@@ -1,0 +1,127 @@
+"""Node-aware claims: a daemon that sends its node's offer gets only launches its node can run,
+capacity counts what the queue placed there, and a launch nobody can run says why it waits."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from queue_helpers import Queue
+
+from nymph.client import QueueClient
+from nymph.protocol import TaskJSON
+
+CLAIM = "/v1/dispatch/claim"
+CPU = {
+    "name": "cpu-node",
+    "labels": {"pool": "cpu"},
+    "taints": [],
+    "allocatable": {"cpu": "2", "memory": "4Gi"},
+}
+GPU = {
+    "name": "gpu-node",
+    "labels": {"pool": "gpu", "gpu": "a100"},
+    "taints": [{"key": "gpu", "value": "a100", "effect": "NoSchedule"}],
+    "allocatable": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"},
+}
+TOLERATE_GPU = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+async def _launch(q: Queue, **fields: Any) -> str:
+    accepted = await q.user().launch(provider="kind", mode="small", script="true", fields=fields)
+    return accepted["instanceId"]
+
+
+_CLIENTS: dict[tuple[int, str], QueueClient] = {}
+
+
+def _daemon(q: Queue, daemon: str) -> QueueClient:
+    """One client (so one session) per daemon id."""
+    key = (id(q), daemon)
+    if key not in _CLIENTS:
+        _CLIENTS[key] = q.daemon()
+    return _CLIENTS[key]
+
+
+async def _claim(
+    q: Queue, daemon: str, node: str, offer: dict[str, Any] | None, capacity: int = 10
+) -> list[TaskJSON]:
+    return await _daemon(q, daemon).claim(
+        daemon_id=daemon, node=node, capacity=capacity, wait=0, node_info=offer
+    )
+
+
+async def test_claims_follow_selector_taints_and_requests(kind: Queue) -> None:
+    plain = await _launch(kind)
+    gpu = await _launch(kind, node_selector={"gpu": "a100"}, tolerations=TOLERATE_GPU)
+    untolerated = await _launch(kind, node_selector={"gpu": "a100"})
+    big = await _launch(kind, resources={"requests": {"cpu": "4"}}, tolerations=TOLERATE_GPU)
+    # The CPU node takes only the plain launch; the GPU node the tolerating ones.
+    got = {t["instanceId"] for t in await _claim(kind, "d-cpu", "cpu-node", CPU)}
+    assert got == {plain}
+    got = {t["instanceId"] for t in await _claim(kind, "d-gpu", "gpu-node", GPU)}
+    assert got == {gpu, big}
+    assert await _claim(kind, "d-cpu", "cpu-node", CPU) == []
+    assert await _claim(kind, "d-gpu", "gpu-node", GPU) == []
+    # Nobody can run the untolerating one: it stays queued and, after a sweep, says why.
+    await kind.store.sweep()
+    inst = await kind.user().get_instance(provider="kind", instance_id=untolerated)
+    assert inst["state"] == "queued"
+    assert inst["waiting"].startswith("no daemon's node tolerates its taints")
+    other = await kind.user().get_instance(provider="kind", instance_id=gpu)
+    assert "waiting" not in other
+
+
+async def test_free_capacity_counts_placed_launches(kind: Queue) -> None:
+    ids = [await _launch(kind, resources={"requests": {"cpu": "1500m"}}) for _ in range(3)]
+    node = dict(CPU, allocatable={"cpu": "4"})
+    first = await _claim(kind, "d1", "cpu-node", node)
+    assert [t["instanceId"] for t in first] == ids[:2]  # 3 cores placed; 1 free < 1.5
+    assert await _claim(kind, "d1", "cpu-node", node) == []
+    # A completed launch stays placed on the node until its instance stops.
+    d = _daemon(kind, "d1")
+    await d.complete(daemon_id="d1", task_id=first[0]["taskId"], ok=True)
+    assert await _claim(kind, "d1", "cpu-node", node) == []
+    await d.report(
+        daemon_id="d1",
+        stream="s",
+        reports=[
+            {"seq": 1, "instanceId": ids[0], "state": "stopped", "reason": "Completed", "node": "cpu-node"}
+        ],
+    )
+    got = await _claim(kind, "d1", "cpu-node", node)
+    assert [t["instanceId"] for t in got] == ids[2:]
+
+
+async def test_waiting_reason_for_a_selector_nobody_matches(kind: Queue) -> None:
+    iid = await _launch(kind, node_selector={"gpu": "h100"})
+    await _claim(kind, "d-cpu", "cpu-node", CPU)
+    await _claim(kind, "d-gpu", "gpu-node", GPU)
+    await kind.store.sweep()
+    [inst] = await kind.user().list_instances(provider="kind")
+    assert inst["instanceId"] == iid and inst["state"] == "queued"
+    assert inst["waiting"] == "no daemon's node matches node_selector gpu=h100"
+    # A daemon without an offer (an older daemon) may take anything: the reason goes away.
+    got = await _claim(kind, "d-old", "old-node", None)
+    assert [t["instanceId"] for t in got] == [iid]
+    await kind.store.sweep()
+    [inst] = await kind.user().list_instances(provider="kind")
+    assert "waiting" not in inst
+
+
+async def test_a_bad_offer_is_refused(kind: Queue) -> None:
+    body = {"daemonId": "d1", "node": "n1", "capacity": 1, "wait": 0}
+    for bad in ({"allocatable": {"cpu": "lots"}}, {"taints": [{"value": "x"}]}, {"labels": []}, "gpu"):
+        r = await kind.call("POST", CLAIM, token="daemon", json_body={**body, "nodeInfo": bad})
+        assert r.status == 422 and r.body["detail"].startswith("body.nodeInfo"), (bad, r.body)
+
+
+async def test_a_fitting_launch_wakes_a_waiting_claim(kind: Queue) -> None:
+    claim = asyncio.create_task(
+        _daemon(kind, "d-cpu").claim(daemon_id="d-cpu", node="cpu-node", capacity=1, wait=5, node_info=CPU)
+    )
+    await asyncio.sleep(0.2)
+    await _launch(kind, node_selector={"gpu": "a100"}, tolerations=TOLERATE_GPU)
+    fits = await _launch(kind, node_selector={"pool": "cpu"})
+    got = await asyncio.wait_for(claim, 10)
+    assert [t["instanceId"] for t in got] == [fits]
