@@ -218,6 +218,8 @@ class Needs:
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     requests: Mapping[str, Fraction] = field(default_factory=dict)
+    #: Nodes it turned out Unschedulable on (the queue moved it off them).
+    avoid: tuple[str, ...] = ()
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any] | None) -> Needs:
@@ -232,6 +234,7 @@ class Needs:
             ),
             tolerations=tuple(t for t in tolerations if isinstance(t, Mapping)),
             requests=requests_of(spec.get("resources")),
+            avoid=tuple(str(n) for n in spec.get("avoidNodes") or () if isinstance(n, str)),
         )
 
 
@@ -251,6 +254,8 @@ def misfit(needs: Needs, offer: NodeOffer, *, used: Mapping[str, Fraction] | Non
 
     ``used`` are the requests already placed on the node. A resource the node does not list as
     allocatable is not available there (requesting ``0`` of it is fine)."""
+    if offer.name and offer.name in needs.avoid:
+        return f"it was Unschedulable on node {offer.name}"
     missing = [(k, v) for k, v in needs.node_selector if offer.labels.get(k) != v]
     if missing:
         return f"node_selector {selector_text(missing)} does not match"
@@ -278,6 +283,10 @@ def why_waiting(needs: Needs, offers: Sequence[tuple[NodeOffer, Mapping[str, Fra
         return "no live daemon serves this kube namespace"
     if any(misfit(needs, o, used=u) is None for o, u in offers):
         return None
+    untried = [(o, u) for o, u in offers if o.name not in needs.avoid]
+    if not untried:
+        return f"it was Unschedulable on every daemon's node ({', '.join(needs.avoid)})"
+    offers = untried
     if all(any(o.labels.get(k) != v for k, v in needs.node_selector) for o, _ in offers):
         return f"no daemon's node matches node_selector {selector_text(needs.node_selector)}"
     matching = [(o, u) for o, u in offers if all(o.labels.get(k) == v for k, v in needs.node_selector)]

@@ -265,6 +265,8 @@ class Store:
             lambda conn: sql_reports.report(conn, session=session, stream=stream, reports=reports, now=now())
         )
         self._changed(changed)
+        if changed:
+            self.tasks_changed.notify()  # an Unschedulable launch may have been moved (new tasks)
         return accepted, last
 
     async def upload_logs(self, *, session: DaemonSession, instance_id: str, logs: str) -> None:

@@ -125,3 +125,58 @@ async def test_a_fitting_launch_wakes_a_waiting_claim(kind: Queue) -> None:
     fits = await _launch(kind, node_selector={"pool": "cpu"})
     got = await asyncio.wait_for(claim, 10)
     assert [t["instanceId"] for t in got] == [fits]
+
+
+async def _unschedulable(q: Queue, daemon: str, iid: str, seq: int) -> None:
+    report = {
+        "seq": seq,
+        "instanceId": iid,
+        "state": "starting",
+        "reason": "Unschedulable",
+        "message": "0/2 nodes",
+    }
+    await _daemon(q, daemon).report(daemon_id=daemon, stream="s", reports=[report])
+
+
+async def test_an_unschedulable_launch_moves_to_another_node(kind: Queue) -> None:
+    iid = await _launch(kind)
+    [task] = await _claim(kind, "d-a", "node-a", dict(CPU, name="node-a"))
+    await _daemon(kind, "d-a").complete(daemon_id="d-a", task_id=task["taskId"], ok=True)
+    await _unschedulable(kind, "d-a", iid, 1)
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+    assert inst["state"] == "queued" and inst["reason"] == "Unschedulable"
+    assert "node-a" in inst["message"] and "move 1 of 3" in inst["message"]
+    # Node a gets the stop that removes its Pod, then nothing more: the launch avoids it.
+    [stop] = await _claim(kind, "d-a", "node-a", dict(CPU, name="node-a"))
+    assert stop["kind"] == "stop" and stop["instanceId"] == iid
+    await _daemon(kind, "d-a").complete(daemon_id="d-a", task_id=stop["taskId"], ok=True)
+    gone = {"seq": 2, "instanceId": iid, "state": "stopped", "reason": "Deleted", "node": "node-a"}
+    await _daemon(kind, "d-a").report(daemon_id="d-a", stream="s", reports=[gone])
+    assert await _claim(kind, "d-a", "node-a", dict(CPU, name="node-a")) == []
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+    assert inst["state"] == "queued" and inst["node"] is None  # the Pod's removal did not end it
+    [again] = await _claim(kind, "d-b", "node-b", dict(CPU, name="node-b"))
+    assert again["kind"] == "launch" and again["instanceId"] == iid
+    assert again["spec"] is not None and again["spec"]["avoidNodes"] == ["node-a"]
+    await _daemon(kind, "d-b").complete(daemon_id="d-b", task_id=again["taskId"], ok=True)
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+    assert inst["node"] == "node-b"
+
+
+async def test_moves_are_bounded(kind: Queue) -> None:
+    iid = await _launch(kind)
+    for n in range(4):
+        daemon, node = f"d{n}", f"node-{n}"
+        offer = dict(CPU, name=node)
+        [task] = await _claim(kind, daemon, node, offer)
+        assert task["kind"] == "launch"
+        await _daemon(kind, daemon).complete(daemon_id=daemon, task_id=task["taskId"], ok=True)
+        await _unschedulable(kind, daemon, iid, 1)
+        inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+        if n < 3:
+            assert inst["state"] == "queued", inst
+            [stop] = await _claim(kind, daemon, node, offer)
+            await _daemon(kind, daemon).complete(daemon_id=daemon, task_id=stop["taskId"], ok=True)
+        else:  # the fourth time it stays where it is, Unschedulable, for the user to see
+            assert inst["state"] == "starting" and inst["reason"] == "Unschedulable"
+            assert inst["node"] == node

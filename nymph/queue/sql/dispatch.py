@@ -277,6 +277,9 @@ def complete(
             inst = fetch_instance(conn, instance_id)
             if session.node and inst is not None and inst["node"] is None:
                 changed = transition(conn, instance_id=instance_id, now=now, node=session.node)
+        elif kind == "stop" and instance_id and placement.is_move(conn, stop_task_id=task_id):
+            # It cleared a node the launch was Unschedulable on; the launch waits for another.
+            conn.execute("UPDATE instances SET node = NULL WHERE instance_id = ?", (instance_id,))
         elif kind == "stop" and instance_id:
             changed = transition(
                 conn,

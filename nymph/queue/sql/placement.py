@@ -6,6 +6,7 @@ waits when no live daemon's node can run it. The matching itself is
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
@@ -131,3 +132,129 @@ def update_waiting(conn: sqlite3.Connection, *, now: float) -> None:
 
 def node_info_text(offer: NodeOffer | None) -> str | None:
     return None if offer is None else json.dumps(offer.to_json(), sort_keys=True)
+
+
+# --- moving a launch off a node where it turned out Unschedulable ----------------------------
+
+#: How many times a launch is moved to another node after turning out Unschedulable.
+MAX_MOVES = 3
+_AVOID = "avoidNodes"
+
+
+def _latest_launch(conn: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT * FROM tasks WHERE instance_id = ? AND kind = 'launch' ORDER BY seq DESC LIMIT 1",
+        (instance_id,),
+    ).fetchone()
+    return row
+
+
+def moved_off(conn: sqlite3.Connection, *, instance_id: str, node: str) -> bool:
+    """True if the instance was moved off ``node`` (its reports from there no longer count)."""
+    if not node:
+        return False
+    row = _latest_launch(conn, instance_id)
+    return row is not None and node in _needs(row["spec"]).avoid
+
+
+def move_off(
+    conn: sqlite3.Connection,
+    *,
+    instance: sqlite3.Row,
+    daemon_id: str,
+    node: str,
+    message: str,
+    now: float,
+) -> bool:
+    """A daemon on ``node`` reports its launch Unschedulable: unless the launch was moved
+    ``MAX_MOVES`` times already, queue a stop on that node (its Pod goes) and, after it, the same
+    launch again, avoiding every node it was Unschedulable on. Returns True if it was moved."""
+    launch = _latest_launch(conn, instance["instance_id"])
+    if (
+        not node
+        or launch is None
+        or _dispatch(conn, instance["instance_id"]) != "daemon"
+        or instance["stop_requested_at"] is not None
+        or instance["state"] == "stopped"
+        or launch["lease_owner"] != daemon_id
+        or launch["status"] not in ("done", "leased")
+    ):
+        return False
+    moves = (
+        conn.execute(
+            "SELECT COUNT(*) FROM tasks WHERE instance_id = ? AND kind = 'launch'", (instance["instance_id"],)
+        ).fetchone()[0]
+        - 1
+    )
+    if moves >= MAX_MOVES:
+        return False
+    spec = json.loads(launch["spec"]) if launch["spec"] else {}
+    spec[_AVOID] = sorted({*spec.get(_AVOID, ()), node})
+    if launch["status"] == "leased":  # applied, completion still on its way: it is done
+        conn.execute(
+            "UPDATE tasks SET status = 'done', finished_at = ?, updated_at = ?, lease_expires = NULL "
+            "WHERE seq = ?",
+            (now, now, launch["seq"]),
+        )
+    stop_id = _insert(conn, launch=launch, kind="stop", spec=None, after=None, grace=0, now=now)
+    _insert(conn, launch=launch, kind="launch", spec=spec, after=stop_id, grace=None, now=now)
+    text = (
+        f"Unschedulable on node {node} ({message[:300] or 'no reason given'}); moving it to another "
+        f"node (move {moves + 1} of {MAX_MOVES})"
+    )
+    conn.execute(
+        "UPDATE instances SET state = 'queued', reason = 'Unschedulable', message = ?, "
+        "node = ?, updated_at = ?, version = version + 1 WHERE instance_id = ?",
+        (text, node, now, instance["instance_id"]),
+    )
+    conn.execute(
+        "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, ?, ?, ?)",
+        (instance["instance_id"], "queued", "Unschedulable", text, now),
+    )
+    return True
+
+
+def _dispatch(conn: sqlite3.Connection, instance_id: str) -> str | None:
+    row = conn.execute("SELECT dispatch FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def is_move(conn: sqlite3.Connection, *, stop_task_id: str) -> bool:
+    """True if this stop task clears a node for a moved launch (not a stop the user asked for)."""
+    row = conn.execute(
+        "SELECT 1 FROM tasks WHERE after_task = ? AND kind = 'launch' LIMIT 1", (stop_task_id,)
+    ).fetchone()
+    return row is not None
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    *,
+    launch: sqlite3.Row,
+    kind: str,
+    spec: dict[str, object] | None,
+    after: str | None,
+    grace: int | None,
+    now: float,
+) -> str:
+    task_id = f"task-{secrets.token_hex(8)}"
+    conn.execute(
+        "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
+        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at) "
+        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            task_id,
+            kind,
+            launch["namespace"],
+            launch["kube_namespace"],
+            launch["provider"],
+            launch["instance_id"],
+            None if spec is None else json.dumps(spec),
+            launch["requester"],
+            after,
+            grace,
+            now,
+            now,
+        ),
+    )
+    return task_id

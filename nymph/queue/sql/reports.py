@@ -7,10 +7,11 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from nymph.launch.state import InstanceState
+from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import ActiveJSON
 from nymph.queue.errors import NotFound
 from nymph.queue.models import DaemonSession, Report
+from nymph.queue.sql import placement
 from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, transition
 
 
@@ -50,6 +51,18 @@ def report(
             InstanceState.STOPPED.value,
         ):
             continue  # a stop was asked for: a late "starting"/"running" must not undo it
+        if placement.moved_off(conn, instance_id=r.instance_id, node=session.node):
+            continue  # moved to another node: the Pod being removed here no longer counts
+        if r.reason == Reason.UNSCHEDULABLE.value and placement.move_off(
+            conn,
+            instance=inst,
+            daemon_id=session.daemon_id,
+            node=session.node,
+            message=r.message or "",
+            now=now,
+        ):
+            changed.add(r.instance_id)
+            continue
         if transition(
             conn,
             instance_id=r.instance_id,
