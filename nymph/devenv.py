@@ -29,7 +29,7 @@ import platformdirs
 
 from nymph.client import QueueClient
 from nymph.daemon.audit import verify
-from nymph.daemon.rbac import DAEMON_ROLE_RULES
+from nymph.daemon.rbac import DAEMON_NODE_RULES, DAEMON_ROLE_RULES
 from nymph.errors import NymphError
 from nymph.kube.binaries import kubectl_path
 from nymph.localcluster.assets import find_assets
@@ -149,7 +149,8 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Pat
 
 
 def _daemon_kubeconfig(local: LocalCluster, state: Path) -> Path:
-    """A ServiceAccount bound to the daemon's Role: the daemon never runs as admin."""
+    """A ServiceAccount bound to the daemon's Role and read-only node ClusterRole: the daemon
+    never runs as admin."""
     ns = "default"
     base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
     with contextlib.suppress(NymphError):
@@ -161,6 +162,19 @@ def _daemon_kubeconfig(local: LocalCluster, state: Path) -> Path:
             {
                 "metadata": {"name": "nymph-daemon"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nymph-daemon"},
+                "subjects": [{"kind": "ServiceAccount", "name": "nymph-daemon", "namespace": ns}],
+            },
+        )
+    with contextlib.suppress(NymphError):  # read-only Nodes, for node-aware claims
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        name = "nymph-daemon-nodes"
+        local.api("POST", f"{rbac}/clusterroles", {"metadata": {"name": name}, "rules": DAEMON_NODE_RULES})
+        local.api(
+            "POST",
+            f"{rbac}/clusterrolebindings",
+            {
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
                 "subjects": [{"kind": "ServiceAccount", "name": "nymph-daemon", "namespace": ns}],
             },
         )

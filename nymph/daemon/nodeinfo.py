@@ -59,7 +59,8 @@ class NodeInfo:
                     status=status,
                     error=str(exc)[:200],
                 )
-                if failures >= 2:
+                # Forbidden or no such Node will not change soon: claim without an offer now.
+                if failures >= 2 or status in (403, 404):
                     self.ready.set()
                 await asyncio.sleep(min(self.refresh, 2.0 * failures))
                 continue
