@@ -180,3 +180,19 @@ async def test_moves_are_bounded(kind: Queue) -> None:
         else:  # the fourth time it stays where it is, Unschedulable, for the user to see
             assert inst["state"] == "starting" and inst["reason"] == "Unschedulable"
             assert inst["node"] == node
+
+
+async def test_a_moved_launch_counts_once_where_it_went(kind: Queue) -> None:
+    iid = await _launch(kind, resources={"requests": {"cpu": "2"}})
+    node_a, node_b = dict(CPU, name="node-a"), dict(CPU, name="node-b", allocatable={"cpu": "4"})
+    [task] = await _claim(kind, "d-a", "node-a", node_a)
+    await _daemon(kind, "d-a").complete(daemon_id="d-a", task_id=task["taskId"], ok=True)
+    await _unschedulable(kind, "d-a", iid, 1)
+    [stop] = await _claim(kind, "d-a", "node-a", node_a)
+    await _daemon(kind, "d-a").complete(daemon_id="d-a", task_id=stop["taskId"], ok=True)
+    [again] = await _claim(kind, "d-b", "node-b", node_b)
+    await _daemon(kind, "d-b").complete(daemon_id="d-b", task_id=again["taskId"], ok=True)
+    # node-b (4 cpu) holds the moved launch counted once: another 2-cpu launch fits beside it.
+    other = await _launch(kind, resources={"requests": {"cpu": "2"}})
+    got = await _claim(kind, "d-b", "node-b", node_b)
+    assert [t["instanceId"] for t in got] == [other]

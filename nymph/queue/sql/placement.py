@@ -23,7 +23,8 @@ WAITING_BATCH = 500
 
 _PLACED = (
     "SELECT t.spec FROM tasks t JOIN instances i ON i.instance_id = t.instance_id "
-    "WHERE t.kind = 'launch' AND i.state != 'stopped' AND ("
+    "WHERE t.kind = 'launch' AND i.state != 'stopped' AND t.seq = (SELECT MAX(l.seq) FROM tasks l "
+    "WHERE l.instance_id = t.instance_id AND l.kind = 'launch') AND ("
     "(t.status = 'done' AND i.node = :node) OR "
     "(t.status = 'leased' AND t.lease_expires > :now AND t.lease_owner IN "
     "(SELECT daemon_id FROM daemons WHERE node = :node)))"
@@ -40,7 +41,8 @@ def _needs(spec_text: str | None) -> Needs:
 
 def placed_on(conn: sqlite3.Connection, *, node: str, now: float) -> dict[str, Fraction]:
     """The requests of the launches the queue has on ``node``: applied there and not stopped, or
-    leased to a daemon on it and not completed yet."""
+    leased to a daemon on it and not completed yet (only an instance's latest launch task counts:
+    a moved launch is counted where it went)."""
     used: dict[str, Fraction] = {}
     for (spec,) in conn.execute(_PLACED, {"node": node, "now": now}):
         used = add(used, _needs(spec).requests)
