@@ -28,6 +28,7 @@ class DiskHealth:
         self.interval = interval
         self._write = write  # a seam for tests injecting a failing write
         self.problem: str | None = None  # why the root is unwritable, None while it is fine
+        self.cause: str | None = None  # the failed write that marked it
         self.since: float | None = None
         self.changed = asyncio.Event()  # set when the root becomes writable again
         self.log = get_logger("disk")
@@ -43,7 +44,7 @@ class DiskHealth:
         if self.problem is None:
             self.since = time.monotonic()
             self.log.error("the daemon's root cannot be written; claiming paused", problem=problem)
-        self.problem = problem
+        self.cause = self.problem = problem
         self.changed.clear()
 
     def write_test(self) -> str | None:
@@ -71,10 +72,10 @@ class DiskHealth:
             return True
         problem = self.write_test()
         if problem is not None:
-            self.problem = problem[:500]
+            self.problem = f"{self.cause}; write test: {problem}"[:1000]
             return False
         self.log.info("the daemon's root is writable again; claiming resumes")
-        self.problem = None
+        self.problem = self.cause = None
         self.since = None
         self.changed.set()
         return True
