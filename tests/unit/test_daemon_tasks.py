@@ -28,7 +28,6 @@ from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.kubectl import Kubectl
 from nymph.protocol import TaskJSON, TaskKind
 
-
 IID = "lakeshore-0000000a"
 
 
