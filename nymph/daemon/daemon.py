@@ -75,7 +75,7 @@ class Daemon:
         self.disk = DiskHealth(directories=(settings.work.root, settings.state_dir, self.workdirs.base))
         self.outbox = Outbox(settings.state_dir, memory_max=settings.outbox_memory_max)
         self.tracker = Tracker(
-            node=self.node, outbox=self.outbox, metrics=self.metrics, workdirs=self.workdirs
+            node=self.node, outbox=self.outbox, metrics=self.metrics, workdirs=self.workdirs, disk=self.disk
         )
 
     def request_stop(self) -> None:
@@ -142,11 +142,15 @@ class Daemon:
             workdirs=self.workdirs,
             audit=self.audit,
             metrics=self.metrics,
+            disk=self.disk,
         )
         sender = QueueSender(
             daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics
         )
-        self.workdirs.base.mkdir(parents=True, exist_ok=True)
+        try:
+            self.workdirs.base.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.disk.failed("workdir root", exc)  # not ready, claiming nothing, until it can be
         health = await start_health_server(
             HealthView(
                 stale_after=s.healthz_stale_polls * (s.queue.poll_wait + 10),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nymph.daemon.durable import Writer
@@ -31,6 +31,7 @@ class DiskHealth:
         self.cause: str | None = None  # the failed write that marked it
         self.since: float | None = None
         self.changed = asyncio.Event()  # set when the root becomes writable again
+        self.on_writable: list[Callable[[], None]] = []  # called when it does
         self.log = get_logger("disk")
 
     @property
@@ -78,6 +79,8 @@ class DiskHealth:
         self.problem = self.cause = None
         self.since = None
         self.changed.set()
+        for callback in self.on_writable:
+            callback()
         return True
 
     async def run(self) -> None:

@@ -31,11 +31,12 @@ from nymph.daemon.tasks import pods
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.identity import ANNOTATION_LAUNCH
 from nymph.daemon.tasks.validate import BadTask, check_task
-from nymph.daemon.tracker import Tracker
+from nymph.daemon.tracker import Report, Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.kube import errors as ke
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.kubectl import Kubectl, KubectlResult
+from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import TaskJSON, TaskKind
 
 NS, OWNER, NODE = "jobs", "team", "node-a"
@@ -565,3 +566,21 @@ async def test_an_apply_clash_with_a_foreign_pod_is_not_adopted(tmp_path: Path) 
     assert done["task-0000000000000001"]["ok"] is False
     assert done["task-0000000000000001"]["error"].startswith("Conflict:")
     assert done["task-0000000000000002"]["ok"] and done["task-0000000000000002"]["result"]["adopted"]
+
+
+async def test_reports_the_outbox_cannot_save_are_kept_and_written_in_order_later(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    tracker = Tracker(
+        node=NODE, outbox=r.outbox, metrics=r.ctx.metrics, workdirs=r.ctx.workdirs, disk=r.health
+    )
+    r.outbox._write = r.disk.write
+    r.disk.full = True
+    track = tracker.track(iid(1), namespace=NS)
+    tracker.report(iid(1), track, Report(InstanceState.RUNNING, None, "running"))
+    tracker.report(iid(1), track, Report(InstanceState.STOPPED, Reason.COMPLETED, "done"))
+    assert not r.health.ok and len(tracker.unsaved) == 2
+    assert not [i for i in r.outbox.mem if i["kind"] == "report"]
+    r.disk.full = False
+    assert r.health.check()  # the write test passes: the kept reports go out, oldest first
+    states = [i["state"] for i in r.outbox.mem if i["kind"] == "report"]
+    assert states == ["running", "stopped"] and tracker.unsaved == []
