@@ -224,3 +224,62 @@ async def test_an_unwritable_root_pauses_the_daemon_and_it_resumes_without_a_res
     finally:
         d.kill()
         q.kill()
+
+
+async def test_a_launch_never_adopts_a_foreign_pod_of_its_name(
+    kube: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    q = QueueProc(tmp_path / "queue.db")
+    q.tokens()
+    q.start()
+    # Two Pods nymph did not make for these launches: one even carries nymph's label.
+    foreign = {"lakeshore-f0f0f0f0": {"lakeshore": "true"}, "lakeshore-e0e0e0e0": {}}
+    for name, labels in foreign.items():
+        kube.api("POST", f"/api/v1/namespaces/{namespace}/pods", bare_pod(name, namespace, labels))
+    renamed: dict[str, str] = {}
+
+    def tamper(task: dict[str, Any]) -> None:
+        # Rename a launch to a foreign Pod's name, as an id collision would.
+        new = renamed.get(str(task.get("instanceId")))
+        if task.get("kind") == "launch" and new is not None:
+            task["instanceId"] = new
+            task["spec"]["instanceId"] = new
+
+    d: DaemonProc | None = None
+    try:
+        await setup_provider(q, namespace)
+        async with mitm(q.url, tamper) as url:
+            via_proxy = replace(q, port=int(url.rsplit(":", 1)[1]), proc=None)
+            kc = daemon_kubeconfig(kube, namespace, tmp_path)
+            d = DaemonProc(via_proxy, kc, namespace, tmp_path / "root", extra=("--reap-after", "3600"))
+            async with q.client() as c:
+                ids = []
+                for name in foreign:
+                    accepted = await c.launch(provider="local", mode="py", script="print(1)\n", tags={})
+                    renamed[str(accepted["instanceId"])] = name
+                    ids.append(str(accepted["instanceId"]))
+            d.start()
+            deadline = time.monotonic() + 60
+            while True:
+                with sqlite3.connect(q.db) as conn:
+                    rows = dict(
+                        conn.execute(
+                            "SELECT instance_id, status || ':' || COALESCE(error, '') FROM tasks "
+                            "WHERE kind = 'launch'"
+                        ).fetchall()
+                    )
+                if all(rows.get(i, "").startswith("failed") for i in ids):
+                    break
+                assert time.monotonic() < deadline, rows
+                await asyncio.sleep(0.2)
+            labelled, bare = ids
+            assert "Conflict" in rows[labelled] and "not created for this launch" in rows[labelled]
+            assert "internal error" not in rows[bare]
+            for name, labels in foreign.items():
+                pod = kube.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+                assert (pod["metadata"].get("labels") or {}) == labels, "the foreign Pod was not changed"
+                assert "nymph.io/launch" not in (pod["metadata"].get("annotations") or {})
+    finally:
+        if d is not None:
+            d.kill()
+        q.kill()
