@@ -116,9 +116,12 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
             "-t",
             NYMPH_IMAGE,
         ]
+        index = os.environ.get("PIP_INDEX_URL")
+        if index:
+            bud += ["--build-arg", f"PIP_INDEX_URL={index}"]
         cert = _host_pip_cert()
         if cert is not None:
-            bud += ["--volume", f"{cert}:{_CA_IN_BUILD}:ro", "--build-arg", f"PIP_OPTS=--cert={_CA_IN_BUILD}"]
+            bud += ["--volume", f"{cert}:{_CA_IN_BUILD}:ro", "--build-arg", f"PIP_CERT={_CA_IN_BUILD}"]
         run_step([*bud, str(context)], what="buildah bud", log=work / "build.log", timeout=1800)
         run_step(
             ["buildah", *store, "push", "--quiet", NYMPH_IMAGE, f"oci-archive:{tmp / ARCHIVE}:{NYMPH_IMAGE}"],
