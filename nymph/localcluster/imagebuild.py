@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -130,3 +131,22 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
         progress(f"built {NYMPH_IMAGE} in {time.monotonic() - started:.0f} s")
 
     return LocalImage(NYMPH_IMAGE, cached_archive(key, build, root=root))
+
+
+def main() -> int:
+    """``python -m nymph.localcluster.imagebuild``: build (or find) every local image and print
+    one ``NAME ARCHIVE`` line each."""
+    from nymph.localcluster.images import ensure_images
+
+    try:
+        images = [*ensure_images(), ensure_nymph_image()]
+    except ImageBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for image in images:
+        print(image.name, image.oci_archive)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,6 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 NODE_ROOT = Path("/var/lib/nymph")
 LOCK = Path("/run/nymph-incluster.lock")
 SYSTEM = "nymph-system"
+# a cold first run builds the python base and the nymph image (several minutes on 2 cores)
+pytestmark = pytest.mark.timeout(900)
 SERVED = "default"  # the namespace the shipped daemon serves
 QUEUE_UID = 10001
 PV = "nymph-queue-data-local"
