@@ -24,12 +24,14 @@ from nymph.localcluster.images import (
     cached_archive,
     ensure_python_image,
     progress,
+    prune,
     recipe_key,
     run_step,
 )
 
 NYMPH_IMAGE = "nymph.local/nymph:dev"
 CONTEXT_FILES = ("pyproject.toml", "README.md", "daemonset/Dockerfile", "daemonset/entrypoint.sh")
+KEEP = 3  # nymph images of older sources kept (other checkouts, a branch switched back)
 _CA_IN_BUILD = "/run/nymph-build-ca.crt"
 
 
@@ -130,7 +132,9 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
         )
         progress(f"built {NYMPH_IMAGE} in {time.monotonic() - started:.0f} s")
 
-    return LocalImage(NYMPH_IMAGE, cached_archive(key, build, root=root))
+    archive = cached_archive(key, build, root=root)
+    prune("nymph-dev", keep=KEEP, root=root)
+    return LocalImage(NYMPH_IMAGE, archive)
 
 
 def main() -> int:

@@ -21,6 +21,7 @@ from nymph.localcluster.images import (
     debian_mirror,
     ensure_pause_image,
     parse_apt_sources,
+    prune,
     recipe_key,
 )
 from nymph.localcluster.oci import blob_path
@@ -203,3 +204,12 @@ def test_nymph_image_context_and_key_follow_the_sources(tmp_path: Path) -> None:
     (tmp_path / "nymph" / "a.py").write_text("A = 1\n")
     (tmp_path / "daemonset" / "Dockerfile").write_text("FROM other\n")
     assert context_digest(tmp_path, files) != before
+
+
+def test_prune_keeps_the_most_recent(tmp_path: Path) -> None:
+    for i, name in enumerate(["nymph-dev-a", "nymph-dev-b", "nymph-dev-c", "python-3-x"]):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (1000 + i, 1000 + i))
+    removed = prune("nymph-dev", keep=2, root=tmp_path)
+    assert removed == [tmp_path / "nymph-dev-a"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nymph-dev-b", "nymph-dev-c", "python-3-x"]
