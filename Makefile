@@ -4,11 +4,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+DEPS := tests/envtest/deps.sh
 IMAGE ?= nymph:dev
 KIND_CLUSTER ?= nymph
 PYTEST_ARGS ?=
 
-.PHONY: help install envtest test test-unit lint fmt demo bench image kind-up kind-load deploy undeploy clean
+.PHONY: help install install-demo deps envtest test test-unit lint fmt demo bench image kind-up kind-load deploy undeploy clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -17,11 +19,28 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(DEMO_STAMP)
+
+# The demo needs nymph alone (it ships kubectl), not the test tools (ray and friends).
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	@touch $(DEMO_STAMP)
 
 install: $(STAMP) ## create .venv and install nymph with its test tools
 
-envtest: ## build the local control plane (kube-apiserver, etcd, kwok...) into ~/.cache/nymph/envtest
+install-demo: $(DEMO_STAMP) ## create .venv and install nymph only (what `make demo` needs)
+
+# Without them (e.g. not root) the real node is unavailable: the demo falls back to kwok, and
+# the real-node tests skip, unless NYMPH_E2E=require or NYMPH_NODE=real make it an error.
+deps: ## the Debian packages the real node and the local images use (runc, CNI plugins, debootstrap...), when missing
+	@if [[ -x $(DEPS) ]] && ! $(DEPS); then \
+	  if [[ "$$NYMPH_E2E" == "require" || "$$NYMPH_NODE" == "real" ]]; then exit 1; fi; \
+	  echo "deps: not installed: no real node (Pods will be simulated by kwok)" >&2; \
+	fi
+
+envtest: ## build the local control plane (kube-apiserver, etcd, kwok) and the real node (kubelet, containerd) into ~/.cache/nymph/envtest
 	@if [[ -n "$$KUBEBUILDER_ASSETS" ]] || command -v go >/dev/null; then \
 	  tests/envtest/build.sh >/dev/null; \
 	elif [[ "$$NYMPH_E2E" == "require" ]]; then \
@@ -30,7 +49,7 @@ envtest: ## build the local control plane (kube-apiserver, etcd, kwok...) into ~
 	  echo "envtest: no Go and no KUBEBUILDER_ASSETS: real-cluster tests will be skipped" >&2; \
 	fi
 
-test: install envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e)
+test: install deps envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e on kwok and the real node)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 test-unit: install ## unit tests only (no cluster)
@@ -45,7 +64,7 @@ fmt: install ## format the code
 	$(BIN)/ruff format nymph tests benchmarks
 	$(BIN)/ruff check --fix nymph tests benchmarks
 
-demo: install envtest ## the main job: queue + daemon + a sample launch, on the current context or an embedded cluster
+demo: install-demo deps envtest ## the main job: queue + daemon + a sample launch, on the current context or an embedded cluster (real node when possible; NYMPH_NODE=real|kwok)
 	$(BIN)/nymph dev
 
 bench: install envtest ## benchmarks; figures printed and written to bench-results/

@@ -1,8 +1,19 @@
 """Fixtures backed by a real local control plane (etcd + kube-apiserver + kwok).
 
-* ``kube`` (session): a running :class:`LocalCluster`. Without the binaries the tests that use
-  it skip with a message saying how to get them, or fail when ``NYMPH_E2E=require`` (CI).
-* ``namespace``: a fresh namespace per test (with its default ServiceAccount).
+Tests choose their node by the fixture they ask for:
+
+* ``kube`` (session): a running :class:`LocalCluster` whose only node is simulated by kwok
+  (``nymph-node-1``). Without the binaries the tests that use it skip with a message saying how
+  to get them, or fail when ``NYMPH_E2E=require`` (CI).
+* ``real_kube`` (session): a second control plane carrying a **real node** (containerd +
+  kubelet, ``cluster.real_node``) and a kwok node beside it; Pods pinned to the real node really
+  run, in the local images (``cluster.node_image_names``). A machine that cannot run it (not
+  root, no runc or CNI plugins, no kubelet/containerd built) skips those tests, or fails them
+  under ``NYMPH_E2E=require``. Started only when a test asks for it.
+* ``real_node_assets`` (session): the same check without starting anything, for tests that start
+  their own real-node cluster.
+* ``namespace`` / ``real_namespace``: a fresh namespace per test (with its default
+  ServiceAccount) in the kwok / real-node cluster.
 * ``sa_kubeconfig``: make a ServiceAccount bound to given Role rules and get a kubeconfig that
   authenticates as it (TokenRequest API), to act with exactly those permissions.
 * ``kuberay_crds``: the KubeRay CRDs installed and established.
@@ -20,6 +31,8 @@ from typing import Any
 import pytest
 
 from nymph.localcluster import AssetsMissing, LocalCluster, find_assets
+from nymph.localcluster.cluster import DEFAULT_NODE
+from nymph.localcluster.realnode import real_node_support
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,18 +41,25 @@ def _e2e_policy() -> str:
     return os.environ.get("NYMPH_E2E", "auto").strip().lower()
 
 
-@pytest.fixture(scope="session")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    policy = _e2e_policy()
-    if policy in ("0", "off", "skip", "no"):
+def _skip_or_fail(message: str) -> None:
+    if _e2e_policy() == "require":
+        pytest.fail(f"NYMPH_E2E=require but {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def _assets() -> Path:
+    if _e2e_policy() in ("0", "off", "skip", "no"):
         pytest.skip("real-cluster tests disabled by NYMPH_E2E")
     try:
-        assets = find_assets()
+        return find_assets()
     except AssetsMissing as exc:
-        if policy == "require":
-            pytest.fail(f"NYMPH_E2E=require but {exc}", pytrace=False)
-        pytest.skip(str(exc))
-    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"), assets=assets)
+        _skip_or_fail(str(exc))
+        raise
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"), assets=_assets(), node="kwok")
     cluster.start()
     try:
         yield cluster
@@ -47,14 +67,47 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         cluster.stop()
 
 
-@pytest.fixture
-def namespace(kube: LocalCluster) -> str:
+@pytest.fixture(scope="session")
+def real_node_assets() -> Path:
+    """The assets dir, on a machine that can run a real node (else skip, or fail under
+    ``NYMPH_E2E=require``); for tests that start their own real-node cluster."""
+    assets = _assets()
+    reason = real_node_support(assets)
+    if reason is not None:
+        _skip_or_fail(f"no real node: {reason}")
+    return assets
+
+
+@pytest.fixture(scope="session")
+def real_kube(tmp_path_factory: pytest.TempPathFactory, real_node_assets: Path) -> Iterator[LocalCluster]:
+    assets = real_node_assets
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("real-cluster"), assets=assets, node="real", node_names=(DEFAULT_NODE,)
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _new_namespace(cluster: LocalCluster) -> str:
     name = f"t-{secrets.token_hex(4)}"
-    kube.api(
+    cluster.api(
         "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     )
-    kube.wait_default_sa(name)
+    cluster.wait_default_sa(name)
     return name
+
+
+@pytest.fixture
+def namespace(kube: LocalCluster) -> str:
+    return _new_namespace(kube)
+
+
+@pytest.fixture
+def real_namespace(real_kube: LocalCluster) -> str:
+    return _new_namespace(real_kube)
 
 
 SaKubeconfig = Callable[..., Path]
@@ -131,4 +184,14 @@ def kuberay_crds(kube: LocalCluster) -> Path:
     return directory
 
 
-__all__ = ["find_assets", "kube", "kuberay_crds", "namespace", "sa_kubeconfig", "token_kubeconfig"]
+__all__ = [
+    "find_assets",
+    "kube",
+    "kuberay_crds",
+    "namespace",
+    "real_kube",
+    "real_namespace",
+    "real_node_assets",
+    "sa_kubeconfig",
+    "token_kubeconfig",
+]

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nymph.kube.applier import ApplyOutcome, object_key
+from nymph.kube.binaries import kubectl_path
 from nymph.kube.errors import KubeError, NotFound, Unavailable, classify_kubectl
 from nymph.launch.render import to_yaml_stream
-from nymph.localcluster.cluster import kubectl_path
 
 FIELD_MANAGER = "nymph"
 

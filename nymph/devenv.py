@@ -1,16 +1,16 @@
-"""``nymph dev``: the whole path on one machine, end to end.
+"""The runner behind ``nymph dev``: the whole path on one machine, end to end.
 
 Starts the queue service (SQLite under a local state dir) and a daemon; uses the current kube
-context when one is reachable, and otherwise starts the embedded local control plane
-(kube-apiserver + etcd + kwok: Pods are simulated). Creates a provider and a mode, submits a
-sample launch, shows each state change as it happens, lists instances and verifies the audit
-log. Exits 0 when every step passed. With ``--stay`` the queue and daemon keep running for more
-launches until Ctrl-C.
+context when one is reachable, and otherwise starts the embedded local control plane: with a
+**real node** (containerd + kubelet: the sample really runs, in the local python image, and its
+output is shown) when the machine allows it, else with kwok (Pods are simulated, and it says
+so). Creates a provider and a mode, submits a sample launch, shows each state change as it
+happens, lists instances and verifies the audit log. Exits 0 when every step passed. With
+``stay`` the queue and daemon keep running for more launches until Ctrl-C.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -24,7 +24,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import platformdirs
 
@@ -32,7 +31,9 @@ from nymph.client import QueueClient
 from nymph.daemon.audit import verify
 from nymph.daemon.rbac import DAEMON_ROLE_RULES
 from nymph.errors import NymphError
-from nymph.localcluster.cluster import DEFAULT_NODE, LocalCluster, free_port, kubectl_path
+from nymph.kube.binaries import kubectl_path
+from nymph.localcluster.assets import find_assets
+from nymph.localcluster.cluster import DEFAULT_NODE, LocalCluster, choose_node_kind, free_port
 
 SAMPLE = """\
 import os, platform, time
@@ -46,6 +47,20 @@ class DevError(NymphError):
     pass
 
 
+@dataclass(frozen=True)
+class DevOptions:
+    """What ``nymph dev`` was asked for (see ``nymph.cli.dev`` for each option's meaning)."""
+
+    stay: bool = False
+    embedded: bool = False
+    node: str | None = None
+    node_kind: str = "auto"
+    script: str | None = None
+    port: int | None = None
+    workdir_root: str | None = None
+    state_dir: str | None = None
+
+
 def step(n: int, total: int, text: str) -> None:
     print(f"[{n}/{total}] {text}", file=sys.stderr, flush=True)
 
@@ -56,6 +71,11 @@ class Cluster:
     node: str
     embedded: bool
     local: LocalCluster | None = None
+    image: str = "python:3.12-slim"
+
+    @property
+    def simulated(self) -> bool:
+        return self.local is not None and self.local.node_kind == "kwok"
 
 
 @dataclass
@@ -169,20 +189,24 @@ def _token(db: Path, role: str) -> str:
 
 
 @contextlib.contextmanager
-def _cluster(args: argparse.Namespace, state: Path) -> Iterator[Cluster]:
-    if not args.embedded:
+def _cluster(opts: DevOptions, state: Path) -> Iterator[Cluster]:
+    if not opts.embedded:
         kubeconfig, node = _reachable_context()
         if node:
-            print(f"      using the current kube context (node {args.node or node})", file=sys.stderr)
-            yield Cluster(kubeconfig=kubeconfig, node=args.node or node, embedded=False)
+            print(f"      using the current kube context (node {opts.node or node})", file=sys.stderr)
+            yield Cluster(kubeconfig=kubeconfig, node=opts.node or node, embedded=False)
             return
-        print(
-            "      no reachable kube context: starting the embedded cluster (Pods are simulated by kwok)",
-            file=sys.stderr,
-        )
+        print("      no reachable kube context: starting the embedded cluster", file=sys.stderr)
+    kind, note = choose_node_kind(opts.node_kind, find_assets())
+    print(f"      {note}", file=sys.stderr, flush=True)
     cdir = state / "cluster"
     shutil.rmtree(cdir, ignore_errors=True)
-    local = LocalCluster(cdir, progress=lambda m: print(f"      {m}", file=sys.stderr, flush=True))
+    local = LocalCluster(
+        cdir,
+        node=kind,
+        node_names=() if kind == "real" else (DEFAULT_NODE,),
+        progress=lambda m: print(f"      {m}", file=sys.stderr, flush=True),
+    )
     try:
         local.start()
         print(
@@ -190,18 +214,32 @@ def _cluster(args: argparse.Namespace, state: Path) -> Iterator[Cluster]:
             file=sys.stderr,
         )
         kc = _daemon_kubeconfig(local, state)
-        yield Cluster(kubeconfig=str(kc), node=DEFAULT_NODE, embedded=True, local=local)
+        node, image = local.real_node or DEFAULT_NODE, "python:3.12-slim"
+        if local.real_node:
+            image = next((i for i in local.node_image_names if "/python:" in i), image)
+        yield Cluster(kubeconfig=str(kc), node=node, embedded=True, local=local, image=image)
     finally:
         local.stop()
 
 
-async def _demo(url: str, user_token: str, *, embedded: bool, script: str) -> tuple[str, int]:
+def _show_output(cluster: Cluster, instance_id: str) -> None:
+    """The launch's real output (kubectl logs through the API server), on stdout."""
+    if cluster.local is None or cluster.simulated:
+        return
+    res = cluster.local.kubectl("logs", instance_id, "-n", "default", "-c", "user", check=False)
+    text = res.stdout if res.returncode == 0 else f"(no logs: {res.stderr.strip()})\n"
+    print(f"      output of {instance_id}, printed in its container:", file=sys.stderr, flush=True)
+    sys.stdout.write("".join(f"  | {line}\n" for line in text.splitlines()))
+    sys.stdout.flush()
+
+
+async def _demo(url: str, user_token: str, *, cluster: Cluster, script: str) -> tuple[str, int]:
     from nymph.queue.commands import _print_instances, follow
 
     async with QueueClient(base_url=url, token=user_token) as c:
         await c.create_provider(name="dev", launcher="Kube", kwargs={"namespace": "default"}, replace=True)
-        await c.create_mode(name="python", provider="dev", fields={"image": "python:3.12-slim"}, replace=True)
-        tags = {"app": "nymph-dev"} | ({"sim.nymph.io/run": "2s"} if embedded else {})
+        await c.create_mode(name="python", provider="dev", fields={"image": cluster.image}, replace=True)
+        tags = {"app": "nymph-dev"} | ({"sim.nymph.io/run": "2s"} if cluster.simulated else {})
         accepted = await c.launch(provider="dev", mode="python", script=script, tags=tags)
         iid = str(accepted["instanceId"])
         print(f"      launched {iid}; following its state:", file=sys.stderr, flush=True)
@@ -211,14 +249,15 @@ async def _demo(url: str, user_token: str, *, embedded: bool, script: str) -> tu
         return iid, code
 
 
-def cmd_dev(args: argparse.Namespace) -> int:
+def run_dev(opts: DevOptions) -> int:
+    """Run the demo; 0 when the launch completed and the audit chain verified."""
     state = (
-        Path(args.state_dir).expanduser() if args.state_dir else platformdirs.user_state_path("nymph") / "dev"
+        Path(opts.state_dir).expanduser() if opts.state_dir else platformdirs.user_state_path("nymph") / "dev"
     )
     state.mkdir(parents=True, exist_ok=True)
     total = 7
     procs = Procs()
-    script = Path(args.script).read_text() if args.script else SAMPLE
+    script = Path(opts.script).read_text() if opts.script else SAMPLE
     stop_flag = threading.Event()
     # Explicit handlers: a shell that starts us in the background leaves SIGINT ignored, and
     # Ctrl-C / SIGTERM must still stop a --stay session cleanly.
@@ -227,11 +266,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
     try:
         step(1, total, f"state in {state}")
         step(2, total, "finding a cluster")
-        with _cluster(args, state) as cluster:
+        with _cluster(opts, state) as cluster:
             step(3, total, "starting the queue service")
             db = state / "queue.db"
             user_token, daemon_token = _token(db, "user"), _token(db, "daemon")
-            qport = args.port or free_port()
+            qport = opts.port or free_port()
             url = f"http://127.0.0.1:{qport}"
             qlog = state / "queue.log"
             qp = procs.spawn(
@@ -254,8 +293,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
             step(4, total, f"starting the daemon for node {cluster.node}")
             hport = free_port()
             dlog = state / "daemon.log"
-            if args.workdir_root:
-                root = Path(args.workdir_root).resolve()
+            if opts.workdir_root:
+                root = Path(opts.workdir_root).resolve()
             elif cluster.embedded:
                 root = state / "root"
             else:
@@ -295,7 +334,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
             print(f"      daemon health on http://127.0.0.1:{hport}/healthz (log {dlog})", file=sys.stderr)
 
             step(5, total, "creating provider 'dev' and mode 'python', submitting a sample launch")
-            _, code = asyncio.run(_demo(url, user_token, embedded=cluster.embedded, script=script))
+            iid, code = asyncio.run(_demo(url, user_token, cluster=cluster, script=script))
+            _show_output(cluster, iid)
 
             step(6, total, "verifying the audit log")
             result = verify(root / "audit.jsonl")
@@ -311,7 +351,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 if ok
                 else "FAILED (see above)",
             )
-            if args.stay:
+            if opts.stay:
                 (state / "user.env").write_text(f"export NYMPH_URL={url}\nexport NYMPH_TOKEN={user_token}\n")
                 os.chmod(state / "user.env", 0o600)
                 print(
@@ -327,33 +367,3 @@ def cmd_dev(args: argparse.Namespace) -> int:
             return 0 if ok else 1
     finally:
         procs.stop()
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "dev",
-        help="run queue + daemon + a sample launch on this machine (the main demo)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--stay", action="store_true", help="keep the queue and daemon running for more launches until Ctrl-C"
-    )
-    p.add_argument(
-        "--embedded",
-        action="store_true",
-        help="always use the embedded cluster, even if a kube context is reachable",
-    )
-    p.add_argument("--node", help="node to pin Pods to on a real cluster (default: its first node)")
-    p.add_argument("--script", help="Python file to launch instead of the built-in sample")
-    p.add_argument("--port", type=int, help="queue port (default: a free one)")
-    p.add_argument(
-        "--workdir-root",
-        help="workdir root, seen at the same path by this host and the node "
-        "(default: the state dir on the embedded cluster, /tmp/nymph on a real one)",
-    )
-    p.add_argument(
-        "--state-dir",
-        help="where the queue db, logs, workdirs and audit log go (default: the user state dir)",
-    )
-    p.set_defaults(func=cmd_dev)

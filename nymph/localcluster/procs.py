@@ -1,0 +1,80 @@
+"""Child processes of the local cluster: they die with the launcher and stop together."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    os.setsid()
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, n: int = 2000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+
+def spawn(name: str, argv: Sequence[str], *, logdir: Path, env: Mapping[str, str] | None = None) -> Proc:
+    """Start ``argv`` in its own session, output to ``<logdir>/<name>.log``; SIGKILL from the
+    kernel if this process dies (``PR_SET_PDEATHSIG``)."""
+    log = logdir / f"{name}.log"
+    with log.open("ab") as fh:
+        popen = subprocess.Popen(
+            list(argv),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=logdir,
+            env=None if env is None else dict(env),
+            preexec_fn=_die_with_parent,
+        )
+    return Proc(name=name, popen=popen, log=log)
+
+
+def stop_all(procs: Sequence[Proc], *, grace: float = 10.0) -> None:
+    """SIGTERM each process group (last started first), SIGKILL what is left after ``grace``."""
+    for p in reversed(procs):
+        if p.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.popen.pid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    for p in reversed(procs):
+        try:
+            p.popen.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.popen.pid, signal.SIGKILL)
+            p.popen.wait(timeout=5)
