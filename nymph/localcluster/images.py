@@ -172,6 +172,7 @@ def prune(prefix: str, *, keep: int, root: Path | None = None) -> list[Path]:
     removed = found[keep:]
     for old in removed:
         remove_tree(old)
+        (base / f".{old.name}.lock").unlink(missing_ok=True)
     return removed
 
 

@@ -40,7 +40,6 @@ SYSTEM = "nymph-system"
 pytestmark = pytest.mark.timeout(900)
 SERVED = "default"  # the namespace the shipped daemon serves
 QUEUE_UID = 10001
-PV = "nymph-queue-data-local"
 DAEMON_SELECTOR = "app.kubernetes.io/component%3Ddaemon"
 QUEUE_SELECTOR = "app.kubernetes.io/component%3Dqueue"
 
@@ -90,9 +89,48 @@ def test_local_overlay_keeps_the_daemon_as_shipped() -> None:
     assert "--listen=$(NODE_IP):8700" in queue["containers"][0]["args"]
     for c in (l_c, queue["containers"][0]):
         assert c["image"] == "nymph.local/nymph:dev" and c["imagePullPolicy"] == "Never"
-    pv, pvc = _one(local, "PersistentVolume"), _one(local, "PersistentVolumeClaim")
-    assert pvc["spec"]["volumeName"] == pv["metadata"]["name"] == PV
-    assert pv["spec"]["claimRef"] == {"namespace": SYSTEM, "name": pvc["metadata"]["name"]}
+    # no volume binder in the local cluster: the queue's data is a hostPath directory
+    assert not [d for d in local if d["kind"] == "PersistentVolumeClaim"]
+    assert queue["volumes"][0] == {
+        "name": "data",
+        "hostPath": {"path": "/var/lib/nymph-queue", "type": "Directory"},
+    }
+
+
+def _buildah_or_skip() -> None:
+    if os.geteuid() == 0 and shutil.which("buildah") and shutil.which("debootstrap"):
+        return
+    why = "building the nymph image needs root, buildah and debootstrap (tests/envtest/deps.sh)"
+    if os.environ.get("NYMPH_E2E", "").strip().lower() == "require":
+        pytest.fail(f"NYMPH_E2E=require but {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_nymph_image_built_here_runs(tmp_path: Path) -> None:
+    """daemonset/Dockerfile on the local python base: nymph and kubectl run inside it."""
+    from nymph.localcluster.imagebuild import ensure_nymph_image
+
+    _buildah_or_skip()
+    image = ensure_nymph_image()
+    store = ["--root", str(tmp_path / "s"), "--runroot", str(tmp_path / "r"), "--storage-driver", "vfs"]
+
+    def buildah(*args: str) -> str:
+        res = subprocess.run(["buildah", *store, *args], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    try:
+        buildah("pull", "--quiet", f"oci-archive:{image.oci_archive}")
+        box = buildah("from", "--pull=never", image.name).strip()
+        run = ("run", "--isolation", "chroot", box, "--")
+        assert "nymph dispatches jobs" in buildah(*run, "nymph", "--help")
+        assert "Client Version: v1.36" in buildah(*run, "kubectl", "version", "--client")
+        assert buildah(*run, "id", "-u").strip() == "10001"  # the queue's user, as in the base image
+    finally:
+        subprocess.run(["buildah", *store, "rm", "--all"], capture_output=True, timeout=120)
+        subprocess.run(["buildah", *store, "rmi", "--all", "--force"], capture_output=True, timeout=120)
 
 
 # --- the deployment on the real node ----------------------------------------------------------
@@ -163,10 +201,11 @@ def wait_ready(
 
 
 def render(kube: LocalCluster, queue_data: Path) -> list[dict[str, Any]]:
-    """The local overlay for this cluster: the queue's volume in this run's directory, and the
+    """The local overlay for this cluster: the queue's data in this run's directory, and the
     API server's port if it is not 443."""
     docs = kustomize(REPO / "manifests" / "overlays" / "local")
-    _one(docs, "PersistentVolume")["spec"]["hostPath"]["path"] = str(queue_data)
+    volumes = _one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    next(v for v in volumes if v["name"] == "data")["hostPath"]["path"] = str(queue_data)
     env = _one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["env"]
     next(e for e in env if e["name"] == "KUBERNETES_SERVICE_PORT")["value"] = str(kube.api_port)
     return docs
@@ -189,7 +228,6 @@ def teardown(kube: LocalCluster, docs: list[dict[str, Any]], node: str) -> None:
             break
         time.sleep(0.5)
     kube.kubectl("delete", "namespace", SYSTEM, "--wait=false", check=False)
-    kube.kubectl("delete", "persistentvolume", PV, "--wait=false", check=False)
     for d in docs:
         if d["kind"] in ("Role", "RoleBinding") and d["metadata"].get("namespace") == SERVED:
             kube.kubectl("delete", d["kind"].lower(), "-n", SERVED, d["metadata"]["name"], check=False)
