@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -158,8 +158,8 @@ class InCluster:
     kube: LocalCluster
     node: str
     url: str
-    user_token: str
-    daemon_token: str
+    user_token: str = field(repr=False)
+    daemon_token: str = field(repr=False)
 
     def client(self) -> QueueClient:
         return QueueClient(base_url=self.url, token=self.user_token)
@@ -174,6 +174,13 @@ class InCluster:
 
     def logs(self, pod: str, namespace: str = SERVED) -> str:
         return self.kube.kubectl("logs", "-n", namespace, pod).stdout
+
+    def explain(self, inst: dict[str, Any]) -> str:
+        """A failed launch's message and history, and the daemon's last log lines."""
+        logs = self.kube.kubectl(
+            "logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=daemon", "--tail=30", check=False
+        )
+        return f"{inst.get('reason')}: {inst.get('message')}\n{inst.get('history')}\n{logs.stdout[-6000:]}"
 
     def exec_daemon(self, *cmd: str) -> subprocess.CompletedProcess[str]:
         pod = self.daemon_pod()["metadata"]["name"]
@@ -335,7 +342,7 @@ print(f"hello from {iid} in {wd}")
 async def test_a_launch_runs_for_real_through_the_in_cluster_daemon(incluster: InCluster) -> None:
     iid = await launch(incluster, SCRIPT)
     inst = await wait_state(incluster, iid, {"stopped"})
-    assert inst["reason"] == "Completed", inst
+    assert inst["reason"] == "Completed", incluster.explain(inst)
     assert incluster.logs(iid) == f"hello from {iid} in /workdir\n"
     assert (NODE_ROOT / "work" / iid / "result.txt").read_text() == f"written by {iid}\n"
     pod = incluster.kube.api("GET", f"/api/v1/namespaces/{SERVED}/pods/{iid}")
@@ -417,7 +424,7 @@ async def test_deleting_the_daemon_pod_mid_run_loses_and_duplicates_nothing(incl
 
     for iid in [running, *queued]:
         inst = await wait_state(incluster, iid, {"stopped"}, timeout=180)
-        assert inst["reason"] == "Completed", inst
+        assert inst["reason"] == "Completed", incluster.explain(inst)
     assert incluster.logs(running) == f"done {running}\n"
     assert (NODE_ROOT / "work" / running / "result.txt").read_text() == running
     for iid in queued:
