@@ -197,8 +197,7 @@ def _cluster(opts: DevOptions, state: Path) -> Iterator[Cluster]:
             yield Cluster(kubeconfig=kubeconfig, node=opts.node or node, embedded=False)
             return
         print("      no reachable kube context: starting the embedded cluster", file=sys.stderr)
-    kind, note = choose_node_kind(opts.node_kind, find_assets())
-    print(f"      {note}", file=sys.stderr, flush=True)
+    kind, _ = choose_node_kind(opts.node_kind, find_assets())  # LocalCluster says which, and why
     cdir = state / "cluster"
     shutil.rmtree(cdir, ignore_errors=True)
     local = LocalCluster(

@@ -207,6 +207,10 @@ class LocalCluster:
             self._wait_default_sa("default", deadline)
 
     def stop(self) -> None:
+        # kubelet and containerd first, the control plane next, and the node's sweep last: the
+        # API server listens on the node's bridge, and hangs in its shutdown if that goes first.
+        if self.real is not None:
+            self.real.stop_processes()
         procs, self.procs = self.procs, []
         stop_all(procs)
         if self.real is not None:

@@ -30,6 +30,18 @@ from nymph.errors import NymphError
 from nymph.localcluster.nodeconfig import KUBELET_SYSCTLS, MAX_SLOTS, NodeLayout
 
 SHIM_SOCKETS = Path("/run/containerd/s")
+#: Host directories kubelet, containerd or the CNI plugins create at fixed paths whatever their
+#: configuration says (deepest first). Those the first live node finds missing are removed by
+#: the last one to go; only kubelet's device-plugin socket directory is emptied first.
+HOST_DIRS = (
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet",
+    "/var/log/containers",
+    "/var/lib/cni/results",
+    "/var/lib/cni",
+    "/run/containerd/s",
+    "/run/containerd",
+)
 MNT_DETACH = 2
 
 
@@ -65,7 +77,7 @@ def _start_time(pid: int) -> str:
 
 
 @contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
+def locked(root: Path) -> Iterator[None]:
     root.mkdir(parents=True, exist_ok=True)
     with (root / "lock").open("w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -75,7 +87,7 @@ def _locked(root: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _records(root: Path) -> dict[int, Owner]:
+def records(root: Path) -> dict[int, Owner]:
     out: dict[int, Owner] = {}
     for f in root.glob("*.json"):
         if not f.stem.isdigit():
@@ -91,25 +103,28 @@ def _records(root: Path) -> dict[int, Owner]:
 def claim_slot(*, root: Path | None = None) -> NodeLayout:
     """Sweep what dead runs left, record the sysctls if no live node did, claim a free slot."""
     root = root or state_root()
-    with _locked(root):
-        records = _records(root)
-        for slot, owner in sorted(records.items()):
+    with locked(root):
+        live = records(root)
+        for slot, owner in sorted(live.items()):
             if not owner.alive():
                 sweep(NodeLayout(slot=slot, state_dir=root / str(slot)))
                 (root / f"{slot}.json").unlink(missing_ok=True)
-                del records[slot]
-        saved = root / "sysctls.json"
-        if not records:
+                del live[slot]
+        saved, dirs = root / "sysctls.json", root / "host-dirs.json"
+        if not live:
             restore_sysctls(saved)
+            remove_created_dirs(dirs)
         if not saved.exists():
             saved.write_text(json.dumps(read_sysctls()))
-        free = next((s for s in range(MAX_SLOTS) if s not in records), None)
+        if not dirs.exists():
+            dirs.write_text(json.dumps([d for d in HOST_DIRS if not Path(d).exists()]))
+        free = next((s for s in range(MAX_SLOTS) if s not in live), None)
         if free is None:
             raise HostError(f"all {MAX_SLOTS} real-node slots under {root} are in use")
         me = Owner.me()
         (root / f"{free}.json").write_text(json.dumps({"pid": me.pid, "start": me.start}))
         layout = NodeLayout(slot=free, state_dir=root / str(free))
-        shutil.rmtree(layout.state_dir, ignore_errors=True)
+        remove_tree(layout.state_dir)
         layout.state_dir.mkdir(parents=True)
         return layout
 
@@ -117,11 +132,12 @@ def claim_slot(*, root: Path | None = None) -> NodeLayout:
 def release_slot(layout: NodeLayout, *, root: Path | None = None) -> list[str]:
     """Sweep this node's slot and free it; the last live node restores the sysctls."""
     root = root or state_root()
-    with _locked(root):
+    with locked(root):
         problems = sweep(layout)
         (root / f"{layout.slot}.json").unlink(missing_ok=True)
-        if not any(o.alive() for o in _records(root).values()):
+        if not any(o.alive() for o in records(root).values()):
             restore_sysctls(root / "sysctls.json")
+            remove_created_dirs(root / "host-dirs.json")
     return problems
 
 
@@ -151,6 +167,21 @@ def restore_sysctls(saved: Path) -> None:
     saved.unlink()
 
 
+def remove_created_dirs(saved: Path) -> None:
+    """Remove the host directories recorded as created by the nodes (if empty by now)."""
+    if not saved.exists():
+        return
+    created: list[str] = json.loads(saved.read_text())
+    for d in (Path(x) for x in HOST_DIRS if x in created):
+        if d.name == "device-plugins":
+            for f in d.glob("*"):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    saved.unlink()
+
+
 # -- the sweep -------------------------------------------------------------------------------
 
 
@@ -168,8 +199,16 @@ def sweep(layout: NodeLayout) -> list[str]:
     for cached in Path("/var/lib/cni/results").glob(f"{layout.network}-*"):
         cached.unlink(missing_ok=True)
     if not mounts_under(layout.state_dir):
-        shutil.rmtree(layout.state_dir, ignore_errors=True)
+        remove_tree(layout.state_dir)
     return problems
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -rf`` (several times faster than shutil on an unpacked image), never crossing into
+    another filesystem."""
+    if path.exists():
+        subprocess.run(["rm", "-rf", "--one-file-system", str(path)], capture_output=True, check=False)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _pids_in_cgroups(cgroup_root: str) -> set[int]:
@@ -304,51 +343,3 @@ def remove_stale_shim_sockets() -> None:
     for d in (SHIM_SOCKETS, SHIM_SOCKETS.parent):
         with contextlib.suppress(OSError):
             d.rmdir()
-
-
-# -- the reaper ------------------------------------------------------------------------------
-
-
-def reap_when_owner_dies(slot: int, root: Path) -> None:
-    """Block until stdin closes (the launcher exited, however it died); if the slot is still
-    recorded for a dead owner, sweep it and free it (the last node restores the sysctls)."""
-    with contextlib.suppress(OSError):
-        while os.read(0, 4096):
-            pass
-    deadline = time.monotonic() + 10  # the pipe closes while the owner is still exiting
-    while time.monotonic() < deadline:
-        owner = _records(root).get(slot)
-        if owner is None or not owner.alive():
-            break
-        time.sleep(0.1)
-    with _locked(root):
-        owner = _records(root).get(slot)
-        if owner is None or owner.alive():
-            return
-        sweep(NodeLayout(slot=slot, state_dir=root / str(slot)))
-        (root / f"{slot}.json").unlink(missing_ok=True)
-        if not any(o.alive() for o in _records(root).values()):
-            restore_sysctls(root / "sysctls.json")
-
-
-def start_reaper(layout: NodeLayout, *, root: Path | None = None) -> subprocess.Popen[bytes]:
-    """A watcher in its own session that outlives a killed launcher just long enough to sweep
-    its slot: the runc shims and their containers do not die with kubelet and containerd.
-    Its stdin is a pipe only this process holds; closing it (or dying) wakes it."""
-    import sys
-
-    root = root or state_root()
-    return subprocess.Popen(
-        [sys.executable, "-m", "nymph.localcluster.host", str(layout.slot), str(root)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-if __name__ == "__main__":  # pragma: no cover - the reaper process
-    import sys
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    reap_when_owner_dies(int(sys.argv[1]), Path(sys.argv[2]))

@@ -13,16 +13,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nymph.errors import NymphError
-from nymph.localcluster import host
+from nymph.localcluster import host, nodeimages
 from nymph.localcluster.certs import PKI
 from nymph.localcluster.nodeconfig import NodeLayout, cni_conflist, containerd_toml, kubelet_yaml
 from nymph.localcluster.procs import Proc, spawn, stop_all
+from nymph.localcluster.reaper import start_reaper
 
 REAL_NODE = "nymph-real"
 NODE_BINARIES = ("kubelet", "containerd", "ctr", "containerd-shim-runc-v2")
@@ -90,6 +92,8 @@ class RealNode:
     procs: list[Proc] = field(default_factory=list)
     image_names: list[str] = field(default_factory=list)
     reaper: subprocess.Popen[bytes] | None = None
+    _loader: threading.Thread | None = None
+    _load_error: RealNodeError | None = None
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -106,10 +110,11 @@ class RealNode:
             self._say("building or reusing the local images")
             self.images = default_images()
         self.layout = layout = host.claim_slot()
-        self.reaper = host.start_reaper(layout)
+        self.reaper = start_reaper(layout)
         self._say(
             f"real node slot {layout.slot}: bridge {layout.bridge} {layout.node_ip}, state {layout.state_dir}"
         )
+        host.delete_bridge(layout.bridge)  # a free slot's bridge can only be a leftover
         for cmd in (
             ["ip", "link", "add", layout.bridge, "type", "bridge"],
             ["ip", "addr", "add", f"{layout.node_ip}/24", "dev", layout.bridge],
@@ -122,12 +127,55 @@ class RealNode:
             host.make_cgroups(layout.cgroup_root)
         except OSError as exc:
             raise RealNodeError(f"cannot create the node's cgroups ({layout.cgroup_root}): {exc}") from None
+        self._seed_root()
+        self._start_containerd()
+        # The images load while the control plane starts; start() waits for them.
+        self._loader = threading.Thread(target=self._load_images, name="node-images", daemon=True)
+        self._loader.start()
         return layout
 
-    def start(self, *, server: str, pki: PKI, deadline: float) -> None:
-        """containerd, the images, then kubelet (registering itself with ``server``)."""
+    def _seed_root(self) -> None:
+        """Start containerd's root as a hard-linked copy of the seed root holding the images
+        (built here the first time; see :mod:`nymph.localcluster.nodeimages`)."""
         layout, images = self.layout, self.images
-        assert layout is not None and images is not None and pki.node is not None
+        assert layout is not None and images is not None
+        seeds = nodeimages.seeds_dir()
+        seeds.mkdir(parents=True, exist_ok=True)
+        if os.environ.get("NYMPH_NODE_SEED") == "0" or not nodeimages.same_filesystem(
+            seeds, layout.state_dir
+        ):
+            return
+        wanted = [nodeimages.SeedImage(name=i.name, archive=i.archive) for i in images]
+        key = nodeimages.seed_key(wanted, containerd=self.assets / "containerd")
+
+        def build(tmp: Path) -> None:
+            self._say("importing the images into a seed root, once per machine")
+            seed_layout = NodeLayout(slot=layout.slot, state_dir=tmp)
+            proc = self._start_containerd(seed_layout, name="containerd-seed")
+            try:
+                self._wait_containerd(time.monotonic() + 120, socket=seed_layout.containerd_socket)
+                for image in wanted:
+                    self._ctr(
+                        "images",
+                        "import",
+                        "--snapshotter=overlayfs",
+                        str(image.archive),
+                        socket=seed_layout.containerd_socket,
+                    )
+            finally:
+                self.procs.remove(proc)
+                stop_all([proc], grace=10.0)
+
+        try:
+            nodeimages.link_copy(nodeimages.ensure_seed(key, build), layout.state_dir / "containerd-root")
+        except OSError as exc:
+            self._say(f"no seed root ({exc}): importing the images into this node")
+            host.remove_tree(layout.state_dir / "containerd-root")
+
+    def _start_containerd(self, layout: NodeLayout | None = None, *, name: str = "containerd") -> Proc:
+        layout = layout or self.layout
+        images = self.images
+        assert layout is not None and images is not None
         runc, cni = find_runc(), find_cni_dir()
         assert runc is not None and cni is not None
         sandbox = next((i.name for i in images if i.name.startswith(PAUSE_PREFIX)), None)
@@ -138,26 +186,52 @@ class RealNode:
         layout.containerd_config.write_text(
             containerd_toml(layout, sandbox_image=sandbox, runc=runc, cni_bin_dir=cni)
         )
-        env = {**os.environ, "PATH": f"{self.assets}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
-        self._say("starting containerd")
-        self.procs.append(
-            spawn(
-                "containerd",
-                [str(self.assets / "containerd"), f"--config={layout.containerd_config}"],
-                logdir=self.logdir,
-                env=env,
-            )
+        self._say(f"starting {name}")
+        proc = spawn(
+            name,
+            [str(self.assets / "containerd"), f"--config={layout.containerd_config}"],
+            logdir=self.logdir,
+            env=self._env(),
         )
-        self._wait_containerd(deadline)
-        self._say(f"importing {len(images)} images")
-        for image in images:
-            self._ctr("images", "import", "--snapshotter=overlayfs", str(image.archive))
-        listed = self._ctr("images", "list", "--quiet").split()
+        self.procs.append(proc)
+        return proc
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "PATH": f"{self.assets}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
+
+    def _load_images(self) -> None:
+        images = self.images
+        assert images is not None
+        try:
+            self._wait_containerd(time.monotonic() + 60)
+            listed = self._ctr("images", "list", "--quiet").split()
+            missing = [i for i in images if i.name not in listed]
+            if missing:
+                self._say(f"importing {len(missing)} images")
+            for image in missing:
+                self._ctr("images", "import", "--snapshotter=overlayfs", str(image.archive))
+            listed = self._ctr("images", "list", "--quiet").split()
+        except RealNodeError as exc:
+            self._load_error = exc
+            return
         self.image_names = [i.name for i in images if i.name in listed]
         lost = [i.name for i in images if i.name not in listed]
         if lost:
-            raise RealNodeError(f"images not found in containerd after import: {', '.join(lost)}")
+            self._load_error = RealNodeError(
+                f"images not found in containerd after import: {', '.join(lost)}"
+            )
 
+    def start(self, *, server: str, pki: PKI, deadline: float) -> None:
+        """Wait for containerd and the images, then start kubelet (registering with ``server``)."""
+        layout = self.layout
+        assert layout is not None and pki.node is not None and self._loader is not None
+        while self._loader.is_alive() and time.monotonic() < deadline:
+            self.check_alive()
+            self._loader.join(0.2)
+        if self._loader.is_alive():
+            raise RealNodeError("the images did not load in time")
+        if self._load_error is not None:
+            raise self._load_error
         layout.kubelet_config.write_text(
             kubelet_yaml(
                 layout,
@@ -181,7 +255,7 @@ class RealNode:
                     "--v=1",
                 ],
                 logdir=self.logdir,
-                env=env,
+                env=self._env(),
             )
         )
 
@@ -191,29 +265,34 @@ class RealNode:
             if code is not None:
                 raise RealNodeError(f"{p.name} exited with code {code}; last log lines:\n{p.tail()}")
 
-    def stop(self) -> list[str]:
-        """Stop kubelet and containerd and sweep the slot; returns what could not be removed."""
+    def stop_processes(self) -> None:
+        """Stop kubelet, then containerd (the shims and containers stay until :meth:`stop`)."""
         procs, self.procs = self.procs, []
         stop_all(procs, grace=5.0)
+
+    def stop(self) -> list[str]:
+        """Stop kubelet and containerd and sweep the slot; returns what could not be removed."""
+        self.stop_processes()
         layout, self.layout = self.layout, None
         problems = host.release_slot(layout) if layout is not None else []
-        reaper, self.reaper = self.reaper, None
-        if reaper is not None:
-            assert reaper.stdin is not None
-            reaper.stdin.close()
+        watcher, self.reaper = self.reaper, None
+        if watcher is not None:
+            assert watcher.stdin is not None
+            watcher.stdin.close()
             try:
-                reaper.wait(timeout=30)
+                watcher.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                reaper.kill()
-                reaper.wait()
+                watcher.kill()
+                watcher.wait()
         return problems
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _ctr(self, *args: str) -> str:
+    def _ctr(self, *args: str, socket: Path | None = None) -> str:
         assert self.layout is not None
+        address = socket or self.layout.containerd_socket
         res = subprocess.run(
-            [str(self.assets / "ctr"), f"--address={self.layout.containerd_socket}", "-n", "k8s.io", *args],
+            [str(self.assets / "ctr"), f"--address={address}", "-n", "k8s.io", *args],
             capture_output=True,
             text=True,
             timeout=300,
@@ -223,14 +302,15 @@ class RealNode:
             raise RealNodeError(f"ctr {' '.join(args[:2])} failed: {res.stderr.strip()[-500:]}")
         return res.stdout
 
-    def _wait_containerd(self, deadline: float) -> None:
+    def _wait_containerd(self, deadline: float, *, socket: Path | None = None) -> None:
         assert self.layout is not None
+        socket = socket or self.layout.containerd_socket
         last = ""
         while time.monotonic() < deadline:
             self.check_alive()
-            if self.layout.containerd_socket.exists():
+            if socket.exists():
                 try:
-                    self._ctr("version")
+                    self._ctr("version", socket=socket)
                     return
                 except RealNodeError as exc:
                     last = str(exc)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,13 @@ def terminated(pod: dict[str, Any]) -> dict[str, Any]:
     return dict(status["state"]["terminated"])
 
 
+def host_links(names: Iterable[str]) -> set[str]:
+    return {n for n in names if not n.startswith(("nymphbr", "veth"))}
+
+
 def test_stop_leaves_the_machine_as_it_was(tmp_path: Path, real_node_assets: Path) -> None:
     # First in the module, so usually no other real node runs and the sysctls are the host's.
-    alone = not any(o.alive() for o in host._records(host.state_root()).values())
+    alone = not any(o.alive() for o in host.records(host.state_root()).values())
     before_sysctls = host.read_sysctls()
     before_links = set(os.listdir("/sys/class/net"))
     cluster = LocalCluster(tmp_path / "c", assets=real_node_assets, node="real", node_names=())
@@ -119,11 +124,14 @@ def test_stop_leaves_the_machine_as_it_was(tmp_path: Path, real_node_assets: Pat
     assert all(host._start_time(pid) == "" for pid in pids), "a process outlived the node"
     assert host.mounts_under(layout.state_dir) == []
     assert not layout.state_dir.exists()
-    assert set(os.listdir("/sys/class/net")) == before_links
+    assert not Path(f"/sys/class/net/{layout.bridge}").exists()
+    # Other real nodes (other clusters on this machine) may have come or gone meanwhile.
+    assert host_links(os.listdir("/sys/class/net")) == host_links(before_links)
     for mnt in host.cgroup_mounts():
         assert not Path(mnt + layout.cgroup_root).exists(), f"cgroup left in {mnt}"
-    assert host.read_sysctls() == before_sysctls
-    if alone:
+    # The sysctls are the host's again once no real node runs (others may run on this machine).
+    if alone and not any(o.alive() for o in host.records(host.state_root()).values()):
+        assert host.read_sysctls() == before_sysctls
         assert not (host.state_root() / "sysctls.json").exists()
         # kubelet did rewrite them while it ran (when the host's values differ from its own)
         assert during != before_sysctls or before_sysctls.get("kernel.panic") == "10"
@@ -191,14 +199,14 @@ def tricky_script() -> str:
         "NYMPH_0123456789ABCDEF",
         "ANYMPH_0123456789ABCDEF",
         "Né à Paris, naïve façade, ünïcødé ✓ 日本語 🐍",
-        "$HOME `id` $(id) \\\\ \\n \" ' ''' + \"\"\"",
+        '$HOME `id` $(id) \\\\ \\n " \' """ + -- EOF',
         "'''",
         "print(s)",
         "print('quotes: \\' \" ` $PATH ${X} \\\\')",
         "print('Ωmega — done')",
     ]
     body = "\n".join(lines) + "\n"
-    filler = [f"v{i} = {i!r}  # filler line {i} with some text to grow the script" for i in range(2000)]
+    filler = [f"v{i} = {i!r}  # filler line {i} with some text to grow the script" for i in range(1000)]
     code = body + "\n".join(filler) + "\n"
     pad = 100 * 1024 - len(code.encode())
     assert pad > 0
@@ -254,7 +262,8 @@ def test_a_killed_launcher_leaves_nothing_behind(tmp_path: Path, real_node_asset
         "from nymph.localcluster import LocalCluster\n"
         "c = LocalCluster(Path(sys.argv[1]), node='real', node_names=())\n"
         "c.start()\n"
-        "c.kubectl('run', 'sleeper', '--image', c.node_image_names[-1], '--restart=Never', '--',\n"
+        "py = next(i for i in c.node_image_names if '/python:' in i)\n"
+        "c.kubectl('run', 'sleeper', '--image', py, '--restart=Never', '--',\n"
         "          'python3', '-c', 'import time; time.sleep(600)')\n"
         "c.kubectl('wait', '--for=condition=Ready', 'pod/sleeper', '--timeout=60s')\n"
         "print(c.real.layout.slot, flush=True)\n"
@@ -282,3 +291,28 @@ def test_a_killed_launcher_leaves_nothing_behind(tmp_path: Path, real_node_asset
     assert all(host._start_time(pid) == "" for pid in shims), "a process outlived the launcher"
     for mnt in host.cgroup_mounts():
         assert not Path(mnt + layout.cgroup_root).exists()
+
+
+def test_a_stop_while_running_honours_the_grace_period(
+    real_kube: LocalCluster, real_namespace: str, tmp_path: Path
+) -> None:
+    """Deleting the Pod (what a stop does) sends SIGTERM and waits: the script's handler runs
+    and its last words reach the hostPath workdir before the Pod is gone."""
+    script = (
+        "import os, signal, sys, time\n"
+        "def term(*_):\n"
+        "    time.sleep(1)\n"
+        "    open(os.path.join(os.environ['NYMPH_WORKDIR'], 'term.txt'), 'w').write('terminated cleanly')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    root = tmp_path / "root"
+    pod, _ = run_script(real_kube, real_namespace, script, workdir_root=root, until="running", timeout=60)
+    name = pod["metadata"]["name"]
+    deadline = time.monotonic() + 30
+    while "ready" not in logs(real_kube, real_namespace, pod) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    real_kube.kubectl("delete", "pod", name, "-n", real_namespace, "--grace-period=20", "--wait=true")
+    assert (root / "work" / name / "term.txt").read_text() == "terminated cleanly"
