@@ -11,50 +11,41 @@ runs on one machine take turns.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
-import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from nymph.client import QueueClient
 from nymph.localcluster import LocalCluster
-from nymph.localcluster.cluster import kubectl_path
+from tests.e2e.incluster import (
+    NODE_ROOT,
+    QUEUE_SELECTOR,
+    QUEUE_UID,
+    REPO,
+    SERVED,
+    SYSTEM,
+    InCluster,
+    apply,
+    audit_records,
+    import_nymph_image,
+    kustomize,
+    launch,
+    node_root_set_aside,
+    one_of,
+    render,
+    teardown,
+    wait_ready,
+    wait_state,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-NODE_ROOT = Path("/var/lib/nymph")
-LOCK = Path("/run/nymph-incluster.lock")
-SYSTEM = "nymph-system"
 # a cold first run builds the python base and the nymph image (several minutes on 2 cores)
 pytestmark = pytest.mark.timeout(900)
-SERVED = "default"  # the namespace the shipped daemon serves
-QUEUE_UID = 10001
-DAEMON_SELECTOR = "app.kubernetes.io/component%3Ddaemon"
-QUEUE_SELECTOR = "app.kubernetes.io/component%3Dqueue"
-
-
-def kustomize(path: Path) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [kubectl_path(), "kustomize", str(path)], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
-    assert len(found) == 1, (kind, name, len(found))
-    return found[0]
 
 
 # --- the overlay itself (no cluster needed) ---------------------------------------------------
@@ -65,7 +56,7 @@ def test_local_overlay_keeps_the_daemon_as_shipped() -> None:
     local = kustomize(REPO / "manifests" / "overlays" / "local")
     for kind in ("Namespace", "ServiceAccount", "Role", "RoleBinding", "Service"):
         assert [d for d in local if d["kind"] == kind] == [d for d in base if d["kind"] == kind], kind
-    b_ds, l_ds = _one(base, "DaemonSet"), _one(local, "DaemonSet")
+    b_ds, l_ds = one_of(base, "DaemonSet"), one_of(local, "DaemonSet")
     b_pod, l_pod = b_ds["spec"]["template"]["spec"], l_ds["spec"]["template"]["spec"]
     assert l_pod["serviceAccountName"] == b_pod["serviceAccountName"] == "nymph-daemon"
     assert l_pod["volumes"] == b_pod["volumes"]
@@ -84,7 +75,7 @@ def test_local_overlay_keeps_the_daemon_as_shipped() -> None:
         a for a in b_c["args"] if not a.startswith("--queue=")
     ]
     assert "--queue=http://$(NODE_IP):8700" in l_c["args"]
-    queue = _one(local, "Deployment")["spec"]["template"]["spec"]
+    queue = one_of(local, "Deployment")["spec"]["template"]["spec"]
     assert queue["hostNetwork"] is True
     assert "--listen=$(NODE_IP):8700" in queue["containers"][0]["args"]
     for c in (l_c, queue["containers"][0]):
@@ -134,130 +125,6 @@ def test_the_nymph_image_built_here_runs(tmp_path: Path) -> None:
 
 
 # --- the deployment on the real node ----------------------------------------------------------
-
-
-@contextlib.contextmanager
-def node_root_set_aside() -> Iterator[None]:
-    """A fresh /var/lib/nymph for the daemon; whatever was there comes back afterwards."""
-    with LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for stale in sorted(NODE_ROOT.parent.glob("nymph.set-aside-*")):
-            # a run killed before it could put the original back: what is there now is its own
-            shutil.rmtree(NODE_ROOT, ignore_errors=True)
-            os.rename(stale, NODE_ROOT)
-            break  # runs take turns under the lock: there is at most one
-        saved = NODE_ROOT.with_name(f"nymph.set-aside-{os.getpid()}")
-        had = NODE_ROOT.exists()
-        if had:
-            os.rename(NODE_ROOT, saved)
-        try:
-            yield
-        finally:
-            shutil.rmtree(NODE_ROOT, ignore_errors=True)
-            if had:
-                os.rename(saved, NODE_ROOT)
-
-
-@dataclass
-class InCluster:
-    kube: LocalCluster
-    node: str
-    url: str
-    user_token: str = field(repr=False)
-    daemon_token: str = field(repr=False)
-
-    def client(self) -> QueueClient:
-        return QueueClient(base_url=self.url, token=self.user_token)
-
-    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        got = self.kube.api("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
-        return list(got["items"])
-
-    def daemon_pod(self, *, timeout: float = 120, not_uid: str | None = None) -> dict[str, Any]:
-        """The daemon Pod on the real node once it is Ready (another one than ``not_uid``)."""
-        return wait_ready(self, SYSTEM, DAEMON_SELECTOR, node=self.node, not_uid=not_uid, timeout=timeout)
-
-    def logs(self, pod: str, namespace: str = SERVED) -> str:
-        return self.kube.kubectl("logs", "-n", namespace, pod).stdout
-
-    def explain(self, inst: dict[str, Any]) -> str:
-        """A failed launch's message and history, and the daemon's last log lines."""
-        logs = self.kube.kubectl(
-            "logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=daemon", "--tail=30", check=False
-        )
-        return f"{inst.get('reason')}: {inst.get('message')}\n{inst.get('history')}\n{logs.stdout[-6000:]}"
-
-    def exec_daemon(self, *cmd: str) -> subprocess.CompletedProcess[str]:
-        pod = self.daemon_pod()["metadata"]["name"]
-        return self.kube.kubectl("exec", "-n", SYSTEM, pod, "-c", "daemon", "--", *cmd, check=False)
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conds = pod.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
-
-
-def wait_ready(
-    ic: InCluster, namespace: str, selector: str, *, node: str, not_uid: str | None = None, timeout: float
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    seen: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        seen = [p for p in ic.pods(namespace, selector) if p["spec"].get("nodeName") == node]
-        for p in seen:
-            if _ready(p) and not p["metadata"].get("deletionTimestamp") and p["metadata"]["uid"] != not_uid:
-                return p
-        time.sleep(0.2)
-    states = [(p["metadata"]["name"], p.get("status", {}).get("containerStatuses")) for p in seen]
-    raise AssertionError(f"no Ready pod for {selector} on {node} in {timeout}s: {states}")
-
-
-def render(kube: LocalCluster, queue_data: Path) -> list[dict[str, Any]]:
-    """The local overlay for this cluster: the queue's data in this run's directory, and the
-    API server's port if it is not 443."""
-    docs = kustomize(REPO / "manifests" / "overlays" / "local")
-    volumes = _one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
-    next(v for v in volumes if v["name"] == "data")["hostPath"]["path"] = str(queue_data)
-    env = _one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["env"]
-    next(e for e in env if e["name"] == "KUBERNETES_SERVICE_PORT")["value"] = str(kube.api_port)
-    return docs
-
-
-def apply(kube: LocalCluster, docs: list[dict[str, Any]]) -> None:
-    kube.kubectl(
-        "apply", "--server-side", "--field-manager=nymph-tests", "-f", "-", input=yaml.safe_dump_all(docs)
-    )
-
-
-def teardown(kube: LocalCluster, docs: list[dict[str, Any]], node: str) -> None:
-    for kind, name in (("daemonset", "nymph-daemon"), ("deployment", "nymph-queue")):
-        kube.kubectl("delete", "-n", SYSTEM, kind, name, "--ignore-not-found", "--wait=false", check=False)
-    kube.kubectl("delete", "pods", "-n", SERVED, "-l", "lakeshore=true", "--grace-period=1", check=False)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # the daemon's hostPath is removed after: let go of it
-        left = kube.api("GET", f"/api/v1/namespaces/{SYSTEM}/pods")["items"]
-        if not [p for p in left if p["spec"].get("nodeName") == node]:
-            break
-        time.sleep(0.5)
-    kube.kubectl("delete", "namespace", SYSTEM, "--wait=false", check=False)
-    for d in docs:
-        if d["kind"] in ("Role", "RoleBinding") and d["metadata"].get("namespace") == SERVED:
-            kube.kubectl("delete", d["kind"].lower(), "-n", SERVED, d["metadata"]["name"], check=False)
-
-
-def import_nymph_image(kube: LocalCluster) -> str:
-    from nymph.localcluster.imagebuild import ensure_nymph_image
-    from nymph.localcluster.images import import_images
-
-    assert kube.real is not None and kube.real.layout is not None
-    image = ensure_nymph_image()
-    import_images(
-        images=[image],
-        ctr=kube.real.assets / "ctr",
-        address=kube.real.layout.containerd_socket,
-        snapshotter="overlayfs",
-    )
-    return image.name
 
 
 @pytest.fixture(scope="module")
@@ -312,26 +179,6 @@ def incluster(real_kube: LocalCluster, tmp_path_factory: pytest.TempPathFactory)
             yield ic
         finally:
             teardown(kube, docs, node)
-
-
-async def launch(ic: InCluster, script: str) -> str:
-    async with ic.client() as c:
-        return str((await c.launch(provider="local", mode="py", script=script))["instanceId"])
-
-
-async def wait_state(ic: InCluster, iid: str, states: set[str], timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    async with ic.client() as c:
-        while True:
-            inst = dict(await c.get_instance(provider="local", instance_id=iid))
-            if inst["state"] in states:
-                return inst
-            assert time.monotonic() < deadline, f"{iid} stuck in {inst['state']}: {inst.get('history')}"
-            await asyncio.sleep(0.3)
-
-
-def audit_records() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (NODE_ROOT / "audit.jsonl").read_text().splitlines() if line]
 
 
 SCRIPT = """\
