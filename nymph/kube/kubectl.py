@@ -37,6 +37,16 @@ class KubectlResult:
     stderr: str
 
 
+def in_cluster_fallback(k: Kubectl) -> bool:
+    """Whether kubectl will use the Pod's ServiceAccount: no kubeconfig or context given, none
+    in the environment or at ~/.kube/config, and the in-cluster Service variables set."""
+    if k.kubeconfig or k.context or os.environ.get("KUBECONFIG"):
+        return False
+    if os.path.exists(os.path.expanduser("~/.kube/config")):
+        return False
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT"))
+
+
 @dataclass
 class Kubectl:
     """Runs kubectl with fixed connection flags; never passes secrets on the command line."""
@@ -53,7 +63,11 @@ class Kubectl:
             argv.append(f"--kubeconfig={self.kubeconfig}")
         if self.context:
             argv.append(f"--context={self.context}")
-        argv.append(f"--request-timeout={int(self.timeout)}s")
+        if not in_cluster_fallback(self):
+            # kubectl (client-go) falls back to the in-cluster ServiceAccount only when its
+            # config equals the default: any flag such as --request-timeout sends it to
+            # localhost:8080 instead. In a Pod the subprocess deadline in run() bounds it.
+            argv.append(f"--request-timeout={int(self.timeout)}s")
         return argv + list(args)
 
     async def run(self, args: Sequence[str], *, stdin: str | None = None) -> KubectlResult:
