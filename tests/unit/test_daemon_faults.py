@@ -480,7 +480,9 @@ async def test_a_launch_that_cannot_be_rendered_fails_alone_with_its_reason(tmp_
     assert done["task-0000000000000001"]["ok"] and done["task-0000000000000003"]["ok"]
     failed = done["task-0000000000000002"]
     assert failed["ok"] is False and failed["retryable"] is False
-    assert "cannot be rendered" in failed["error"] and "internal error" not in failed["error"]
+    # the real reason, naming the field (the spec's own depth limit catches it before the render)
+    assert "spec.resources" in failed["error"] and "nested deeper" in failed["error"]
+    assert "internal error" not in failed["error"]
 
 
 async def test_a_batch_refused_as_a_whole_is_applied_one_by_one(tmp_path: Path) -> None:
