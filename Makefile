@@ -10,7 +10,7 @@ IMAGE ?= nymph:dev
 KIND_CLUSTER ?= nymph
 PYTEST_ARGS ?=
 
-.PHONY: help install install-demo deps envtest test test-unit lint fmt demo bench image kind-up kind-load deploy undeploy clean
+.PHONY: help install install-demo deps images envtest test test-unit lint fmt demo bench image kind-up kind-load deploy undeploy clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ envtest: ## build the local control plane (kube-apiserver, etcd, kwok) and the r
 	else \
 	  echo "envtest: no Go and no KUBEBUILDER_ASSETS: real-cluster tests will be skipped" >&2; \
 	fi
+
+images: install-demo deps ## build the local images (pause, python, nymph) into ~/.cache/nymph/images (tests do it on demand)
+	$(BIN)/python -m nymph.localcluster.imagebuild
 
 test: install deps envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e on kwok and the real node)
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -28,7 +28,7 @@ from nymph.logs import redact_text
 GENESIS = "0" * 64
 GENESIS_SEQ = 0
 ACTIONS = frozenset(
-    {"claim", "apply", "adopt", "delete", "reap", "probe", "release", "start", "stop", "recover"}
+    {"claim", "apply", "adopt", "delete", "reap", "probe", "release", "start", "stop", "recover", "refuse"}
 )
 
 

@@ -15,12 +15,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nymph.client import QueueAuthError, QueueClient, QueueError
-from nymph.daemon.audit import AuditLog
+from nymph.daemon.audit import AuditLog, AuditWriteError
+from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.settings import DaemonSettings
+from nymph.daemon.tasks.validate import usable_task_id
 from nymph.logs import get_logger
-from nymph.protocol import TaskJSON
+from nymph.protocol import TaskJSON, TaskKind
+
+_KINDS = frozenset(k.value for k in TaskKind)
 
 
 class Claimer:
@@ -32,10 +36,12 @@ class Claimer:
         outbox: Outbox,
         audit: AuditLog,
         metrics: Metrics,
+        disk: DiskHealth | None = None,
         node_offer: Callable[[], dict[str, Any] | None] | None = None,
         offer_ready: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.s = settings
+        self.disk = disk or DiskHealth()
         #: What this daemon's node offers (labels, taints, allocatable), sent with each claim.
         self.node_offer = node_offer
         self.offer_ready = offer_ready
@@ -48,6 +54,7 @@ class Claimer:
         self.held: dict[str, TaskJSON] = {}  # taskId -> task, leases we renew
         self.started: set[str] = set()  # taskIds whose work has begun
         self.completing: set[str] = set()  # taskIds whose completion is in the outbox
+        self.abandoned: list[str] = []  # taskIds to hand back: their claim or completion was not saved
         self.local: asyncio.Queue[TaskJSON] = asyncio.Queue()
         self.slot_freed = asyncio.Event()
         self.inflight = 0
@@ -83,9 +90,24 @@ class Claimer:
         retryable: bool = False,
         result: dict[str, Any] | None = None,
     ) -> None:
-        """Queue a task's completion; its lease keeps being renewed until the queue has it."""
+        """Queue a task's completion; its lease keeps being renewed until the queue has it.
+
+        A completion the outbox cannot save (the root cannot be written) is not renewed for
+        ever: the task is handed back, and the queue gives it out again."""
         self.completing.add(task_id)
-        self.outbox.complete(task_id=task_id, ok=ok, error=error, retryable=retryable, result=result)
+        try:
+            self.outbox.complete(task_id=task_id, ok=ok, error=error, retryable=retryable, result=result)
+        except OSError as exc:
+            self.disk.failed("outbox", exc)
+            self.log.error("could not save a completion; handing the task back", task=task_id)
+            self.abandon(task_id)
+
+    def abandon(self, task_id: str) -> None:
+        """Stop renewing ``task_id`` and hand it back to the queue soon."""
+        self.completing.discard(task_id)
+        self.started.discard(task_id)
+        if self.held.pop(task_id, None) is not None:
+            self.abandoned.append(task_id)
 
     def settled(self, task_id: str) -> None:
         """The queue has the completion (or refused it for good)."""
@@ -116,7 +138,14 @@ class Claimer:
             return
         for tid in released:
             self.held.pop(tid, None)
-            self.audit.append("release", task=tid, node=self.node, result="released")
+            try:
+                self.audit.append("release", task=tid, node=self.node, result="released")
+            except AuditWriteError as exc:
+                self.disk.failed("audit log", exc)
+
+    async def release_abandoned(self) -> None:
+        ids, self.abandoned = self.abandoned, []
+        await self.release(ids)
 
     # -- loops --------------------------------------------------------------------------------
 
@@ -132,6 +161,13 @@ class Claimer:
             await self.offer_ready()
         while not stopping.is_set():
             self.last_progress = time.monotonic()
+            await self.release_abandoned()
+            if not self.disk.ok:
+                # Nothing we claim could be audited or given a workdir: claim nothing until a
+                # write test succeeds (the disk health loop runs it every few seconds).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.disk.wait_writable(), s.queue.poll_wait)
+                continue
             free = self.capacity()
             if free <= 0:
                 self.slot_freed.clear()
@@ -173,22 +209,40 @@ class Claimer:
                 continue
             self.metrics.queue_seconds.labels("claim").observe(time.monotonic() - t0)
             for task in tasks:
-                self._claimed(task)
-                await self.local.put(task)
+                if self._claimed(task):
+                    await self.local.put(task)
+            await self.release_abandoned()
 
-    def _claimed(self, task: TaskJSON) -> None:
-        tid = task["taskId"]
+    def _claimed(self, task: TaskJSON) -> bool:
+        """Audit the claim, then hold the task; False when it is not to be run.
+
+        A task is held (its lease renewed) only once its claim is in the audit log. When the
+        append fails the task is handed back and claiming pauses until the root can be written.
+        """
+        tid = usable_task_id(task)
+        if tid is None:
+            # Nothing safe to key, complete or release it by: its lease lapses.
+            self.log.error("the queue sent a task without a usable taskId; ignored")
+            return False
+        kind, iid, requester, attempt = (task.get(k) for k in ("kind", "instanceId", "requester", "attempt"))
+        # Recorded as sent, cut short; the runner checks every field before anything acts on it.
+        self.metrics.tasks.labels(kind if kind in _KINDS else "invalid").inc()
+        try:
+            self.audit.append(
+                "claim",
+                task=tid,
+                kind=kind[:64] if isinstance(kind, str) else None,
+                instance=iid[:64] if isinstance(iid, str) else None,
+                node=self.node,
+                requester=requester[:512] if isinstance(requester, str) else None,
+                attempt=attempt if isinstance(attempt, int) else None,
+            )
+        except AuditWriteError as exc:
+            self.disk.failed("audit log", exc)
+            self.abandoned.append(tid)
+            return False
         self.held[tid] = task
-        self.metrics.tasks.labels(task.get("kind", "?")).inc()
-        self.audit.append(
-            "claim",
-            task=tid,
-            kind=task.get("kind"),
-            instance=task.get("instanceId"),
-            node=self.node,
-            requester=task.get("requester"),
-            attempt=task.get("attempt"),
-        )
+        return True
 
     async def renew_loop(self) -> None:
         s = self.s

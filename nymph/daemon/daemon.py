@@ -17,6 +17,7 @@ from nymph.client import QueueClient, safe_url
 from nymph.daemon.aiotasks import cancel_all, guarded
 from nymph.daemon.audit import AuditLog
 from nymph.daemon.claimer import Claimer
+from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.health import HealthView, start_health_server
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.nodeinfo import NodeInfo
@@ -71,9 +72,11 @@ class Daemon:
             root=settings.work.root, mode=settings.work.dir_mode, owner=settings.work.owner
         )
         self.audit = AuditLog(settings.audit_path)
+        # The audit log, the outbox and the workdirs all live under the root.
+        self.disk = DiskHealth(directories=(settings.work.root, settings.state_dir, self.workdirs.base))
         self.outbox = Outbox(settings.state_dir, memory_max=settings.outbox_memory_max)
         self.tracker = Tracker(
-            node=self.node, outbox=self.outbox, metrics=self.metrics, workdirs=self.workdirs
+            node=self.node, outbox=self.outbox, metrics=self.metrics, workdirs=self.workdirs, disk=self.disk
         )
 
     def request_stop(self) -> None:
@@ -107,6 +110,7 @@ class Daemon:
             outbox=self.outbox,
             audit=self.audit,
             metrics=self.metrics,
+            disk=self.disk,
             node_offer=nodeinfo.offer_json,
             offer_ready=nodeinfo.wait_ready,
         )
@@ -124,6 +128,7 @@ class Daemon:
             workdir_root=s.work.root,
             delete_grace_seconds=s.kube.delete_grace_seconds,
             stopping=self.stopping,
+            disk=self.disk,
         )
         runner = Runner(
             claimer=claimer,
@@ -141,11 +146,15 @@ class Daemon:
             workdirs=self.workdirs,
             audit=self.audit,
             metrics=self.metrics,
+            disk=self.disk,
         )
         sender = QueueSender(
             daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics
         )
-        self.workdirs.base.mkdir(parents=True, exist_ok=True)
+        try:
+            self.workdirs.base.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.disk.failed("workdir root", exc)  # not ready, claiming nothing, until it can be
         health = await start_health_server(
             HealthView(
                 stale_after=s.healthz_stale_polls * (s.queue.poll_wait + 10),
@@ -154,6 +163,7 @@ class Daemon:
                 kube_ok=self.tracker.connected,
                 reports_buffered=lambda: self.outbox.pending,
                 metrics=self.metrics,
+                disk_problem=lambda: self.disk.problem,
             ),
             listen=s.listen,
         )
@@ -198,6 +208,7 @@ class Daemon:
         self.loops.append(guarded("dispatcher", lambda: runner.run(ready=self._synced)))
         self.loops.append(guarded("renewer", claimer.renew_loop))
         self.loops.append(guarded("reaper", reaper.run))
+        self.loops.append(guarded("disk", self.disk.run))
         try:
             await self.stopping.wait()
             await self._shutdown(claimer, runner)

@@ -23,6 +23,7 @@ class HealthView:
     kube_ok: Callable[[], bool]
     reports_buffered: Callable[[], int]
     metrics: Metrics
+    disk_problem: Callable[[], str | None] = lambda: None  # why the root cannot be written
 
 
 VIEW_KEY: web.AppKey[HealthView] = web.AppKey("health-view", HealthView)
@@ -40,11 +41,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     v = request.app[VIEW_KEY]
-    queue_ok, kube_ok = v.queue_ok(), v.kube_ok()
-    body = {"queue": queue_ok, "kubernetes": kube_ok, "reportsBuffered": v.reports_buffered()}
-    return web.json_response(
-        {"ok": queue_ok and kube_ok, **body}, status=200 if queue_ok and kube_ok else 503
-    )
+    queue_ok, kube_ok, disk_problem = v.queue_ok(), v.kube_ok(), v.disk_problem()
+    body: dict[str, object] = {
+        "queue": queue_ok,
+        "kubernetes": kube_ok,
+        "disk": disk_problem is None,
+        "reportsBuffered": v.reports_buffered(),
+    }
+    if disk_problem is not None:
+        body["diskProblem"] = disk_problem
+    ok = queue_ok and kube_ok and disk_problem is None
+    return web.json_response({"ok": ok, **body}, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

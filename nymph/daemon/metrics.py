@@ -44,4 +44,7 @@ class Metrics:
             "nymph_reports_buffered", "Reports and completions not yet acknowledged", registry=r
         )
         self.inflight = Gauge("nymph_inflight_tasks", "Claimed tasks not yet finished", registry=r)
+        self.tasks_refused = Counter(
+            "nymph_tasks_refused_total", "Tasks refused because a field did not check out", registry=r
+        )
         self.reaped = Counter("nymph_reaped_total", "Finished Pods and workdirs reaped", ["what"], registry=r)

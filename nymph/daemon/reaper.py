@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from nymph.daemon.audit import AuditLog
+from nymph.daemon.audit import AuditLog, AuditWriteError
+from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.settings import WorkSettings
@@ -26,8 +27,10 @@ class Reaper:
         workdirs: Workdirs,
         audit: AuditLog,
         metrics: Metrics,
+        disk: DiskHealth | None = None,
     ) -> None:
         self.w = settings
+        self.disk = disk or DiskHealth()
         self.node = node
         self.tracker = tracker
         self.applier = applier
@@ -53,7 +56,12 @@ class Reaper:
                 if not self.due(track, now=now):
                     continue
                 track.reaping = True
-                await self.reap(name, track)
+                try:
+                    await self.reap(name, track)
+                except (OSError, AuditWriteError) as exc:
+                    # Its logs or its record could not be saved: try again on a later turn.
+                    self.disk.failed("reaper", exc)
+                    track.reaping = False
 
     async def reap(self, name: str, track: Track) -> None:
         try:

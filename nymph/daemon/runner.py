@@ -14,8 +14,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nymph.daemon.audit import AuditWriteError
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.tasks.context import TaskContext
+from nymph.daemon.tasks.validate import BadTask, check_task
 from nymph.errors import NymphError
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON, TaskKind
@@ -140,7 +142,7 @@ class Runner:
             while len(batch) < self.batch_max and not local.empty():
                 batch.append(local.get_nowait())
             self.claimer.begin(batch)
-            groups, unknown = self.registry.group(batch)
+            groups, unknown = self.registry.group(self._checked(batch))
             for task, exc in unknown:
                 self.ctx.complete(task_id=task["taskId"], ok=False, error=str(exc), retryable=False)
                 self.claimer.end(1)
@@ -150,9 +152,48 @@ class Runner:
                 self.work.add(job)
                 job.add_done_callback(self.work.discard)
 
+    def _checked(self, batch: list[TaskJSON]) -> list[TaskJSON]:
+        """The tasks of ``batch`` whose every field checks out; the others fail for good."""
+        good: list[TaskJSON] = []
+        for task in batch:
+            try:
+                check_task(task, served=self.ctx.namespaces)
+            except BadTask as exc:
+                self._refuse(task, exc)
+                self.claimer.end(1)
+                continue
+            good.append(task)
+        return good
+
+    def _refuse(self, task: TaskJSON, exc: BadTask) -> None:
+        message = str(exc)[:1000]
+        self.log.warning("refused a task that does not check out", task=exc.task_id, error=message)
+        self.ctx.metrics.tasks_refused.inc()
+        if exc.task_id is None:
+            return  # the claimer holds no task without a usable id
+        try:
+            self.ctx.audit.append(
+                "refuse", task=exc.task_id, node=self.ctx.node, result="refused", error=message
+            )
+        except AuditWriteError as err:
+            self.ctx.disk.failed("audit log", err)
+        self.ctx.complete(task_id=exc.task_id, ok=False, error=message, retryable=False)
+
     async def _run(self, handler: Handler, tasks: list[TaskJSON], sem: asyncio.Semaphore) -> None:
         try:
             await handler.run(self.ctx, tasks)
+        except AuditWriteError as exc:
+            # The work may be done, but it cannot be recorded: hand it back as retryable (a
+            # redelivery adopts what was applied) and pause claiming until the root is writable.
+            self.ctx.disk.failed("audit log", exc)
+            for t in tasks:
+                if t["taskId"] not in self.claimer.completing:
+                    self.ctx.complete(
+                        task_id=t["taskId"],
+                        ok=False,
+                        error=f"the daemon cannot write its audit log: {exc}"[:1000],
+                        retryable=True,
+                    )
         except Exception:
             self.log.exception("task handling crashed", tasks=[t["taskId"] for t in tasks])
             for t in tasks:

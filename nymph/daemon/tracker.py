@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.workdirs import Workdirs
@@ -122,13 +123,26 @@ class PodCache(Protocol):
 
 
 class Tracker:
-    def __init__(self, *, node: str | None, outbox: Outbox, metrics: Metrics, workdirs: Workdirs) -> None:
+    def __init__(
+        self,
+        *,
+        node: str | None,
+        outbox: Outbox,
+        metrics: Metrics,
+        workdirs: Workdirs,
+        disk: DiskHealth | None = None,
+    ) -> None:
         self.node = node
         self.outbox = outbox
         self.metrics = metrics
         self.workdirs = workdirs
+        self.disk = disk or DiskHealth()
         self.tracks: dict[str, Track] = {}
         self.caches: dict[str, PodCache] = {}
+        # Reports the outbox could not save (the root cannot be written), in order; written
+        # before any newer report once it can.
+        self.unsaved: list[tuple[str, Report, str | None]] = []
+        self.disk.on_writable.append(self.write_unsaved)
 
     def follow(self, cache: PodCache) -> None:
         """Read the Pods of ``cache.namespace`` from this watch cache."""
@@ -166,9 +180,23 @@ class Tracker:
         self._write(name, report, node=None)
 
     def _write(self, name: str, report: Report, *, node: str | None) -> None:
-        state, reason = report.key
-        self.outbox.report(instance_id=name, state=state, reason=reason, message=report.message, node=node)
-        self.metrics.reports_buffered.set(self.outbox.pending)
+        self.unsaved.append((name, report, node))
+        self.write_unsaved()
+
+    def write_unsaved(self) -> None:
+        """Hand the reports not yet saved to the outbox, oldest first; keep them on a failure."""
+        while self.unsaved:
+            name, report, node = self.unsaved[0]
+            state, reason = report.key
+            try:
+                self.outbox.report(
+                    instance_id=name, state=state, reason=reason, message=report.message, node=node
+                )
+            except OSError as exc:
+                self.disk.failed("outbox", exc)
+                break
+            self.unsaved.pop(0)
+        self.metrics.reports_buffered.set(self.outbox.pending + len(self.unsaved))
 
     async def on_pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         """The watch's callback."""

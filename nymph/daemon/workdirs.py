@@ -21,6 +21,10 @@ class WorkdirError(NymphError):
     pass
 
 
+class WorkdirWriteError(WorkdirError):
+    """The root could not be written (ENOSPC, EROFS, EIO...): not this launch's fault."""
+
+
 class Workdirs:
     def __init__(self, *, root: Path, mode: int = 0o775, owner: tuple[int, int] | None = None) -> None:
         self.root = Path(root)
@@ -39,18 +43,18 @@ class Workdirs:
         return real
 
     def create(self, instance_id: str) -> Path:
-        self.base.mkdir(parents=True, exist_ok=True)
         path = self.path(instance_id)
-        self._inside(path)
         try:
+            self.base.mkdir(parents=True, exist_ok=True)
+            self._inside(path)
             path.mkdir(exist_ok=True)
+            if path.is_symlink() or not path.is_dir():
+                raise WorkdirError(f"refusing workdir {path}: not a plain directory")
+            os.chmod(path, self.mode)
+            if self.owner is not None:
+                os.chown(path, *self.owner)
         except OSError as exc:
-            raise WorkdirError(f"cannot create workdir {path}: {exc.strerror}") from None
-        if path.is_symlink() or not path.is_dir():
-            raise WorkdirError(f"refusing workdir {path}: not a plain directory")
-        os.chmod(path, self.mode)
-        if self.owner is not None:
-            os.chown(path, *self.owner)
+            raise WorkdirWriteError(f"cannot create workdir {path}: {exc.strerror or exc}") from None
         return path
 
     def remove(self, instance_id: str) -> bool:

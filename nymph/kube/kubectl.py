@@ -16,9 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nymph.errors import ValidationError
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.binaries import kubectl_path
-from nymph.kube.errors import KubeError, NotFound, Unavailable, classify_kubectl
+from nymph.kube.errors import Invalid, KubeError, NotFound, Unavailable, classify_kubectl
+from nymph.launch.names import LABEL_MANAGED, check_dns_subdomain, check_namespace
 from nymph.launch.render import to_yaml_stream
 
 FIELD_MANAGER = "nymph"
@@ -33,6 +35,16 @@ class KubectlResult:
     code: int
     stdout: str
     stderr: str
+
+
+def in_cluster_fallback(k: Kubectl) -> bool:
+    """Whether kubectl will use the Pod's ServiceAccount: no kubeconfig or context given, none
+    in the environment or at ~/.kube/config, and the in-cluster Service variables set."""
+    if k.kubeconfig or k.context or os.environ.get("KUBECONFIG"):
+        return False
+    if os.path.exists(os.path.expanduser("~/.kube/config")):
+        return False
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT"))
 
 
 @dataclass
@@ -51,7 +63,11 @@ class Kubectl:
             argv.append(f"--kubeconfig={self.kubeconfig}")
         if self.context:
             argv.append(f"--context={self.context}")
-        argv.append(f"--request-timeout={int(self.timeout)}s")
+        if not in_cluster_fallback(self):
+            # kubectl (client-go) falls back to the in-cluster ServiceAccount only when its
+            # config equals the default: any flag such as --request-timeout sends it to
+            # localhost:8080 instead. In a Pod the subprocess deadline in run() bounds it.
+            argv.append(f"--request-timeout={int(self.timeout)}s")
         return argv + list(args)
 
     async def run(self, args: Sequence[str], *, stdin: str | None = None) -> KubectlResult:
@@ -129,16 +145,33 @@ class Kubectl:
         return outcomes
 
     async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
-        args = ["delete", "pod", name, "-n", namespace, "--wait=false", "--ignore-not-found", "-o", "name"]
+        """Delete the nymph Pod ``name``: selected by name *and* nymph's label, so a name that
+        is not a Pod name, or a Pod nymph did not create, is never deleted."""
+        try:
+            check_namespace(namespace)
+            check_dns_subdomain(name, field="name")
+        except ValidationError as exc:
+            raise Invalid(f"refusing to delete a Pod: {exc}") from None
+        args = [
+            "delete",
+            "pod",
+            f"--namespace={namespace}",
+            f"--selector={LABEL_MANAGED}=true",
+            f"--field-selector=metadata.name={name}",
+            "--wait=false",
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ]
         if grace_seconds is not None:
-            args.append(f"--grace-period={grace_seconds}")
+            args.append(f"--grace-period={int(grace_seconds)}")
         res = await self.run(args)
         if res.code != 0:
             err = classify_kubectl(res.stderr)
             if isinstance(err, NotFound):
                 return False
             raise err
-        return bool(res.stdout.strip())
+        return f"pod/{name}" in res.stdout.split()
 
     async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
         res = await self.run(["logs", name, "-n", namespace, "-c", "user", "--tail=5000"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -23,12 +24,14 @@ from nymph.localcluster.images import (
     cached_archive,
     ensure_python_image,
     progress,
+    prune,
     recipe_key,
     run_step,
 )
 
 NYMPH_IMAGE = "nymph.local/nymph:dev"
 CONTEXT_FILES = ("pyproject.toml", "README.md", "daemonset/Dockerfile", "daemonset/entrypoint.sh")
+KEEP = 3  # nymph images of older sources kept (other checkouts, a branch switched back)
 _CA_IN_BUILD = "/run/nymph-build-ca.crt"
 
 
@@ -116,9 +119,12 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
             "-t",
             NYMPH_IMAGE,
         ]
+        index = os.environ.get("PIP_INDEX_URL")
+        if index:
+            bud += ["--build-arg", f"PIP_INDEX_URL={index}"]
         cert = _host_pip_cert()
         if cert is not None:
-            bud += ["--volume", f"{cert}:{_CA_IN_BUILD}:ro", "--build-arg", f"PIP_OPTS=--cert={_CA_IN_BUILD}"]
+            bud += ["--volume", f"{cert}:{_CA_IN_BUILD}:ro", "--build-arg", f"PIP_CERT={_CA_IN_BUILD}"]
         run_step([*bud, str(context)], what="buildah bud", log=work / "build.log", timeout=1800)
         run_step(
             ["buildah", *store, "push", "--quiet", NYMPH_IMAGE, f"oci-archive:{tmp / ARCHIVE}:{NYMPH_IMAGE}"],
@@ -126,4 +132,25 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
         )
         progress(f"built {NYMPH_IMAGE} in {time.monotonic() - started:.0f} s")
 
-    return LocalImage(NYMPH_IMAGE, cached_archive(key, build, root=root))
+    archive = cached_archive(key, build, root=root)
+    prune("nymph-dev", keep=KEEP, root=root)
+    return LocalImage(NYMPH_IMAGE, archive)
+
+
+def main() -> int:
+    """``python -m nymph.localcluster.imagebuild``: build (or find) every local image and print
+    one ``NAME ARCHIVE`` line each."""
+    from nymph.localcluster.images import ensure_images
+
+    try:
+        images = [*ensure_images(), ensure_nymph_image()]
+    except ImageBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for image in images:
+        print(image.name, image.oci_archive)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -140,6 +140,8 @@ def cached_archive(key: str, build: Callable[[Path], None], *, root: Path | None
     base = root if root is not None else images_dir()
     final = base / key / ARCHIVE
     if final.is_file():
+        with contextlib.suppress(OSError):
+            os.utime(final.parent)  # last used: what prune() keeps
         return final
     with _locked(base / f".{key}.lock"):
         if final.is_file():
@@ -159,6 +161,19 @@ def cached_archive(key: str, build: Callable[[Path], None], *, root: Path | None
         finally:
             remove_tree(tmp)
     return final
+
+
+def prune(prefix: str, *, keep: int, root: Path | None = None) -> list[Path]:
+    """Remove all but the ``keep`` most recent ``<prefix>-*`` images (older source versions)."""
+    base = root if root is not None else images_dir()
+    found = sorted(
+        (p for p in base.glob(f"{prefix}-*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    removed = found[keep:]
+    for old in removed:
+        remove_tree(old)
+        (base / f".{old.name}.lock").unlink(missing_ok=True)
+    return removed
 
 
 def run_step(cmd: Sequence[str], *, what: str, log: Path | None = None, timeout: float = 900) -> None:

@@ -28,10 +28,22 @@ from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.kubectl import Kubectl
 from nymph.protocol import TaskJSON, TaskKind
 
+IID = "lakeshore-0000000a"
+
 
 def task(kind: str, tid: str = "t1", spec: dict[str, Any] | None = None) -> TaskJSON:
+    if spec is None and kind in ("launch", "probe"):
+        spec = {"instanceId": IID, "namespace": "jobs"}
     return cast(
-        TaskJSON, {"taskId": tid, "kind": kind, "instanceId": "i", "kubeNamespace": "jobs", "spec": spec}
+        TaskJSON,
+        {
+            "taskId": tid,
+            "kind": kind,
+            "instanceId": IID,
+            "namespace": "team",
+            "kubeNamespace": "jobs",
+            "spec": spec,
+        },
     )
 
 

@@ -21,6 +21,7 @@ from nymph.localcluster.images import (
     debian_mirror,
     ensure_pause_image,
     parse_apt_sources,
+    prune,
     recipe_key,
 )
 from nymph.localcluster.oci import blob_path
@@ -177,3 +178,38 @@ def test_pause_image_runs_and_stops_on_sigterm(tmp_path: Path) -> None:
             proc.wait()
     # a second call finds the cached archive
     assert ensure_pause_image(root=tmp_path) == image
+
+
+def test_nymph_image_context_and_key_follow_the_sources(tmp_path: Path) -> None:
+    from nymph.localcluster.imagebuild import CONTEXT_FILES, context_digest, context_files
+
+    for rel in CONTEXT_FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    (tmp_path / "nymph" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "nymph" / "a.py").write_text("A = 1\n")
+    (tmp_path / "nymph" / "queue").mkdir()
+    (tmp_path / "nymph" / "queue" / "openapi.yaml").write_text("x: 1\n")
+    (tmp_path / "nymph" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.py").write_text("")
+    files = context_files(tmp_path)
+    assert [f.as_posix() for f in files] == [*CONTEXT_FILES, "nymph/a.py", "nymph/queue/openapi.yaml"]
+    before = context_digest(tmp_path, files)
+    (tmp_path / "tests" / "t.py").write_text("changed")  # not in the image
+    (tmp_path / "nymph" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\1")
+    assert context_digest(tmp_path, files) == before
+    (tmp_path / "nymph" / "a.py").write_text("A = 2\n")
+    assert context_digest(tmp_path, files) != before
+    (tmp_path / "nymph" / "a.py").write_text("A = 1\n")
+    (tmp_path / "daemonset" / "Dockerfile").write_text("FROM other\n")
+    assert context_digest(tmp_path, files) != before
+
+
+def test_prune_keeps_the_most_recent(tmp_path: Path) -> None:
+    for i, name in enumerate(["nymph-dev-a", "nymph-dev-b", "nymph-dev-c", "python-3-x"]):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (1000 + i, 1000 + i))
+    removed = prune("nymph-dev", keep=2, root=tmp_path)
+    assert removed == [tmp_path / "nymph-dev-a"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nymph-dev-b", "nymph-dev-c", "python-3-x"]

@@ -52,12 +52,16 @@ APPLY_RETRY = RetryPolicy()
 async def timed_apply(
     applier: Applier, manifests: Sequence[Mapping[str, Any]], *, metrics: Metrics, dry_run: bool = False
 ) -> list[ApplyOutcome]:
-    """One apply of ``manifests``; an error of the whole call becomes every manifest's outcome."""
+    """One apply of ``manifests``; an error of the whole call becomes every manifest's outcome
+    (an unexpected one as a permanent :class:`KubeError` naming it)."""
     t0 = time.monotonic()
     try:
         return await applier.apply(manifests, dry_run=dry_run)
     except KubeError as exc:
         return [ApplyOutcome(*object_key(m), error=exc) for m in manifests]
+    except (ValueError, TypeError, RecursionError, OSError) as exc:
+        err = KubeError(f"the apply failed: {exc.__class__.__name__}: {str(exc)[:500]}")
+        return [ApplyOutcome(*object_key(m), error=err) for m in manifests]
     finally:
         metrics.apply_seconds.labels(applier.name).observe(time.monotonic() - t0)
         metrics.apply_batch.observe(len(manifests))
@@ -84,7 +88,7 @@ async def apply_each(
     pending = list(range(len(manifests)))
     attempt = 1
     while pending:
-        outcomes = await timed_apply(applier, [manifests[i] for i in pending], metrics=metrics)
+        outcomes = await _isolating_apply(applier, [manifests[i] for i in pending], metrics=metrics)
         again: list[int] = []
         for index, outcome in zip(pending, outcomes, strict=True):
             if outcome.error is not None and policy.again(attempt) and retry(index, outcome):
@@ -95,6 +99,25 @@ async def apply_each(
         if pending:
             await _backoff(policy, attempt)
             attempt += 1
+
+
+def _refused_whole(outcomes: Sequence[ApplyOutcome]) -> bool:
+    """The call failed as a whole, for a reason that is not transient (one bad manifest can do
+    that: kubectl parses the whole stream before it applies any of it)."""
+    errors = {id(o.error): o.error for o in outcomes}
+    (err,) = errors.values() if len(errors) == 1 else (None,)
+    return err is not None and not err.transient
+
+
+async def _isolating_apply(
+    applier: Applier, manifests: Sequence[Mapping[str, Any]], *, metrics: Metrics
+) -> list[ApplyOutcome]:
+    """One apply of a batch; when the batch is refused as a whole, each manifest again alone,
+    so the innocent ones do not lose an attempt to the bad one."""
+    outcomes = await timed_apply(applier, manifests, metrics=metrics)
+    if len(manifests) > 1 and _refused_whole(outcomes):
+        outcomes = [(await timed_apply(applier, [m], metrics=metrics))[0] for m in manifests]
+    return outcomes
 
 
 async def apply_all(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from nymph.daemon.audit import AuditLog
+from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
@@ -45,6 +46,7 @@ class TaskContext:
     workdir_root: Path
     delete_grace_seconds: int | None
     stopping: asyncio.Event
+    disk: DiskHealth = field(default_factory=DiskHealth)  # marked when a write under the root fails
 
     def unserved(self, namespace: str) -> str | None:
         """Why a task for ``namespace`` cannot run here, or None when this daemon serves it."""

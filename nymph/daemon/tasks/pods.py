@@ -13,13 +13,24 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from nymph.daemon.tasks.apply import apply_each
 from nymph.daemon.tasks.context import TaskContext
+from nymph.daemon.tasks.identity import (
+    ANNOTATION_LAUNCH,
+    annotate,
+    is_launch_pod,
+    launch_identity,
+    pod_identity,
+)
+from nymph.daemon.tasks.validate import BadTask, check_task
 from nymph.daemon.tracker import Report, pod_node
+from nymph.daemon.workdirs import WorkdirWriteError
 from nymph.errors import NymphError, ValidationError
 from nymph.kube.applier import ApplyOutcome
 from nymph.kube.errors import AlreadyExists, Conflict, Invalid, KubeError
-from nymph.launch.render import PodManifest, manifest_sha256, render_pod
+from nymph.launch.render import PodManifest, manifest_sha256, render_pod, to_yaml_stream
 from nymph.launch.spec import LaunchSpec
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
@@ -33,6 +44,7 @@ class _Ready:
     task: TaskJSON
     manifest: PodManifest
     sha: str
+    identity: str  # the launch annotation its Pod carries
 
     @property
     def name(self) -> str:
@@ -51,18 +63,32 @@ def _log(ctx: TaskContext) -> Any:
 
 
 async def launch(ctx: TaskContext, tasks: list[TaskJSON]) -> None:
-    """A batch of ``launch`` tasks: their Pods are applied together."""
+    """A batch of ``launch`` tasks: their Pods are applied together.
+
+    Each launch is rendered on its own first: one that cannot be rendered fails alone, with its
+    reason. A batch the applier refuses as a whole is applied again one by one
+    (:func:`~nymph.daemon.tasks.apply.apply_each`), so one bad Pod costs the others nothing.
+    """
     ready = [r for r in (_prepare(ctx, t) for t in tasks) if r is not None]
 
     def adoptable(outcome: ApplyOutcome, r: _Ready) -> bool:
-        # Another delivery of this launch got there first: adopt it.
-        return isinstance(outcome.error, (AlreadyExists, Conflict, Invalid)) and (
-            ctx.tracker.pod_in_cache(r.namespace, r.name) is not None
+        # Another delivery of this launch got there first: adopt it (only if it is this launch's).
+        cached = ctx.tracker.pod_in_cache(r.namespace, r.name)
+        return (
+            isinstance(outcome.error, (AlreadyExists, Conflict, Invalid))
+            and cached is not None
+            and is_launch_pod(cached, r.identity)
         )
 
+    def clash(outcome: ApplyOutcome, r: _Ready) -> dict[str, Any] | None:
+        cached = ctx.tracker.pod_in_cache(r.namespace, r.name)
+        if outcome.error is None or cached is None or is_launch_pod(cached, r.identity):
+            return None
+        return cached
+
     def retry(index: int, outcome: ApplyOutcome) -> bool:
-        err = outcome.error
-        return err is not None and err.transient and not adoptable(outcome, ready[index])
+        err, r = outcome.error, ready[index]
+        return err is not None and err.transient and not adoptable(outcome, r) and clash(outcome, r) is None
 
     def settle(index: int, outcome: ApplyOutcome) -> None:
         r = ready[index]
@@ -70,6 +96,8 @@ async def launch(ctx: TaskContext, tasks: list[TaskJSON]) -> None:
             _applied(ctx, r, outcome, adopted=False)
         elif adoptable(outcome, r):
             _applied(ctx, r, outcome, adopted=True)
+        elif (foreign := clash(outcome, r)) is not None:
+            _clash(ctx, r, foreign)
         else:
             _failed(ctx, r, outcome.error)
 
@@ -83,36 +111,90 @@ async def launch(ctx: TaskContext, tasks: list[TaskJSON]) -> None:
         )
 
 
-def _prepare(ctx: TaskContext, task: TaskJSON) -> _Ready | None:
-    tid = task["taskId"]
+class _WorkdirUnwritable(KubeError):
+    """The workdir could not be created under a root that cannot be written: worth a retry."""
+
+    transient = True
+
+
+def _render(ctx: TaskContext, task: TaskJSON) -> _Ready | None:
+    """Validate and render one launch alone; refuse it (for good, with the reason) when it cannot."""
+    raw = task.get("spec") or {}
     try:
-        spec = LaunchSpec.from_json(task.get("spec") or {})
+        spec = LaunchSpec.from_json(raw)
+        manifest = render_pod(spec, node=ctx.node, workdir_root=str(ctx.workdir_root))
+        identity = annotate(manifest, launch_identity(spec))
+        # Serialize it the ways the appliers will, so a Pod that cannot travel fails here, alone.
+        to_yaml_stream([manifest])
+        sha = manifest_sha256(manifest)
     except ValidationError as exc:
         ctx.refuse_spec(task, what="launch", error=exc)
         return None
-    unserved = ctx.unserved(spec.namespace)
+    except (RecursionError, ValueError, TypeError, OverflowError, yaml.YAMLError) as exc:
+        error = ValidationError("spec", f"cannot be rendered as a Pod ({exc.__class__.__name__})")
+        ctx.refuse_spec(task, what="launch", error=error)
+        return None
+    return _Ready(task, manifest, sha, identity)
+
+
+def _prepare(ctx: TaskContext, task: TaskJSON) -> _Ready | None:
+    ready = _render(ctx, task)
+    if ready is None:
+        return None
+    tid, name, ns = task["taskId"], ready.name, ready.namespace
+    unserved = ctx.unserved(ns)
     if unserved:
         ctx.complete(task_id=tid, ok=False, error=unserved, retryable=False)
         return None
-    existing = ctx.tracker.pod_in_cache(spec.namespace, spec.instance_id)
-    manifest = render_pod(spec, node=ctx.node, workdir_root=str(ctx.workdir_root))
-    ready = _Ready(task, manifest, manifest_sha256(manifest))
+    existing = ctx.tracker.pod_in_cache(ns, name)
     if existing is not None:
+        if not is_launch_pod(existing, ready.identity):
+            _clash(ctx, ready, existing)
+            return None
         if pod_node(existing) in (None, ctx.node):
             # A redelivery after an apply whose answer was lost: the Pod may be waiting for
             # its hostPath, so make sure the workdir exists (idempotent).
             with contextlib.suppress(NymphError, OSError):
-                ctx.workdirs.create(spec.instance_id)
-        _applied(ctx, ready, ApplyOutcome(spec.namespace, spec.instance_id, obj=existing), adopted=True)
+                ctx.workdirs.create(name)
+        _applied(ctx, ready, ApplyOutcome(ns, name, obj=existing), adopted=True)
         return None
     if ctx.stopping.is_set():
         return None
     try:
-        ctx.workdirs.create(spec.instance_id)
+        ctx.workdirs.create(name)
+    except WorkdirWriteError as exc:
+        ctx.disk.failed("workdir", exc)
+        _failed(ctx, ready, _WorkdirUnwritable(f"workdir: {exc}"))
+        return None
     except (NymphError, OSError) as exc:
         _failed(ctx, ready, KubeError(f"workdir: {exc}"))
         return None
     return ready
+
+
+def _clash(ctx: TaskContext, r: _Ready, foreign: dict[str, Any]) -> None:
+    """A Pod of this name exists but is not this launch's: fail for good, touch nothing of it."""
+    theirs = pod_identity(foreign)
+    message = (
+        f"Conflict: a Pod named {r.name} already exists in namespace {r.namespace} and was not "
+        f"created for this launch ({ANNOTATION_LAUNCH} is "
+        f"{'missing' if theirs is None else 'different'}); it is left alone"
+    )
+    ctx.metrics.launches.labels("failed").inc()
+    ctx.audit.append(
+        "apply",
+        task=r.task["taskId"],
+        instance=r.name,
+        namespace=r.namespace,
+        node=ctx.node,
+        requester=r.task.get("requester"),
+        manifest_sha256=r.sha,
+        result="conflict",
+        error=message,
+    )
+    # The workdir of that name is the other Pod's: it stays.
+    ctx.complete(task_id=r.task["taskId"], ok=False, error=message, retryable=False)
+    _log(ctx).warning("launch refused: name clash with a foreign Pod", instance=r.name, namespace=r.namespace)
 
 
 def _applied(ctx: TaskContext, r: _Ready, outcome: ApplyOutcome, *, adopted: bool) -> None:
@@ -170,8 +252,13 @@ def _failed(ctx: TaskContext, r: _Ready, err: KubeError) -> None:
 async def stop(ctx: TaskContext, task: TaskJSON) -> None:
     """A ``stop`` of a Pod instance: delete the Pod; the watch reports ``stopped`` when it is gone."""
     tracker = ctx.tracker
-    name = str(task.get("instanceId"))
-    ns = str(task.get("kubeNamespace") or "default")
+    try:  # checked by the runner already; a handler trusts nothing it did not check
+        checked = check_task(task, served=ctx.namespaces)
+    except BadTask as exc:
+        if exc.task_id is not None:
+            ctx.complete(task_id=exc.task_id, ok=False, error=str(exc)[:1000], retryable=False)
+        return
+    name, ns = checked.instance_id, checked.kube_namespace
     grace = task.get("gracePeriodSeconds", ctx.delete_grace_seconds)
     track = tracker.track(name, namespace=ns)
     track.stop_requested = True

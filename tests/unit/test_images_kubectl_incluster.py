@@ -1,0 +1,37 @@
+"""kubectl inside a Pod: the daemon's kubectl must reach the in-cluster ServiceAccount config,
+which client-go uses only when no connection flag (even --request-timeout) is given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nymph.kube.kubectl import Kubectl
+
+
+@pytest.fixture
+def pod_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    return tmp_path
+
+
+def test_in_a_pod_kubectl_gets_no_connection_flags(pod_env: Path) -> None:
+    argv = Kubectl(binary="kubectl")._argv(["get", "pods"])
+    assert argv == ["kubectl", "get", "pods"]
+
+
+def test_outside_a_pod_the_request_timeout_stays(pod_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "--request-timeout=60s" in Kubectl(binary="kubectl", kubeconfig="/k")._argv(["get", "pods"])
+    monkeypatch.setenv("KUBECONFIG", "/k")
+    assert "--request-timeout=60s" in Kubectl(binary="kubectl")._argv(["get", "pods"])
+    monkeypatch.delenv("KUBECONFIG")
+    (pod_env / ".kube").mkdir()
+    (pod_env / ".kube" / "config").write_text("{}")
+    assert "--request-timeout=60s" in Kubectl(binary="kubectl")._argv(["get", "pods"])
+    (pod_env / ".kube" / "config").unlink()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    assert "--request-timeout=60s" in Kubectl(binary="kubectl")._argv(["get", "pods"])
