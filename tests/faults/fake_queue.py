@@ -133,10 +133,8 @@ class FakeQueue:
         if loop is None or runner is None:
             return
         fut = asyncio.run_coroutine_threadsafe(runner.cleanup(), loop)
-        try:
+        with contextlib.suppress(Exception):
             fut.result(10)
-        except Exception:
-            pass
         loop.call_soon_threadsafe(loop.stop)
         if self._thread:
             self._thread.join(10)

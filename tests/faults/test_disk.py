@@ -3,7 +3,7 @@
 No mounts are allowed in the tests, so the two faults are made with what a root process can do
 to a running daemon, and they are approximations, said plainly:
 
-* "full": the daemon's RLIMIT_FSIZE is set to 0 with prlimit(2) while it runs (its kubectl
+* "full": the daemon's soft RLIMIT_FSIZE is set to 0 with prlimit(2) while it runs (its kubectl
   children inherit it), so every write that would grow a regular file fails with EFBIG, as
   writes fail with ENOSPC on a full disk. Directories can still be made (a full ext4 would refuse
   those too). The daemon's stdout goes to a pipe here, not a file, so its logging is unaffected.
@@ -98,7 +98,9 @@ def stack(kube: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[FaultS
 @contextlib.contextmanager
 def unusable(how: str, pid: int, root: Path) -> Iterator[None]:
     if how == "full":
-        old = resource.prlimit(pid, resource.RLIMIT_FSIZE, (0, 0))
+        # Only the soft limit: raising it back needs no privilege (the hard one stays).
+        old = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (0, old[1]))
         try:
             yield
         finally:
@@ -139,9 +141,12 @@ async def test_root_unusable_then_usable_recovers_without_restart(stack: FaultSt
     assert d.proc.poll() is None, problems
     after = [await launch(stack.queue, tags={"sim.nymph.io/run": "1s"}) for _ in range(2)]
     TALLY.launches += 4
+    deadline = time.monotonic() + 60  # one deadline for all: a stuck launch costs it once
     for iid in during + after:
         try:
-            inst = await wait_state(stack.queue, iid, {"stopped"}, timeout=60)
+            inst = await wait_state(
+                stack.queue, iid, {"stopped"}, timeout=max(1.0, deadline - time.monotonic())
+            )
             if inst["reason"] != "Completed":
                 problems.append(f"{iid}: ended {inst['reason']}: {inst['message']!r}")
         except AssertionError as exc:
