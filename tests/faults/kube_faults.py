@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nymph.localcluster import LocalCluster
-from nymph.localcluster.cluster import _die_with_parent
 
 
 def _apiserver(kube: LocalCluster) -> Any:
@@ -54,7 +53,9 @@ def start_apiserver(kube: LocalCluster, *, timeout: float = 90) -> float:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=kube.workdir,
-            preexec_fn=_die_with_parent,  # as LocalCluster starts it: own session, dies with us
+            # Its own session, as LocalCluster starts it (killed by the group). No parent-death
+            # signal: that fires when the starting *thread* ends, and callers use worker threads.
+            start_new_session=True,
         )
     deadline = time.monotonic() + timeout
     while True:
