@@ -66,6 +66,7 @@ class Run:
     stage_misses: dict[str, int] = field(default_factory=dict)
     daemon_died: list[str] = field(default_factory=list)
     done_loading: bool = False
+    outage: bool = False
 
     def client(self) -> QueueClient:
         return QueueClient(base_url=self.stack.queue.url, token=self.stack.queue.user_token, timeout=10)
@@ -142,7 +143,9 @@ class Run:
 
     async def load(self, count: int) -> None:
         for _ in range(count):
-            while len(self.unfinished()) >= IN_FLIGHT:  # noqa: ASYNC110 - polls state outside this process
+            # No new launches while the API server is down: those in flight meet the outage, and
+            # the rest of the budget goes to the crash stages rather than to a 20 s stall.
+            while len(self.unfinished()) >= IN_FLIGHT or self.outage:  # noqa: ASYNC110 - polls state outside this process
                 await asyncio.sleep(0.1)
             await self.submit(self.random_plan())
         self.done_loading = True
@@ -202,6 +205,7 @@ class Run:
 
     async def apiserver_outage(self) -> None:
         s = self.stack
+        self.outage = True
         await asyncio.to_thread(stop_apiserver, s.kube)
         TALLY.kills += 1
         await asyncio.sleep(OUTAGE_SECONDS)
@@ -211,6 +215,7 @@ class Run:
         except AssertionError as exc:
             TALLY.restarts_failed += 1
             s.failed_restarts.append(f"kube-apiserver: {exc}")
+        self.outage = False
         if s.daemon.proc is not None and s.daemon.proc.poll() is not None:
             self.daemon_died.append(f"during the API server outage: exit {s.daemon.proc.returncode}")
             await asyncio.to_thread(s.restart_daemon)

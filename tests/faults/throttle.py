@@ -106,22 +106,31 @@ class ThrottlingProxy:
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
 
-        def serve() -> None:
-            assert self._loop is not None
-            asyncio.set_event_loop(self._loop)
+        errors: list[BaseException] = []
+
+        async def setup() -> None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_ctx))
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_route("*", "/{tail:.*}", self._handle)
             self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=server_ctx)
-            self._loop.run_until_complete(site.start())
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=server_ctx).start()
+
+        def serve() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(setup())
+            except BaseException as exc:
+                errors.append(exc)
+                ready.set()
+                return
             ready.set()
             self._loop.run_forever()
 
         self._thread = threading.Thread(target=serve, name="throttling-proxy", daemon=True)
         self._thread.start()
-        assert ready.wait(10)
+        assert ready.wait(10) and not errors, f"the throttling proxy did not start: {errors}"
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -140,4 +149,5 @@ class ThrottlingProxy:
         loop.call_soon_threadsafe(loop.stop)
         if self._thread:
             self._thread.join(10)
-        loop.close()
+        if not loop.is_running():
+            loop.close()
