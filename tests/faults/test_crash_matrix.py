@@ -1,0 +1,335 @@
+"""Crash matrix: launches with random stops while the daemon, the queue and the API server die.
+
+``NYMPH_FAULT_LAUNCHES`` (default 200) launches are queued at a steady pace (a few seconds of
+simulated run each, some failing, one in five stopped at a random moment) while a schedule of
+faults runs: the daemon is killed with SIGKILL at each stage of a launch, twice over, and
+restarted each time; the queue is killed and restarted once; the API server is stopped for 20 s
+once. A stage is seen from outside (the only honest view of a kill -9): a task the queue's
+database shows leased, a new claim line in the audit log, a new workdir, a kubectl child of the
+daemon, a new apply line in the audit log, a stop task leased, a new reap line in the audit log.
+
+At the end every accepted launch must have ended, with exactly one Pod ever created (counted by
+UID with the test's own watch) unless it was stopped before its Pod existed; every instance's
+final state must match what the cluster did; every restart must have succeeded; the audit log
+must verify; after the reaper no workdir and no Pod may be left; and no token or credential may
+be found in what the crashed processes wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from nymph.client import QueueClient
+from nymph.localcluster import LocalCluster
+from tests.e2e.harness import pods
+from tests.faults.kube_faults import PodWatch, start_apiserver, stop_apiserver
+from tests.faults.leaks import kubeconfig_secrets, scan_files
+from tests.faults.stack import FaultStack, running_stack
+from tests.faults.tally import TALLY
+
+pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+LAUNCHES = int(os.environ.get("NYMPH_FAULT_LAUNCHES", "200"))
+STAGES = ("claimed", "audited", "workdir", "kubectl", "applied", "stopping", "reaping")
+ROUNDS = 2
+IN_FLIGHT = 16  # launches kept unfinished at once by the load
+STAGE_TIMEOUT = 20.0
+OUTAGE_SECONDS = 20.0
+FINISHED = {"stopped"}
+
+
+@dataclass
+class Plan:
+    outcome: str  # succeed | fail
+    run: str
+    stop_after: float | None  # seconds after acceptance, or None
+
+
+@dataclass
+class Run:
+    stack: FaultStack
+    rng: random.Random
+    accepted: dict[str, Plan] = field(default_factory=dict)
+    stop_requested: set[str] = field(default_factory=set)
+    states: dict[str, dict] = field(default_factory=dict)  # type: ignore[type-arg]
+    stage_hits: dict[str, int] = field(default_factory=dict)
+    stage_misses: dict[str, int] = field(default_factory=dict)
+    daemon_died: list[str] = field(default_factory=list)
+    done_loading: bool = False
+    outage: bool = False
+
+    def client(self) -> QueueClient:
+        return QueueClient(base_url=self.stack.queue.url, token=self.stack.queue.user_token, timeout=10)
+
+    def unfinished(self) -> list[str]:
+        return [i for i in self.accepted if (self.states.get(i) or {}).get("state") not in FINISHED]
+
+    async def submit(self, plan: Plan) -> str:
+        key = uuid.uuid4().hex
+        tags = {"sim.nymph.io/run": plan.run}
+        if plan.outcome == "fail":
+            tags["sim.nymph.io/outcome"] = "fail"
+        deadline = time.monotonic() + 120
+        while True:  # the queue may be down: re-send with the same key, as a client would
+            try:
+                async with self.client() as c:
+                    iid = str(
+                        (
+                            await c.launch(
+                                provider="local",
+                                mode="py",
+                                script="print('x')\n",
+                                tags=tags,
+                                idempotency_key=key,
+                            )
+                        )["instanceId"]
+                    )
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        self.accepted[iid] = plan
+        TALLY.launches += 1
+        if plan.stop_after is not None:
+            asyncio.get_running_loop().create_task(self.stop_later(iid, plan.stop_after))
+        return iid
+
+    async def stop(self, iid: str) -> None:
+        self.stop_requested.add(iid)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                async with self.client() as c:
+                    await c.stop(provider="local", instance_id=iid)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def stop_later(self, iid: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if (self.states.get(iid) or {}).get("state") not in FINISHED:
+            await self.stop(iid)
+
+    def random_plan(self) -> Plan:
+        r = self.rng
+        return Plan(
+            outcome="fail" if r.random() < 0.1 else "succeed",
+            run=r.choice(["1s", "2s", "3s"]),
+            stop_after=r.uniform(0.0, 4.0) if r.random() < 0.2 else None,
+        )
+
+    async def poll_states(self) -> None:
+        while True:
+            try:
+                async with self.client() as c:
+                    for inst in await c.list_instances(provider="local"):
+                        self.states[inst["instanceId"]] = dict(inst)
+            except Exception:
+                pass
+            await asyncio.sleep(0.5)
+
+    async def load(self, count: int) -> None:
+        for _ in range(count):
+            # No new launches while the API server is down: those in flight meet the outage, and
+            # the rest of the budget goes to the crash stages rather than to a 20 s stall.
+            while len(self.unfinished()) >= IN_FLIGHT or self.outage:  # noqa: ASYNC110 - polls state outside this process
+                await asyncio.sleep(0.1)
+            await self.submit(self.random_plan())
+        self.done_loading = True
+
+    # -- faults ------------------------------------------------------------------------------
+
+    async def until(self, stage: str, cond: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + STAGE_TIMEOUT
+        while time.monotonic() < deadline:
+            if cond():
+                self.stage_hits[stage] = self.stage_hits.get(stage, 0) + 1
+                return
+            await asyncio.sleep(0.01)
+        self.stage_misses[stage] = self.stage_misses.get(stage, 0) + 1
+
+    async def kill_at(self, stage: str) -> None:
+        s = self.stack
+        if s.daemon.proc is not None and s.daemon.proc.poll() is not None:
+            self.daemon_died.append(f"before the {stage} kill: exit {s.daemon.proc.returncode}")
+        if stage == "claimed":
+            before = s.leased("launch")
+            await self.submit(Plan("succeed", "1s", None))
+            await self.until(stage, lambda: bool(s.leased("launch") - before))
+        elif stage == "audited":
+            n = s.audit_count("claim")
+            await self.submit(Plan("succeed", "1s", None))
+            await self.until(stage, lambda: s.audit_count("claim") > n)
+        elif stage == "workdir":
+            before = s.workdirs()
+            await self.submit(Plan("succeed", "1s", None))
+            await self.until(stage, lambda: bool(s.workdirs() - before))
+        elif stage == "kubectl":
+            await self.submit(Plan("succeed", "1s", None))
+            await self.until(stage, lambda: bool(s.kubectl_children()))
+        elif stage == "applied":
+            n = s.audit_count("apply", "ok")
+            await self.submit(Plan("succeed", "1s", None))
+            await self.until(stage, lambda: s.audit_count("apply", "ok") > n)
+        elif stage == "stopping":
+            iid = await self.submit(Plan("succeed", "60s", None))
+            deadline = time.monotonic() + STAGE_TIMEOUT
+            while (self.states.get(iid) or {}).get("state") != "running" and time.monotonic() < deadline:  # noqa: ASYNC110 - polls state outside this process
+                await asyncio.sleep(0.05)
+            await self.stop(iid)
+            await self.until(stage, lambda: bool(s.leased("stop")) or bool(s.kubectl_children()))
+        elif stage == "reaping":
+            n = s.audit_count("reap")
+            await self.until(stage, lambda: s.audit_count("reap") > n)
+        await asyncio.to_thread(s.kill_daemon)
+        await asyncio.sleep(self.rng.uniform(0.0, 0.5))
+        await asyncio.to_thread(s.restart_daemon)
+
+    async def queue_crash(self) -> None:
+        await asyncio.to_thread(self.stack.kill_queue)
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(self.stack.restart_queue)
+
+    async def apiserver_outage(self) -> None:
+        s = self.stack
+        self.outage = True
+        await asyncio.to_thread(stop_apiserver, s.kube)
+        TALLY.kills += 1
+        await asyncio.sleep(OUTAGE_SECONDS)
+        s.restarts += 1
+        try:
+            await asyncio.to_thread(start_apiserver, s.kube)
+        except AssertionError as exc:
+            TALLY.restarts_failed += 1
+            s.failed_restarts.append(f"kube-apiserver: {exc}")
+        self.outage = False
+        if s.daemon.proc is not None and s.daemon.proc.poll() is not None:
+            self.daemon_died.append(f"during the API server outage: exit {s.daemon.proc.returncode}")
+            await asyncio.to_thread(s.restart_daemon)
+
+    async def faults(self) -> None:
+        for rnd in range(ROUNDS):
+            for stage in STAGES:
+                await self.kill_at(stage)
+                if rnd == 0 and stage == "kubectl":
+                    await self.queue_crash()
+                if rnd == 0 and stage == "applied":
+                    await self.apiserver_outage()
+
+
+@pytest.fixture
+def stack(kube: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[FaultStack]:
+    yield from running_stack(kube, namespace, tmp_path, extra=("--reap-after", "2"))
+
+
+async def test_crash_matrix(stack: FaultStack) -> None:
+    run = Run(stack=stack, rng=random.Random(int(os.environ.get("NYMPH_FAULT_SEED", "11"))))
+    injector_launches = ROUNDS * (len(STAGES) - 1)
+    with PodWatch(stack.kube, stack.namespace) as watch:
+        poller = asyncio.create_task(run.poll_states())
+        try:
+            load = asyncio.create_task(run.load(max(0, LAUNCHES - injector_launches)))
+            await run.faults()
+            await load
+            deadline = time.monotonic() + 240
+            while run.unfinished() and time.monotonic() < deadline:  # noqa: ASYNC110 - polls state outside this process
+                await asyncio.sleep(0.5)
+            # After the reaper (2 s after each Pod ends): no Pod and no workdir may be left.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (pods(stack.kube, stack.namespace) or stack.workdirs()):  # noqa: ASYNC110 - polls state outside this process
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(1.0)  # let the watch see the last deletions
+        finally:
+            poller.cancel()
+        seen = watch.snapshot()
+    check(run, stack, seen, reconnects=watch.reconnects)
+
+
+def check(run: Run, stack: FaultStack, seen: dict, *, reconnects: int) -> None:  # type: ignore[type-arg]
+    problems: list[str] = []
+    lost: list[str] = []
+    duplicated = sorted(name for name, rec in seen.items() if len(rec.uids) > 1)
+    for iid, plan in run.accepted.items():
+        inst = run.states.get(iid)
+        if inst is None or inst["state"] not in FINISHED:
+            lost.append(f"{iid}: still {inst and inst['state']}")
+            continue
+        rec = seen.get(iid)
+        reason = inst["reason"]
+        stopped = iid in run.stop_requested
+        if reason in ("Completed", "Error"):
+            want_phase = "Succeeded" if reason == "Completed" else "Failed"
+            if rec is None:
+                lost.append(f"{iid}: {reason} but no Pod was ever created")
+            elif rec.phase != want_phase:
+                problems.append(f"{iid}: {reason} but its Pod's last phase was {rec.phase!r}")
+            if not stopped and reason != {"succeed": "Completed", "fail": "Error"}[plan.outcome]:
+                problems.append(f"{iid}: planned to {plan.outcome}, ended {reason}")
+        elif reason == "Stopped":
+            if not stopped:
+                problems.append(f"{iid}: Stopped without a stop request")
+            if rec is not None and not rec.deleted:
+                problems.append(f"{iid}: Stopped but its Pod was never deleted")
+        else:
+            problems.append(f"{iid}: ended {reason}: {inst.get('message')!r}")
+    strangers = sorted(set(seen) - set(run.accepted))
+    if strangers:
+        problems.append(f"Pods of no accepted launch: {strangers[:10]}")
+    left_pods = [p["metadata"]["name"] for p in pods(stack.kube, stack.namespace)]
+    left_dirs = sorted(stack.workdirs())
+    verify = stack.audit_verify()
+    # The crashes left logs, state and audit records written in every odd moment: no secret there.
+    planted = {"user token": stack.queue.user_token, "daemon token": stack.queue.daemon_token}
+    planted |= {
+        f"daemon kubeconfig credential {i}": v
+        for i, v in enumerate(kubeconfig_secrets(stack.daemon.kubeconfig))
+    }
+    leaks = scan_files([stack.tmp], planted, skip={stack.daemon.kubeconfig.resolve()})
+    TALLY.secret_leaks += len(leaks)
+    TALLY.lost += len(lost)
+    TALLY.duplicated += len(duplicated)
+    report = (
+        f"launches {len(run.accepted)}, restarts {stack.restarts}, stage kills seen {run.stage_hits}, "
+        f"stage kills that did not see their stage in {STAGE_TIMEOUT:g}s {run.stage_misses}, "
+        f"watch reconnects {reconnects}"
+    )
+    print(report)
+    failures = [f"restart failed: {f}" for f in stack.failed_restarts]
+    failures += [f"the daemon died {d}" for d in run.daemon_died]
+    failures += [f"lost: {x}" for x in lost]
+    failures += [f"applied twice (Pods {sorted(seen[n].uids)}): {n}" for n in duplicated]
+    failures += problems
+    if verify.returncode != 0:
+        failures.append(f"audit verify: {(verify.stdout + verify.stderr).strip()[-600:]}")
+    if left_pods:
+        failures.append(f"Pods left after the reaper: {left_pods[:20]}")
+    if left_dirs:
+        failures.append(f"workdirs left after the reaper: {left_dirs[:20]}")
+    failures += [f"secret leaked: {leak}" for leak in leaks]
+    if len(run.accepted) < LAUNCHES:
+        failures.append(f"only {len(run.accepted)} of {LAUNCHES} launches were run")
+    assert not failures, f"{len(failures)} failures ({report}):\n" + "\n".join(grouped(failures))
+
+
+def grouped(failures: list[str]) -> list[str]:
+    """One line per kind of failure (ids, ports and numbers masked), with its count and examples."""
+    kinds: dict[str, list[str]] = {}
+    for f in failures:
+        key = re.sub(r"lakeshore-[0-9a-f]{8}|127\.0\.0\.1:\d+|\d+", "#", f)[:240]
+        kinds.setdefault(key, []).append(f)
+    return [
+        f"{len(v)} x {k} (first: {v[0][:300]})" for k, v in sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+    ]
