@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from nymph.client_errors import QueueAuthError
+from nymph.client_errors import QueueAuthError, QueueUnavailable
 from nymph.protocol import ActiveJSON, CompleteAnswer, RenewAnswer, ReportAck, SessionJSON, TaskJSON
 
 #: Answers (401 codes) after which the client registers again and retries the call once.
@@ -148,7 +148,7 @@ class DispatchCalls:
         answer = await self._dispatch(
             "POST", "/v1/dispatch/claim", identity=identity, json=body, timeout=self.timeout + wait
         )
-        return cast(list[TaskJSON], answer["tasks"])
+        return _claimed_tasks(answer)
 
     async def renew(
         self, *, daemon_id: str, task_ids: Sequence[str], lease_seconds: int | None = None
@@ -206,3 +206,13 @@ class DispatchCalls:
         identity = self._identity(daemon_id=None, node=node)
         body = await self._dispatch("GET", "/v1/dispatch/active", identity=identity, params={"node": node})
         return cast(list[ActiveJSON], body["items"])
+
+
+def _claimed_tasks(answer: object) -> list[TaskJSON]:
+    """The tasks of a claim answer; a queue that answers another shape is a :class:`QueueError`
+    (the claim loop backs off), and an entry that is not an object is dropped (the daemon's task
+    checks refuse the rest of what is malformed)."""
+    tasks = answer.get("tasks") if isinstance(answer, dict) else None
+    if not isinstance(tasks, list):
+        raise QueueUnavailable("the queue answered a claim without a list of tasks (is it a nymph queue?)")
+    return [cast(TaskJSON, t) for t in tasks if isinstance(t, dict)]

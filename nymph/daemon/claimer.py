@@ -27,6 +27,13 @@ from nymph.protocol import TaskJSON, TaskKind
 _KINDS = frozenset(k.value for k in TaskKind)
 
 
+#: An empty claim answer faster than this did not hold the long-poll.
+EMPTY_FAST_SECONDS = 1.0
+#: The pause after such an answer, doubling up to the maximum while they keep coming.
+EMPTY_PAUSE_MIN = 0.1
+EMPTY_PAUSE_MAX = 5.0
+
+
 class Claimer:
     def __init__(
         self,
@@ -152,6 +159,7 @@ class Claimer:
     async def claim_loop(self, *, reconciled: asyncio.Event, stopping: asyncio.Event) -> None:
         s = self.s
         backoff = 0.5
+        empty_pause = EMPTY_PAUSE_MIN
         # Claim nothing before every watch has listed its Pods: the adopt check needs them, and
         # a daemon that cannot reach the API server should leave the work to others.
         while not reconciled.is_set():
@@ -206,7 +214,15 @@ class Claimer:
             self.queue_ok = True
             self.metrics.claims.labels("ok").inc()
             if not tasks:
+                # A long-poll answered empty at once (a queue shutting down, or one that does not
+                # hold the poll): wait before asking again, longer each time, so it is no tight loop.
+                if time.monotonic() - t0 < min(EMPTY_FAST_SECONDS, s.queue.poll_wait / 2):
+                    await asyncio.sleep(empty_pause)
+                    empty_pause = min(empty_pause * 2, EMPTY_PAUSE_MAX)
+                else:
+                    empty_pause = EMPTY_PAUSE_MIN
                 continue
+            empty_pause = EMPTY_PAUSE_MIN
             self.metrics.queue_seconds.labels("claim").observe(time.monotonic() - t0)
             for task in tasks:
                 if self._claimed(task):

@@ -74,6 +74,17 @@ def from_status(status: int, message: str) -> KubeError:
 
 
 _PATTERNS: tuple[tuple[re.Pattern[str], type[KubeError]], ...] = (
+    # First: an API server that cannot be reached is transient whatever else the text says
+    # (kubectl's client-side validation reports it as "error validating ... failed to download
+    # openapi ... connection refused", which must not read as Invalid).
+    (
+        re.compile(
+            r"failed to download openapi|connection refused|connection reset by peer|"
+            r"unable to connect to the server|TLS handshake timeout",
+            re.I,
+        ),
+        Unavailable,
+    ),
     (re.compile(r"\(AlreadyExists\)|already exists", re.I), AlreadyExists),
     (re.compile(r"\(Forbidden\)|is forbidden", re.I), Forbidden),
     (re.compile(r"\(Unauthorized\)|must be logged in|provide credentials", re.I), Unauthorized),

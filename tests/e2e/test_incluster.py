@@ -172,7 +172,9 @@ def incluster(real_kube: LocalCluster, tmp_path_factory: pytest.TempPathFactory)
 
             async def setup() -> None:
                 async with ic.client() as c:
-                    await c.create_provider(name="local", launcher="Kube", kwargs={"namespace": SERVED})
+                    await c.create_provider(
+                        name="local", launcher="Kube", kwargs={"namespace": SERVED}, dispatch="daemon"
+                    )
                     await c.create_mode(name="py", provider="local", fields={"image": python})
 
             asyncio.run(setup())
@@ -298,3 +300,31 @@ async def test_deleting_the_daemon_pod_mid_run_loses_and_duplicates_nothing(incl
     applied = [r["instance"] for r in audit_records() if r["action"] == "apply" and r.get("result") == "ok"]
     for iid in [running, *queued]:
         assert applied.count(iid) == 1, f"{iid} applied {applied.count(iid)} times"
+
+
+@pytest.mark.e2e
+async def test_a_direct_launch_from_the_in_cluster_queue_runs_for_real(incluster: InCluster) -> None:
+    """dispatch: direct from the queue Pod (read-only root): the kubeconfig, kept in the queue's
+    secret store, is staged in the memory-backed /tmp the manifests mount, and the Pod runs."""
+    ic = incluster
+    python = next(i for i in ic.kube.node_image_names if "/python:" in i)
+    kubeconfig = Path(ic.kube.kubeconfig).read_text()  # noqa: ASYNC240
+    async with ic.client() as c:
+        await c.request("PUT", "/v1/namespaces/default/secrets/admin-kc", json={"value": kubeconfig})
+        await c.create_provider(
+            name="straight",
+            kwargs={"namespace": SERVED, "kubeconfig": {"$secret": "admin-kc"}},
+            dispatch="direct",
+        )
+        await c.create_mode(name="pyd", provider="straight", fields={"image": python})
+        iid = str(
+            (await c.launch(provider="straight", mode="pyd", script="print('hello direct')"))["instanceId"]
+        )
+        deadline = asyncio.get_running_loop().time() + 120
+        while (inst := dict(await c.get_instance(provider="straight", instance_id=iid)))[
+            "state"
+        ] != "stopped":
+            assert asyncio.get_running_loop().time() < deadline, inst
+            await asyncio.sleep(0.5)
+    assert inst["reason"] == "Completed", inst
+    assert ic.logs(iid).strip() == "hello direct"

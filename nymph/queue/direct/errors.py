@@ -38,6 +38,11 @@ class SecretKeyProblem(ServiceError):
     default_code = "secret_key"
 
 
+class CannotStage(ServiceError):
+    status = 500
+    default_code = "queue_tmp_unwritable"
+
+
 def service_error(exc: Exception, *, what: str) -> ServiceError:
     """``what`` says what was being done ("creating Pod lakeshore-1a2b3c4d in jobs")."""
     if isinstance(exc, SecretKeyError):
@@ -59,4 +64,10 @@ def service_error(exc: Exception, *, what: str) -> ServiceError:
                 f"the Kubernetes API server could not be reached for {what}: {exc.message}"
             )
         return KubeFailed(said)
+    if isinstance(exc, OSError):  # staging needs a private temp dir; no path or content is quoted
+        return CannotStage(
+            f"the queue could not stage credentials for {what}: no writable temporary directory "
+            f"({exc.__class__.__name__}); give the queue a writable /tmp (the shipped manifests mount "
+            "a memory-backed emptyDir there) or set TMPDIR"
+        )
     raise exc
