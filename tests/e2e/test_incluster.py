@@ -316,7 +316,12 @@ async def test_a_direct_launch_from_the_in_cluster_queue_runs_for_real(incluster
             kwargs={"namespace": SERVED, "kubeconfig": {"$secret": "admin-kc"}},
             dispatch="direct",
         )
-        await c.create_mode(name="pyd", provider="straight", fields={"image": python})
+        await c.create_mode(
+            name="pyd",
+            provider="straight",
+            # the real node, not the kwok one beside it (nothing pins a direct Pod otherwise)
+            fields={"image": python, "node_selector": {"kubernetes.io/hostname": ic.node}},
+        )
         iid = str(
             (await c.launch(provider="straight", mode="pyd", script="print('hello direct')"))["instanceId"]
         )
