@@ -10,7 +10,7 @@ IMAGE ?= nymph:dev
 KIND_CLUSTER ?= nymph
 PYTEST_ARGS ?=
 
-.PHONY: help install install-demo deps images envtest test test-unit lint fmt demo bench image kind-up kind-load deploy undeploy clean
+.PHONY: help install install-demo deps images envtest faults test test-unit lint fmt demo bench image kind-up kind-load deploy undeploy clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -54,6 +54,9 @@ images: install-demo deps ## build the local images (pause, python, nymph) into 
 
 test: install deps envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e on kwok and the real node)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+faults: install deps envtest ## the whole fault suite, including the checks that still find open problems
+	$(BIN)/pytest -q tests/faults -m "faults or open_fault" $(PYTEST_ARGS)
 
 test-unit: install ## unit tests only (no cluster)
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)

@@ -66,10 +66,13 @@ class DispatchCalls:
             "node": identity.node,
             "namespaces": list(identity.namespaces),
         }
-        answer = cast(SessionJSON, await self.request("POST", "/v1/dispatch/register", json=body))
-        self._session_token = answer["sessionToken"]
+        answer = await self.request("POST", "/v1/dispatch/register", json=body)
+        token = answer.get("sessionToken") if isinstance(answer, dict) else None
+        if not isinstance(token, str) or not token:
+            raise QueueUnavailable("the queue answered a registration without a session credential")
+        self._session_token = token
         self._registered = identity
-        return answer
+        return cast(SessionJSON, answer)
 
     def _identity(
         self, *, daemon_id: str | None, node: str | None = None, namespaces: Sequence[str] | None = None

@@ -78,6 +78,17 @@ class FakeQueue:
             await asyncio.sleep(self.delay)
         if self.status_for_all is not None:
             return web.Response(status=self.status_for_all, text="upstream trouble")
+        if route == "register":  # a well-behaved session; the misbehaviour is in the claims
+            who = body if isinstance(body, dict) else {}
+            return web.json_response(
+                {
+                    "sessionToken": "nys_fake",
+                    "daemonId": who.get("daemonId", ""),
+                    "node": who.get("node", ""),
+                    "namespaces": who.get("namespaces", []),
+                    "expiresAt": "2999-01-01T00:00:00.000Z",
+                }
+            )
         if route == "claim":
             n, self._claims = self._claims, self._claims + 1
             answer = self.claim_answer(n)

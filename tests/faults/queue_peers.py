@@ -58,7 +58,9 @@ async def _catalog(t: Tenants) -> None:
 
     for ns in TENANTS:
         async with QueueClient(base_url=t.url, token=t.user[ns], namespace=ns) as c:
-            await c.create_provider(name="local", launcher="Kube", kwargs={"namespace": f"jobs-{ns}"})
+            await c.create_provider(
+                name="local", launcher="Kube", kwargs={"namespace": f"jobs-{ns}"}, dispatch="daemon"
+            )
             await c.create_mode(name="py", provider="local", fields={"image": "python:3.12-slim"})
 
 

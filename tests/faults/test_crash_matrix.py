@@ -235,6 +235,7 @@ def stack(kube: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[FaultS
     yield from running_stack(kube, namespace, tmp_path, extra=("--reap-after", "2"))
 
 
+@pytest.mark.open_fault
 async def test_crash_matrix(stack: FaultStack) -> None:
     run = Run(stack=stack, rng=random.Random(int(os.environ.get("NYMPH_FAULT_SEED", "11"))))
     injector_launches = ROUNDS * (len(STAGES) - 1)
