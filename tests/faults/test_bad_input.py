@@ -66,7 +66,7 @@ def session(http: Checked, token: str, *, daemon_id: str, namespaces: list[str])
         bad=False,
         json_body={"daemonId": daemon_id, "node": "n1", "namespaces": namespaces},
     )
-    assert resp.status_code == 200, resp.text
+    assert resp.status_code == 201, resp.text
     return str(resp.json()["sessionToken"])
 
 
