@@ -181,34 +181,31 @@ def _clash(ctx: TaskContext, r: _Ready, foreign: dict[str, Any]) -> None:
         f"{'missing' if theirs is None else 'different'}); it is left alone"
     )
     ctx.metrics.launches.labels("failed").inc()
-    ctx.audit.append(
-        "apply",
-        task=r.task["taskId"],
-        instance=r.name,
-        namespace=r.namespace,
-        node=ctx.node,
-        requester=r.task.get("requester"),
-        manifest_sha256=r.sha,
-        result="conflict",
-        error=message,
-    )
+    _audit(ctx, r, "apply", result="conflict", error=message)
     # The workdir of that name is the other Pod's: it stays.
     ctx.complete(task_id=r.task["taskId"], ok=False, error=message, retryable=False)
     _log(ctx).warning("launch refused: name clash with a foreign Pod", instance=r.name, namespace=r.namespace)
 
 
-def _applied(ctx: TaskContext, r: _Ready, outcome: ApplyOutcome, *, adopted: bool) -> None:
-    ctx.metrics.launches.labels("adopted" if adopted else "applied").inc()
+def _audit(ctx: TaskContext, r: _Ready, action: str, *, result: str, error: str | None = None) -> None:
+    """The audit record of one launch's apply, adopt or refusal (with its manifest's sha256)."""
+    extra = {"error": error} if error is not None else {}
     ctx.audit.append(
-        "adopt" if adopted else "apply",
+        action,
         task=r.task["taskId"],
         instance=r.name,
         namespace=r.namespace,
         node=ctx.node,
         requester=r.task.get("requester"),
         manifest_sha256=r.sha,
-        result="ok",
+        result=result,
+        **extra,
     )
+
+
+def _applied(ctx: TaskContext, r: _Ready, outcome: ApplyOutcome, *, adopted: bool) -> None:
+    ctx.metrics.launches.labels("adopted" if adopted else "applied").inc()
+    _audit(ctx, r, "adopt" if adopted else "apply", result="ok")
     track = ctx.tracker.track(r.name, namespace=r.namespace)
     if track.last is None:
         # The watch reports the real phase as soon as it sees the Pod; say "starting" now so
@@ -226,17 +223,7 @@ def _applied(ctx: TaskContext, r: _Ready, outcome: ApplyOutcome, *, adopted: boo
 def _failed(ctx: TaskContext, r: _Ready, err: KubeError) -> None:
     ctx.metrics.launches.labels("failed").inc()
     message = f"{err.__class__.__name__}: {err.message if hasattr(err, 'message') else err}"[:2000]
-    ctx.audit.append(
-        "apply",
-        task=r.task["taskId"],
-        instance=r.name,
-        namespace=r.namespace,
-        node=ctx.node,
-        requester=r.task.get("requester"),
-        manifest_sha256=r.sha,
-        result="failed",
-        error=message,
-    )
+    _audit(ctx, r, "apply", result="failed", error=message)
     if not err.transient:
         # A transient failure (a timeout, say) may hide an apply the server accepted: keep
         # the workdir for the Pod that might exist; the redelivery adopts it.
