@@ -185,7 +185,8 @@ async def wait_state(ic: InCluster, iid: str, states: set[str], timeout: float =
             inst = dict(await c.get_instance(provider="local", instance_id=iid))
             if inst["state"] in states:
                 return inst
-            assert time.monotonic() < deadline, f"{iid} stuck in {inst['state']}: {inst.get('history')}"
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{iid} stuck in {inst['state']}: {ic.explain(inst)}")
             await asyncio.sleep(0.3)
 
 
