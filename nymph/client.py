@@ -29,6 +29,7 @@ from nymph.client_errors import (
     QueueConflict,
     QueueError,
     QueueNotFound,
+    QueueRegistrationRefused,
     QueueUnavailable,
     safe_url,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "QueueConflict",
     "QueueError",
     "QueueNotFound",
+    "QueueRegistrationRefused",
     "QueueUnavailable",
     "safe_url",
 ]

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from nymph.client_errors import QueueAuthError, QueueUnavailable
+from nymph.client_errors import QueueAuthError, QueueConflict, QueueRegistrationRefused, QueueUnavailable
 from nymph.protocol import ActiveJSON, CompleteAnswer, RenewAnswer, ReportAck, SessionJSON, TaskJSON
 
 #: Answers (401 codes) after which the client registers again and retries the call once.
@@ -66,7 +66,12 @@ class DispatchCalls:
             "node": identity.node,
             "namespaces": list(identity.namespaces),
         }
-        answer = await self.request("POST", "/v1/dispatch/register", json=body)
+        try:
+            answer = await self.request("POST", "/v1/dispatch/register", json=body)
+        except QueueConflict as exc:
+            raise QueueRegistrationRefused(
+                str(exc), status=exc.status, code=exc.code, detail=exc.detail
+            ) from None
         token = answer.get("sessionToken") if isinstance(answer, dict) else None
         if not isinstance(token, str) or not token:
             raise QueueUnavailable("the queue answered a registration without a session credential")

@@ -36,6 +36,11 @@ class QueueConflict(QueueError):
     """409: already exists, a reused idempotency key, or a lost lease."""
 
 
+class QueueRegistrationRefused(QueueConflict):
+    """409 on registration: the daemon id has a live session on another node. Nothing the
+    daemon wanted to send is wrong: keep it and retry once the id is free (or fix the id)."""
+
+
 class QueueBadRequest(QueueError):
     """400, 413 or 422: the request was refused as invalid."""
 

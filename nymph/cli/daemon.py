@@ -16,7 +16,7 @@ from nymph.daemon.settings import load_settings
 def cmd_daemon(args: argparse.Namespace) -> int:
     # Loaded only when the daemon runs: its Kubernetes client would add a second or more to the
     # start-up of every other command (there is no import cycle to avoid here).
-    from nymph.daemon.daemon import Daemon
+    from nymph.daemon.daemon import run_locked
 
     settings = load_settings(
         config_file=args.config,
@@ -38,11 +38,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     )
 
     async def main() -> int:
-        daemon = Daemon(settings)
+        stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, daemon.request_stop)
-        return await daemon.run()
+            loop.add_signal_handler(sig, stopping.set)
+        return await run_locked(settings, stopping=stopping)
 
     return asyncio.run(main())
 

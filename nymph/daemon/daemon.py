@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from kubernetes_asyncio import client as kclient
 
-from nymph.client import QueueClient, safe_url
+from nymph.client import DaemonIdentity, QueueClient, safe_url
 from nymph.daemon.aiotasks import cancel_all, guarded
 from nymph.daemon.audit import AuditLog
 from nymph.daemon.claimer import Claimer
@@ -24,6 +24,7 @@ from nymph.daemon.nodeinfo import NodeInfo
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.reaper import Reaper
 from nymph.daemon.reconcile import reconcile
+from nymph.daemon.rootlock import RootLock
 from nymph.daemon.runner import HandlerRegistry, Runner
 from nymph.daemon.sender import QueueSender
 from nymph.daemon.settings import DaemonSettings
@@ -51,6 +52,27 @@ def default_handlers() -> HandlerRegistry:
     return registry
 
 
+def queue_client(settings: DaemonSettings) -> QueueClient:
+    """The daemon's queue client. Every call registers as the daemon's whole identity (id, node,
+    namespaces): a report replayed from the outbox before the first claim is then not taken for
+    another daemon with this id (a replaced Pod keeps its id: node name and pid 1)."""
+    s = settings
+    identity = DaemonIdentity(daemon_id=s.daemon_id, node=s.node or "", namespaces=tuple(s.kube.namespaces))
+    return QueueClient(base_url=s.queue.url, token=s.queue.token, timeout=30.0, daemon=identity)
+
+
+async def run_locked(settings: DaemonSettings, *, stopping: asyncio.Event) -> int:
+    """Run a daemon once it holds its workdir root (see :mod:`nymph.daemon.rootlock`); exit 0
+    if ``stopping`` is set while it waits."""
+    lock = RootLock(settings.work.root)
+    if not await lock.acquire(stopping=stopping):
+        return 0
+    try:
+        return await Daemon(settings, stopping=stopping).run()
+    finally:
+        lock.release()
+
+
 class Daemon:
     def __init__(
         self,
@@ -58,13 +80,14 @@ class Daemon:
         *,
         metrics: Metrics | None = None,
         handlers: HandlerRegistry | None = None,
+        stopping: asyncio.Event | None = None,
     ) -> None:
         self.s = settings
         self.node = settings.node
         self.metrics = metrics or Metrics()
         self.handlers = handlers or default_handlers()
         self.log = get_logger("daemon", node=self.node, daemon=settings.daemon_id)
-        self.stopping = asyncio.Event()
+        self.stopping = stopping or asyncio.Event()
         self.reconciled = asyncio.Event()
         self.loops: list[asyncio.Task[None]] = []
         self.watchers: dict[str, PodWatcher] = {}
@@ -100,7 +123,7 @@ class Daemon:
 
     async def run(self) -> int:
         s = self.s
-        client = QueueClient(base_url=s.queue.url, token=s.queue.token, timeout=30.0)
+        client = queue_client(s)
         api = await make_api_client(kubeconfig=s.kube.kubeconfig, context=s.kube.context)
         applier, kubectl = self._applier(api)
         nodeinfo = NodeInfo(api=api, node=self.node)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nymph.client import QueueBadRequest, QueueClient, QueueConflict, QueueNotFound
+from nymph.client import QueueBadRequest, QueueClient, QueueConflict, QueueNotFound, QueueRegistrationRefused
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import DropItem, Outbox
@@ -41,6 +41,8 @@ class QueueSender:
                 await self.client.upload_logs(
                     daemon_id=self.daemon_id, instance_id=item["instanceId"], logs=item["logs"]
                 )
+        except QueueRegistrationRefused:
+            raise  # about the daemon, not the item: the outbox keeps it and retries
         except (QueueConflict, QueueNotFound, QueueBadRequest) as exc:
             raise DropItem(f"{kind}: {exc}") from exc
         finally:

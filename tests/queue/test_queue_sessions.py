@@ -3,10 +3,19 @@ attack it allowed, now fails; and the client registers, and registers again, on 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import cast
+
 import pytest
 from queue_helpers import REGISTER, Queue, add_kind
 
-from nymph.client import DaemonIdentity, QueueAuthError, QueueConflict
+from nymph.client import DaemonIdentity, QueueAuthError, QueueConflict, QueueRegistrationRefused
+from nymph.daemon.claimer import Claimer
+from nymph.daemon.daemon import queue_client
+from nymph.daemon.metrics import Metrics
+from nymph.daemon.outbox import DropItem, Outbox
+from nymph.daemon.sender import QueueSender
+from nymph.daemon.settings import DaemonQueueSettings, DaemonSettings, KubeSettings
 from nymph.queue.keys import SESSIONS
 from nymph.queue.models import Role
 
@@ -204,3 +213,50 @@ async def test_two_daemons_cannot_share_an_id_across_nodes(kind: Queue) -> None:
     with pytest.raises(QueueConflict) as err:
         await two.claim(daemon_id="same", node="n2", capacity=0, wait=0)
     assert err.value.code == "daemon_id_in_use"
+
+
+async def test_a_replaced_daemon_reports_before_its_first_claim(kind: Queue) -> None:
+    """A daemon Pod replaced on its node keeps its id (node name and pid 1), and its first call
+    is often a report replayed from its outbox while the old session is still live. It must
+    register as its whole identity: registered as node "" it was refused (409), and the sender
+    dropped the report, leaving the instance ``running`` after its Pod finished."""
+    iid = (await kind.user().launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    old = kind.daemon()
+    [task] = await old.claim(daemon_id="node1-1", node="node1", namespaces=["jobs"], capacity=1, wait=0)
+    assert task["instanceId"] == iid
+    settings = DaemonSettings(
+        daemon_id="node1-1",
+        node="node1",
+        queue=DaemonQueueSettings(url=kind.url, token=kind.daemon_token),
+        kube=KubeSettings(namespaces=("jobs",)),
+    )
+    async with queue_client(settings) as new:
+        report = {"seq": 1, "instanceId": iid, "state": "stopped", "reason": "Completed", "node": "node1"}
+        ack = await new.report(daemon_id="node1-1", stream="s1", reports=[report])
+        assert ack["accepted"] == 1
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
+    assert (inst["state"], inst["reason"]) == ("stopped", "Completed")
+
+
+async def test_a_refused_registration_keeps_the_report_for_a_retry(kind: Queue, tmp_path: Path) -> None:
+    """A registration refused (the id is live on another node) says nothing about the report:
+    the outbox keeps it instead of dropping it as refused."""
+    iid = (await kind.user().launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    await kind.daemon().claim(daemon_id="dup", node="elsewhere", capacity=0, wait=0)
+    settings = DaemonSettings(
+        daemon_id="dup",
+        node="node1",
+        queue=DaemonQueueSettings(url=kind.url, token=kind.daemon_token),
+        kube=KubeSettings(namespaces=("jobs",)),
+    )
+    outbox = Outbox(tmp_path)
+    outbox.report(instance_id=iid, state="running")
+    async with queue_client(settings) as client:
+        sender = QueueSender(
+            daemon_id="dup", client=client, claimer=cast(Claimer, None), outbox=outbox, metrics=Metrics()
+        )
+        kind_, batch = outbox._next_batch()
+        with pytest.raises(QueueRegistrationRefused) as err:
+            await sender(kind_, batch)
+    assert err.value.code == "daemon_id_in_use"
+    assert not isinstance(err.value, DropItem) and outbox.pending == 1
