@@ -11,9 +11,11 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from nymph.errors import ValidationError
 from nymph.kube.applier import ApplyOutcome, object_key
-from nymph.kube.errors import KubeError, NotFound, Unavailable, from_status
+from nymph.kube.errors import Conflict, Invalid, KubeError, NotFound, Unavailable, from_status
 from nymph.kube.kubectl import FIELD_MANAGER
+from nymph.launch.names import LABEL_MANAGED, check_dns_subdomain, check_namespace
 
 
 async def make_api_client(*, kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
@@ -74,16 +76,28 @@ class ApiApplier:
         return out
 
     async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+        """Delete the nymph Pod ``name``, as the kubectl applier does: only a Pod that carries
+        nymph's label, and only the one read (a uid precondition), so a Pod nymph did not
+        create, or one that replaced it meanwhile, is never deleted. False when there is none."""
+        try:
+            check_namespace(namespace)
+            check_dns_subdomain(name, field="name")
+        except ValidationError as exc:
+            raise Invalid(f"refusing to delete a Pod: {exc}") from None
         v1 = client.CoreV1Api(self.api)
         try:
-            kwargs: dict[str, Any] = {}
+            pod = await v1.read_namespaced_pod(name, namespace)
+            labels = pod.metadata.labels or {}
+            if labels.get(LABEL_MANAGED) != "true":
+                return False
+            body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.metadata.uid))
             if grace_seconds is not None:
-                kwargs["grace_period_seconds"] = grace_seconds
-            await v1.delete_namespaced_pod(name, namespace, **kwargs)
+                body.grace_period_seconds = grace_seconds
+            await v1.delete_namespaced_pod(name, namespace, body=body)
         except Exception as exc:
             err = api_error(exc)
-            if isinstance(err, NotFound):
-                return False
+            if isinstance(err, NotFound | Conflict):
+                return False  # gone, or replaced by another Pod since it was read
             raise err from exc
         return True
 
