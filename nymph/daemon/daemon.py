@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from kubernetes_asyncio import client as kclient
 
-from nymph.client import QueueClient, safe_url
+from nymph.client import DaemonIdentity, QueueClient, safe_url
 from nymph.daemon.aiotasks import cancel_all, guarded
 from nymph.daemon.audit import AuditLog
 from nymph.daemon.claimer import Claimer
@@ -100,7 +100,12 @@ class Daemon:
 
     async def run(self) -> int:
         s = self.s
-        client = QueueClient(base_url=s.queue.url, token=s.queue.token, timeout=30.0)
+        # One identity for every dispatch call (claim, reports, reconcile...): one session, for
+        # exactly this daemon's node and namespaces, from the first call on.
+        identity = DaemonIdentity(
+            daemon_id=s.daemon_id, node=self.node or "", namespaces=tuple(s.kube.namespaces)
+        )
+        client = QueueClient(base_url=s.queue.url, token=s.queue.token, timeout=30.0, daemon=identity)
         api = await make_api_client(kubeconfig=s.kube.kubeconfig, context=s.kube.context)
         applier, kubectl = self._applier(api)
         nodeinfo = NodeInfo(api=api, node=self.node)
@@ -113,6 +118,7 @@ class Daemon:
             disk=self.disk,
             node_offer=nodeinfo.offer_json,
             offer_ready=nodeinfo.wait_ready,
+            kube_ok=self.tracker.connected,
         )
         context = TaskContext(
             applier=applier,
@@ -129,6 +135,8 @@ class Daemon:
             delete_grace_seconds=s.kube.delete_grace_seconds,
             stopping=self.stopping,
             disk=self.disk,
+            kube_ok=self.tracker.connected,
+            hand_back=claimer.abandon,
         )
         runner = Runner(
             claimer=claimer,
@@ -147,6 +155,7 @@ class Daemon:
             audit=self.audit,
             metrics=self.metrics,
             disk=self.disk,
+            busy=claimer.held_instances,
         )
         sender = QueueSender(
             daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics
