@@ -171,3 +171,40 @@ def test_nothing_is_reaped_as_orphaned_while_the_watch_is_disconnected(tmp_path:
     r.cache.connected = True  # the clock starts again once the cache is fresh
     assert rp.reap_orphans(now=1001.0) == []
     assert rp.reap_orphans(now=1001.0 + ORPHAN_GRACE_MIN) == [iid(1)]
+
+
+# --- the Pod reaper --------------------------------------------------------------------------------
+
+
+async def test_finished_pods_are_reaped_several_at_once_and_not_while_disconnected(tmp_path: Path) -> None:
+    import time
+
+    from nymph.daemon.reaper import REAP_CONCURRENCY
+
+    r = rig(tmp_path)
+    deleted: list[str] = []
+
+    async def slow_delete(*, namespace: str, name: str, grace_seconds: int | None) -> bool:
+        await asyncio.sleep(0.3)
+        deleted.append(name)
+        return True
+
+    r.applier.delete_pod = slow_delete  # type: ignore[method-assign]
+    tracker = r.ctx.tracker
+    for n in range(1, REAP_CONCURRENCY + 1):
+        tracker.track(iid(n), namespace=NS).finished_at = time.monotonic() - 10
+    rp = reaper(r, reap_after=0.1)
+    r.cache.connected = False  # the API server is unreachable: nothing is tried
+    job = asyncio.create_task(rp.run())
+    try:
+        await asyncio.sleep(1.0)
+        assert deleted == [] and not any(t.reaping for t in tracker.tracks.values())
+        r.cache.connected = True
+        t0 = time.monotonic()
+        await until(lambda: len(deleted) == REAP_CONCURRENCY)
+        # One by one they would take 0.3 s each.
+        assert time.monotonic() - t0 < 0.3 * REAP_CONCURRENCY / 2
+    finally:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+    assert sorted(deleted) == sorted(iid(n) for n in range(1, REAP_CONCURRENCY + 1))
