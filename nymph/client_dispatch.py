@@ -2,9 +2,10 @@
 through a daemon session.
 
 The client registers with its token (the daemon bootstrap token) on the first dispatch call, as
-the daemon identity the call names (or the ``daemon`` given at construction), registers again
-when that identity changes or when the queue answers that the session lapsed or is unknown (a
-restarted queue), and then retries the call once. The session credential is never logged.
+the daemon identity the call names (or the ``daemon`` given at construction), keeps that session
+for the identity, registers a new identity when a call names one, and registers again when the
+queue answers that the session lapsed or is unknown (a restarted queue), then retries the call
+once. The session credential is never logged.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ class DispatchCalls:
         self.daemon = daemon
         self._registered: DaemonIdentity | None = None
         self._session_token: str | None = None
+        #: The session of each identity this client registered (a client acting as several
+        #: daemons keeps each one's session: registering a live one again would replace it, and
+        #: the queue would hand its leases back).
+        self._sessions: dict[DaemonIdentity, str] = {}
         self._register_lock = asyncio.Lock()
 
     @abstractmethod
@@ -77,6 +82,7 @@ class DispatchCalls:
             raise QueueUnavailable("the queue answered a registration without a session credential")
         self._session_token = token
         self._registered = identity
+        self._sessions[identity] = token
         return cast(SessionJSON, answer)
 
     def _identity(
@@ -97,12 +103,11 @@ class DispatchCalls:
 
     async def _session_for(self, identity: DaemonIdentity, *, stale: str | None = None) -> str:
         async with self._register_lock:
-            if (
-                self._session_token is None
-                or self._registered != identity
-                or (stale is not None and self._session_token == stale)
-            ):
+            token = self._sessions.get(identity)
+            if token is None or (stale is not None and token == stale):
                 await self.register(identity=identity)
+            else:
+                self._session_token, self._registered = token, identity
             assert self._session_token is not None
             return self._session_token
 

@@ -32,6 +32,8 @@ EMPTY_FAST_SECONDS = 1.0
 #: The pause after such an answer, doubling up to the maximum while they keep coming.
 EMPTY_PAUSE_MIN = 0.1
 EMPTY_PAUSE_MAX = 5.0
+#: How often a daemon that cannot reach the API server looks again before it claims.
+KUBE_WAIT_SECONDS = 1.0
 
 
 class Claimer:
@@ -46,12 +48,15 @@ class Claimer:
         disk: DiskHealth | None = None,
         node_offer: Callable[[], dict[str, Any] | None] | None = None,
         offer_ready: Callable[[], Awaitable[None]] | None = None,
+        kube_ok: Callable[[], bool] | None = None,
     ) -> None:
         self.s = settings
         self.disk = disk or DiskHealth()
         #: What this daemon's node offers (labels, taints, allocatable), sent with each claim.
         self.node_offer = node_offer
         self.offer_ready = offer_ready
+        #: Whether the API server is reachable (the Pod watches are connected); no claims while not.
+        self.kube_ok = kube_ok
         self.node = settings.node
         self.client = client
         self.outbox = outbox
@@ -129,6 +134,10 @@ class Claimer:
         while not self.local.empty():
             self.local.get_nowait()
 
+    def held_instances(self) -> set[str]:
+        """The instance ids of the tasks held (their workdirs are in use)."""
+        return {iid for t in self.held.values() if isinstance(iid := t.get("instanceId"), str)}
+
     def unstarted(self) -> list[str]:
         return [tid for tid in self.held if tid not in self.started]
 
@@ -175,6 +184,11 @@ class Claimer:
                 # write test succeeds (the disk health loop runs it every few seconds).
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.disk.wait_writable(), s.queue.poll_wait)
+                continue
+            if self.kube_ok is not None and not self.kube_ok():
+                # Nothing claimed now could be applied: leave the work to daemons that can (what
+                # was handed back in the outage is released above, at no cost of an attempt).
+                await asyncio.sleep(KUBE_WAIT_SECONDS)
                 continue
             free = self.capacity()
             if free <= 0:

@@ -136,6 +136,7 @@ class Daemon:
             disk=self.disk,
             node_offer=nodeinfo.offer_json,
             offer_ready=nodeinfo.wait_ready,
+            kube_ok=self.tracker.connected,
         )
         context = TaskContext(
             applier=applier,
@@ -152,6 +153,8 @@ class Daemon:
             delete_grace_seconds=s.kube.delete_grace_seconds,
             stopping=self.stopping,
             disk=self.disk,
+            kube_ok=self.tracker.connected,
+            hand_back=claimer.abandon,
         )
         runner = Runner(
             claimer=claimer,
@@ -170,6 +173,7 @@ class Daemon:
             audit=self.audit,
             metrics=self.metrics,
             disk=self.disk,
+            busy=claimer.held_instances,
         )
         sender = QueueSender(
             daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics

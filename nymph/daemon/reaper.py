@@ -1,9 +1,16 @@
-"""The reaper: a while after a Pod ends, keep its log, delete it and its workdir."""
+"""The reaper: a while after a Pod ends, keep its log, delete it and its workdir.
+
+It also reaps orphaned workdirs: a workdir whose Pod does not exist (a launch killed before its
+Pod was created, or whose apply failed for good; a Pod that went while the daemon was down) and
+whose instance has no task in this daemon's hands is removed once it has been orphaned for
+:func:`orphan_grace` (never while the Pod watches are disconnected: then nothing is known gone).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Collection, Iterable
 
 from nymph.daemon.audit import AuditLog, AuditWriteError
 from nymph.daemon.diskhealth import DiskHealth
@@ -12,7 +19,33 @@ from nymph.daemon.outbox import Outbox
 from nymph.daemon.settings import WorkSettings
 from nymph.daemon.tracker import Track, Tracker
 from nymph.daemon.workdirs import Workdirs
+from nymph.errors import NymphError
 from nymph.kube.applier import Applier
+from nymph.launch.names import check_instance_id
+
+#: Pods reaped at once.
+REAP_CONCURRENCY = 8
+#: The shortest time a workdir must be orphaned before it is reaped (the Pod watch may lag an apply).
+ORPHAN_GRACE_MIN = 10.0
+
+
+def orphan_grace(settings: WorkSettings) -> float:
+    """How long a workdir with no Pod and no task in hand waits before it is reaped."""
+    return max(settings.reap_after_seconds, ORPHAN_GRACE_MIN)
+
+
+def orphaned(names: Iterable[str], *, in_use: Callable[[str], bool]) -> list[str]:
+    """The workdir ``names`` that are instance ids (nothing else under the root is ours to
+    remove) and not ``in_use``."""
+    out = []
+    for name in names:
+        try:
+            check_instance_id(name)
+        except NymphError:
+            continue
+        if not in_use(name):
+            out.append(name)
+    return out
 
 
 class Reaper:
@@ -28,8 +61,13 @@ class Reaper:
         audit: AuditLog,
         metrics: Metrics,
         disk: DiskHealth | None = None,
+        busy: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         self.w = settings
+        #: The instance ids of the tasks this daemon holds (their workdirs are in use).
+        self.busy = busy
+        #: Orphaned workdir -> when it was first seen orphaned (monotonic).
+        self.orphans: dict[str, float] = {}
         self.disk = disk or DiskHealth()
         self.node = node
         self.tracker = tracker
@@ -51,17 +89,30 @@ class Reaper:
         interval = max(0.5, min(self.w.reap_after_seconds / 4, 30.0))
         while True:
             await asyncio.sleep(interval)
+            if not self.tracker.connected():
+                continue  # the API server is unreachable: nothing could be deleted, nothing is known gone
             now = time.monotonic()
-            for name, track in list(self.tracker.tracks.items()):
-                if not self.due(track, now=now):
-                    continue
+            due = [
+                (name, track) for name, track in list(self.tracker.tracks.items()) if self.due(track, now=now)
+            ]
+            for _, track in due:
                 track.reaping = True
-                try:
-                    await self.reap(name, track)
-                except (OSError, AuditWriteError) as exc:
-                    # Its logs or its record could not be saved: try again on a later turn.
-                    self.disk.failed("reaper", exc)
-                    track.reaping = False
+            # Several at once: each takes two API calls, and Pods end faster than one by one reaps.
+            slots = asyncio.Semaphore(REAP_CONCURRENCY)
+            await asyncio.gather(*(self._reap_in(slots, name, track) for name, track in due))
+            try:
+                self.reap_orphans(now=time.monotonic())
+            except (OSError, AuditWriteError) as exc:
+                self.disk.failed("reaper", exc)
+
+    async def _reap_in(self, slots: asyncio.Semaphore, name: str, track: Track) -> None:
+        async with slots:
+            try:
+                await self.reap(name, track)
+            except (OSError, AuditWriteError) as exc:
+                # Its logs or its record could not be saved: try again on a later turn.
+                self.disk.failed("reaper", exc)
+                track.reaping = False
 
     async def reap(self, name: str, track: Track) -> None:
         try:
@@ -82,3 +133,28 @@ class Reaper:
         if self.workdirs.remove(name):
             self.metrics.reaped.labels("workdir").inc()
         self.audit.append("reap", instance=name, node=self.node, namespace=track.namespace, result=result)
+
+    def _in_use(self, name: str, busy: Collection[str]) -> bool:
+        return name in busy or any(
+            self.tracker.pod_in_cache(ns, name) is not None for ns in self.tracker.caches
+        )
+
+    def reap_orphans(self, *, now: float) -> list[str]:
+        """Remove the workdirs orphaned for the grace period; returns their names."""
+        if not self.tracker.connected():
+            self.orphans.clear()  # the caches may be stale: restart every clock once they are not
+            return []
+        busy = self.busy()
+        found = orphaned(self.workdirs.existing(), in_use=lambda n: self._in_use(n, busy))
+        self.orphans = {name: self.orphans.get(name, now) for name in found}
+        grace = orphan_grace(self.w)
+        reaped = []
+        for name, since in list(self.orphans.items()):
+            if now - since < grace:
+                continue
+            del self.orphans[name]
+            if self.workdirs.remove(name):
+                self.metrics.reaped.labels("workdir").inc()
+                self.audit.append("reap", instance=name, node=self.node, result="orphaned workdir removed")
+                reaped.append(name)
+        return reaped

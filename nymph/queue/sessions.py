@@ -11,10 +11,14 @@ Sessions live in memory: a restarted queue has none, and each daemon's next call
 401 ``unknown_session``, on which it registers again (leases are bound to the daemon id, so they
 survive). A session lapses ``ttl_seconds`` after its last call (401 ``session_expired``).
 
-A daemon id has one live session: registering it again replaces the old one (a restarted daemon
-keeps its id), unless the live session is on another node (409 ``daemon_id_in_use``). The holder
-of the bootstrap token is trusted for the identity it declares; what a session prevents is one
-daemon acting as another, or outside the namespaces it registered for.
+A daemon id has one live session. Registering it again from the same node with a bootstrap
+token of the same scope replaces the old session (a restarted daemon keeps its id and must get
+back in), but nothing of the old session is handed over: the caller releases its leases back to
+the queue (:attr:`Registered.replaced`), so a new session never completes, renews or reports as
+the work of the one it replaced. A live session on another node, or registered with a token of
+another scope, is not replaced (409 ``daemon_id_in_use``). The holder of the bootstrap token is
+trusted for the identity it declares; what a session prevents is one daemon acting as another,
+or outside the namespaces it registered for.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class Registered:
     credential: str
     session: DaemonSession
     expires_at: float
+    #: The live session of the same daemon id this one replaced (its leases are to be released).
+    replaced: DaemonSession | None = None
 
 
 class SessionStore:
@@ -73,14 +79,23 @@ class SessionStore:
     ) -> Registered:
         now = time.monotonic()
         old = self._by_daemon.get(daemon_id)
+        replaced: DaemonSession | None = None
         if old is not None:
             live, expires = self._by_hash[old]
-            if expires > now and live.node and live.node != node:
-                raise Conflict(
-                    f"daemon id {daemon_id!r} has a live session on node {live.node!r}: give each "
-                    "daemon its own id (the default, node name and pid, is unique)",
-                    code="daemon_id_in_use",
-                )
+            if expires > now:
+                if live.node and live.node != node:
+                    raise Conflict(
+                        f"daemon id {daemon_id!r} has a live session on node {live.node!r}: give "
+                        "each daemon its own id (the default, node name and pid, is unique)",
+                        code="daemon_id_in_use",
+                    )
+                if live.scope != bootstrap.namespace:
+                    raise Conflict(
+                        f"daemon id {daemon_id!r} has a live session registered with a token of "
+                        "another scope: give each daemon its own id",
+                        code="daemon_id_in_use",
+                    )
+                replaced = live
             self._drop(old)
         if len(self._by_hash) >= self._settings.max_sessions:
             self._purge(now)
@@ -103,7 +118,10 @@ class SessionStore:
         self._by_hash[digest] = (session, expires)
         self._by_daemon[daemon_id] = digest
         return Registered(
-            credential=credential, session=session, expires_at=time.time() + self._settings.ttl_seconds
+            credential=credential,
+            session=session,
+            expires_at=time.time() + self._settings.ttl_seconds,
+            replaced=replaced,
         )
 
     def authenticate(self, credential: str) -> tuple[DaemonSession | None, bool]:

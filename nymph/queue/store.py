@@ -228,6 +228,13 @@ class Store:
             self.tasks_changed.notify()
         return released
 
+    async def release_all(self, *, session: DaemonSession) -> list[str]:
+        """Hand back every lease the session's daemon holds (its session was replaced)."""
+        released = await self.db.write(lambda conn: dispatch.release_all(conn, session=session, now=now()))
+        if released:
+            self.tasks_changed.notify()
+        return released
+
     async def complete(
         self,
         *,

@@ -313,6 +313,7 @@ def check(run: Run, stack: FaultStack, seen: dict, *, reconnects: int) -> None: 
     failures += [f"lost: {x}" for x in lost]
     failures += [f"applied twice (Pods {sorted(seen[n].uids)}): {n}" for n in duplicated]
     failures += problems
+    detail = [history(run, f) for f in [*lost, *problems]]
     if verify.returncode != 0:
         failures.append(f"audit verify: {(verify.stdout + verify.stderr).strip()[-600:]}")
     if left_pods:
@@ -322,7 +323,27 @@ def check(run: Run, stack: FaultStack, seen: dict, *, reconnects: int) -> None: 
     failures += [f"secret leaked: {leak}" for leak in leaks]
     if len(run.accepted) < LAUNCHES:
         failures.append(f"only {len(run.accepted)} of {LAUNCHES} launches were run")
-    assert not failures, f"{len(failures)} failures ({report}):\n" + "\n".join(grouped(failures))
+    assert not failures, (
+        f"{len(failures)} failures ({report}):\n"
+        + "\n".join(grouped(failures))
+        + "\nwhat the queue recorded of them:\n"
+        + "\n".join(d for d in detail if d)
+    )
+
+
+def history(run: Run, failure: str) -> str:
+    """The instance a failure names: its planned fate and the queue's history of it."""
+    found = re.search(r"lakeshore-[0-9a-f]{8}", failure)
+    if found is None:
+        return ""
+    iid = found.group(0)
+    plan = run.accepted.get(iid)
+    steps = [
+        f"{h.get('state')}/{h.get('reason')}: {str(h.get('message'))[:80]}"
+        for h in (run.states.get(iid) or {}).get("history") or []
+    ]
+    stop = "stop requested" if iid in run.stop_requested else "no stop"
+    return f"  {iid} ({plan and plan.outcome}, {stop}): " + " -> ".join(steps)
 
 
 def grouped(failures: list[str]) -> list[str]:

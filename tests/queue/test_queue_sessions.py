@@ -260,3 +260,58 @@ async def test_a_refused_registration_keeps_the_report_for_a_retry(kind: Queue, 
             await sender(kind_, batch)
     assert err.value.code == "daemon_id_in_use"
     assert not isinstance(err.value, DropItem) and outbox.pending == 1
+
+
+async def test_replacing_a_live_session_hands_its_leases_back_not_over(kind: Queue) -> None:
+    """Registering a live daemon id again (a restart, or a holder of the bootstrap token posing as
+    it) is allowed, but the new session gets none of the old one's leases: they go back to the
+    queue at once, and cost no attempt."""
+    iid = (await kind.user().launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    victim = await kind.session("d1", "n1")
+    r = await kind.call("POST", "/v1/dispatch/claim", token=victim, json_body={"capacity": 1, "wait": 0})
+    [task] = r.body["tasks"]
+    tid = task["taskId"]
+    r = await kind.call("POST", REGISTER, token="daemon", json_body={"daemonId": "d1", "node": "n1"})
+    assert r.status == 201
+    usurper = r.body["sessionToken"]
+    for route, body in (
+        ("complete", {"taskId": tid, "ok": True}),
+        ("renew", {"taskIds": [tid]}),
+        ("release", {"taskIds": [tid]}),
+    ):
+        r = await kind.call("POST", f"/v1/dispatch/{route}", token=usurper, json_body=body)
+        assert r.status in (200, 409), (route, r.status, r.body)
+        assert r.status == 409 or tid not in r.body.get("renewed", []) + r.body.get("released", [])
+    # The replaced session is gone; the task waits for any daemon, its attempt not spent.
+    r = await kind.call("POST", "/v1/dispatch/renew", token=victim, json_body={"taskIds": [tid]})
+    assert r.status == 401 and r.body["error"] == "unknown_session"
+    status = await kind.user().get_task(task_id=tid)
+    assert status["status"] == "pending" and status["attempts"] == 0
+    r = await kind.call("POST", "/v1/dispatch/claim", token=usurper, json_body={"capacity": 1, "wait": 0})
+    assert [t["instanceId"] for t in r.body["tasks"]] == [iid]  # claimed anew, as any daemon may
+
+
+async def test_a_live_session_registered_with_another_scope_is_not_replaced(queue: Queue) -> None:
+    await _two_tenants(queue)
+    b_token = await queue.token(Role.DAEMON, namespace="team-b")
+    a_token = await queue.token(Role.DAEMON, namespace="team-a")
+    await queue.session("vb", "n1", ("b-jobs",), token=b_token)
+    r = await queue.call(
+        "POST", REGISTER, token=a_token, json_body={"daemonId": "vb", "node": "n1", "namespaces": ["b-jobs"]}
+    )
+    assert r.status == 409 and r.body["error"] == "daemon_id_in_use"
+    # The same scope (a restarted daemon with the DaemonSet's token) gets back in.
+    r = await queue.call(
+        "POST", REGISTER, token=b_token, json_body={"daemonId": "vb", "node": "n1", "namespaces": ["b-jobs"]}
+    )
+    assert r.status == 201
+
+
+async def test_a_client_acting_as_two_daemons_keeps_both_sessions(kind: Queue) -> None:
+    await kind.user().launch(provider="kind", mode="small", script="print(1)")
+    d = kind.daemon()
+    [task] = await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0)
+    with pytest.raises(QueueConflict):
+        await d.complete(daemon_id="d2", task_id=task["taskId"], ok=True)
+    # Back to d1: its session is reused, not registered again (which would hand its lease back).
+    assert (await d.complete(daemon_id="d1", task_id=task["taskId"], ok=True))["status"] == "done"

@@ -221,8 +221,15 @@ def _applied(ctx: TaskContext, r: _Ready, outcome: ApplyOutcome, *, adopted: boo
 
 
 def _failed(ctx: TaskContext, r: _Ready, err: KubeError) -> None:
-    ctx.metrics.launches.labels("failed").inc()
     message = f"{err.__class__.__name__}: {err.message if hasattr(err, 'message') else err}"[:2000]
+    if ctx.in_outage(err):
+        # The API server is down for this daemon: no attempt is lost, the launch goes back to
+        # the queue (its workdir stays for the Pod that may exist; a redelivery adopts it).
+        _audit(ctx, r, "apply", result="handed-back", error=message)
+        ctx.give_back(r.task["taskId"])
+        _log(ctx).warning("API server unreachable; launch handed back", instance=r.name)
+        return
+    ctx.metrics.launches.labels("failed").inc()
     _audit(ctx, r, "apply", result="failed", error=message)
     if not err.transient:
         # A transient failure (a timeout, say) may hide an apply the server accepted: keep
@@ -253,17 +260,23 @@ async def stop(ctx: TaskContext, task: TaskJSON) -> None:
     try:
         deleted = await ctx.applier.delete_pod(namespace=ns, name=name, grace_seconds=grace)
     except KubeError as exc:
-        ctx.metrics.stops.labels("failed").inc()
+        outage = ctx.in_outage(exc)
+        ctx.metrics.stops.labels("handed-back" if outage else "failed").inc()
         ctx.audit.append(
             "delete",
             task=task["taskId"],
             instance=name,
             namespace=ns,
             node=ctx.node,
-            result="failed",
+            result="handed-back" if outage else "failed",
             error=str(exc),
         )
-        ctx.complete(task_id=task["taskId"], ok=False, error=f"delete failed: {exc}", retryable=exc.transient)
+        if outage:
+            ctx.give_back(task["taskId"])  # the API server is down here: no attempt is lost
+        else:
+            ctx.complete(
+                task_id=task["taskId"], ok=False, error=f"delete failed: {exc}", retryable=exc.transient
+            )
         return
     ctx.audit.append(
         "delete",

@@ -79,6 +79,17 @@ async def register(request: web.Request) -> web.Response:
     registered = request.app[SESSIONS].register(
         bootstrap=request[PRINCIPAL], daemon_id=daemon_id, node=node, namespaces=namespaces
     )
+    if registered.replaced is not None:
+        # A live session of this daemon id is replaced (a restart, or someone holding the
+        # bootstrap token): its leases go back to the queue, never to the new session.
+        released = await request.app[STORE].release_all(session=registered.replaced)
+        log.warning(
+            "daemon session replaced; its leases were handed back",
+            daemon=daemon_id,
+            node=node,
+            replaced=registered.replaced.session_id,
+            released=len(released),
+        )
     log.info(
         "daemon registered",
         daemon=daemon_id,

@@ -227,6 +227,14 @@ def release(
     return released
 
 
+def release_all(conn: sqlite3.Connection, *, session: DaemonSession, now: float) -> list[str]:
+    """Hand back every lease the session's daemon holds; returns the task ids handed back."""
+    rows = conn.execute(
+        "SELECT task_id FROM tasks WHERE status = 'leased' AND lease_owner = ?", (session.daemon_id,)
+    ).fetchall()
+    return release(conn, session=session, task_ids=[r[0] for r in rows], now=now)
+
+
 def _stop_requested(conn: sqlite3.Connection, instance_id: str) -> bool:
     inst = fetch_instance(conn, instance_id)
     return inst is not None and inst["stop_requested_at"] is not None

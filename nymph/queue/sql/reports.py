@@ -63,13 +63,14 @@ def report(
         ):
             changed.add(r.instance_id)
             continue
+        reason, message = stop_reason(r, stop_requested=inst["stop_requested_at"] is not None)
         if transition(
             conn,
             instance_id=r.instance_id,
             now=now,
             state=r.state,
-            reason=r.reason,
-            message=r.message or "",
+            reason=reason,
+            message=message,
             node=r.node,
             at=r.at,
         ):
@@ -82,6 +83,16 @@ def report(
             (stream, last, now),
         )
     return accepted, last, changed
+
+
+def stop_reason(r: Report, *, stop_requested: bool) -> tuple[str | None, str]:
+    """The reason and message a report is recorded with. A Pod found gone (``Deleted``) after the
+    user asked for a stop ended on request: the daemon that deleted it may have died before it
+    could say so, and the one after it only finds the Pod missing."""
+    message = r.message or ""
+    if stop_requested and r.state == InstanceState.STOPPED.value and r.reason == Reason.DELETED.value:
+        return Reason.STOPPED.value, f"stopped on request ({message})" if message else "stopped on request"
+    return r.reason, message
 
 
 def store_logs(
