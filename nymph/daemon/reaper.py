@@ -14,6 +14,10 @@ from nymph.daemon.tracker import Track, Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.kube.applier import Applier
 
+#: Finished Pods reaped at once: each is a log read and a delete, so reaping keeps up with a
+#: burst of launches without flooding the API server (or starting that many kubectl runs).
+REAP_CONCURRENCY = 8
+
 
 class Reaper:
     def __init__(
@@ -51,17 +55,26 @@ class Reaper:
         interval = max(0.5, min(self.w.reap_after_seconds / 4, 30.0))
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
-            for name, track in list(self.tracker.tracks.items()):
-                if not self.due(track, now=now):
-                    continue
-                track.reaping = True
+            await self.reap_due(now=time.monotonic())
+
+    async def reap_due(self, *, now: float, concurrency: int = REAP_CONCURRENCY) -> int:
+        """Reap every Pod due at ``now``, ``concurrency`` at a time; how many were due."""
+        due = [(name, t) for name, t in list(self.tracker.tracks.items()) if self.due(t, now=now)]
+        for _, track in due:
+            track.reaping = True
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one(name: str, track: Track) -> None:
+            async with slots:
                 try:
                     await self.reap(name, track)
                 except (OSError, AuditWriteError) as exc:
                     # Its logs or its record could not be saved: try again on a later turn.
                     self.disk.failed("reaper", exc)
                     track.reaping = False
+
+        await asyncio.gather(*(one(name, track) for name, track in due))
+        return len(due)
 
     async def reap(self, name: str, track: Track) -> None:
         try:
