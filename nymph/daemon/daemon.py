@@ -87,7 +87,11 @@ class Daemon:
 
     def _applier(self, api: kclient.ApiClient) -> tuple[Applier, Kubectl]:
         kube = self.s.kube
-        kubectl = Kubectl(kubeconfig=kube.kubeconfig, context=kube.context)
+        kubectl = Kubectl(
+            kubeconfig=kube.kubeconfig,
+            context=kube.context,
+            cache_dir=str(self.s.state_dir / "kubectl-cache"),
+        )
         if kube.apply_with == "api":
             return ApiApplier(api), kubectl
         return kubectl, kubectl
