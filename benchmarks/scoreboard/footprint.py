@@ -47,12 +47,15 @@ class CountingProxy:
         self.counts[request.path] += 1
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        async with self._session.request(
-            request.method, self.target + request.path_qs, data=await request.read(), headers=headers
-        ) as r:
-            body = await r.read()
-            out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
-            return web.Response(status=r.status, body=body, headers=out)
+        try:
+            async with self._session.request(
+                request.method, self.target + request.path_qs, data=await request.read(), headers=headers
+            ) as r:
+                body = await r.read()
+                out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
+                return web.Response(status=r.status, body=body, headers=out)
+        except aiohttp.ClientError:
+            return web.Response(status=502)  # the queue went away (the end of the measurement)
 
     async def __aenter__(self) -> CountingProxy:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
