@@ -145,7 +145,9 @@ class Daemon:
             settings=s.work,
             node=self.node,
             tracker=self.tracker,
-            applier=applier,
+            # A finished Pod's log and delete through the API client the watches use: with
+            # kubectl they were two kubectl runs per launch, more than its share of the apply.
+            applier=applier if isinstance(applier, ApiApplier) else ApiApplier(api),
             outbox=self.outbox,
             workdirs=self.workdirs,
             audit=self.audit,

@@ -14,6 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import KubeError, NotFound, Unavailable, from_status
 from nymph.kube.kubectl import FIELD_MANAGER
+from nymph.launch.names import LABEL_MANAGED
 
 
 async def make_api_client(*, kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
@@ -74,15 +75,22 @@ class ApiApplier:
         return out
 
     async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+        """Delete the nymph Pod ``name``, as the kubectl applier does: a Pod without nymph's
+        label is never deleted, and the delete is bound to the uid of the Pod that was checked
+        (a Pod created again under the name meanwhile is left alone)."""
         v1 = client.CoreV1Api(self.api)
         try:
-            kwargs: dict[str, Any] = {}
+            resp: Any = await v1.read_namespaced_pod(name, namespace, _preload_content=False)
+            meta = json.loads(await resp.read()).get("metadata") or {}
+            if (meta.get("labels") or {}).get(LABEL_MANAGED) != "true":
+                return False
+            body: Any = {"preconditions": {"uid": meta.get("uid")}}
             if grace_seconds is not None:
-                kwargs["grace_period_seconds"] = grace_seconds
-            await v1.delete_namespaced_pod(name, namespace, **kwargs)
+                body["gracePeriodSeconds"] = grace_seconds
+            await v1.delete_namespaced_pod(name, namespace, body=body)
         except Exception as exc:
             err = api_error(exc)
-            if isinstance(err, NotFound):
+            if isinstance(err, NotFound) or (isinstance(exc, ApiException) and exc.status == 409):
                 return False
             raise err from exc
         return True
