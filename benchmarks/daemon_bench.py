@@ -1,12 +1,24 @@
-"""Daemon benchmark: queue-to-Pod-created latency and launches per second.
+"""The benchmark scoreboard: nymph against the raw limit of the API server, in one run.
 
-Starts the local control plane, the queue service and a daemon (each configuration in turn),
-submits N launches at once and watches the API server for their Pods. Latency is measured
-from the moment the launch POST returned to the moment the Pod's ADDED event arrived. The
-baseline is N Pods created directly with the API (no queue, no daemon), in the same run, so
-the ratio is meaningful on a noisy machine.
+Starts the local control plane (kube-apiserver, etcd, kwok) and measures, in this order so the
+same machine state serves every figure:
 
-    python benchmarks/daemon_bench.py [-n 60]    # prints figures, writes bench-results/daemon.json
+1. raw: Pods created by a tight kubernetes_asyncio client, with the daemon's concurrency and
+   serially (creates/s, create latency), and one at a time (create -> ADDED);
+2. nymph end to end for direct dispatch and, on the daemon path, kubectl batched, kubectl one
+   per invocation and api mode: N launches posted as fast as the queue takes them, launches/s
+   from the first POST to the last Pod ADDED, and the CPU each process spent per launch
+   (queue, daemon, its kubectl children, kube-apiserver, etcd, kwok) from /proc;
+3. latency at low load: one launch at a time, POST returned -> Pod ADDED;
+4. one kubectl invocation as the deployed daemon runs it (read-only root: no cache);
+5. the idle daemon: RSS, CPU and queue requests per minute; with --soak, RSS over many launches;
+6. the queue alone: claims/s, POST latency and CPU with 1, 10 and 100 long-polling daemons.
+
+Writes JSON (every ratio under a key ending in ``_ratio``) and prints the same as a table.
+
+    python benchmarks/daemon_bench.py                 # the full run, bench-results.json
+    python benchmarks/daemon_bench.py --soak 10000    # and the 10,000-launch soak
+    python benchmarks/daemon_bench.py --smoke         # tiny N, no targets (the test suite runs it)
 """
 
 from __future__ import annotations
@@ -17,158 +29,156 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-from kubernetes_asyncio import client, watch  # noqa: E402
-
-from nymph.kube.api import make_api_client  # noqa: E402
+from benchmarks.scoreboard import footprint, procstat, queue_load, report  # noqa: E402
+from benchmarks.scoreboard.kube import make_namespace, raw_create, raw_latency, server_version  # noqa: E402
+from benchmarks.scoreboard.nymph_run import configs, run_config  # noqa: E402
+from nymph.kube.binaries import kubectl_path  # noqa: E402
 from nymph.localcluster import LocalCluster  # noqa: E402
-from tests.e2e.harness import DaemonProc, QueueProc, setup_provider  # noqa: E402
+from tests.e2e.harness import NODE  # noqa: E402
 
 
-def pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))
-    return s[k]
+@dataclass(frozen=True)
+class Params:
+    sizes: tuple[int, ...] = (1, 100, 1000)
+    latency_n: int = 50
+    concurrency: int = 8
+    run: str = "2s"
+    reap_after: float = 5.0
+    settle_seconds: float = 30.0
+    kubectl_n: int = 10
+    idle_warmup: float = 20.0
+    idle_seconds: float = 300.0
+    queue_daemons: tuple[int, ...] = (1, 10, 100)
+    queue_launches: int = 200
+    queue_paced_seconds: float = 20.0
+    soak: int = 0
+    targets: bool = True
+    only: tuple[str, ...] = ()
 
 
-async def watch_added(
-    api: client.ApiClient, namespace: str, want: int, seen: dict[str, float], ready: asyncio.Event
-) -> None:
-    v1 = client.CoreV1Api(api)
-    w = watch.Watch()
-    first = True
-    async with w:
-        async for ev in w.stream(v1.list_namespaced_pod, namespace=namespace, timeout_seconds=300):
-            if first:
-                ready.set()
-                first = False
-            name = ev["raw_object"]["metadata"]["name"]
-            if ev["type"] == "ADDED" and name not in seen:
-                seen[name] = time.monotonic()
-            if len(seen) >= want:
-                return
+SMOKE = Params(
+    sizes=(1, 3),
+    latency_n=2,
+    kubectl_n=1,
+    idle_warmup=1.0,
+    idle_seconds=2.0,
+    queue_daemons=(1, 3),
+    queue_launches=3,
+    queue_paced_seconds=0.0,
+    settle_seconds=1.0,
+    targets=False,
+)
 
 
-async def start_watch(
-    api: client.ApiClient, namespace: str, n: int, seen: dict[str, float]
-) -> asyncio.Task[None]:
-    ready = asyncio.Event()
-    task = asyncio.create_task(watch_added(api, namespace, n, seen, ready))
-    # The watch starts with ADDED events for existing Pods (none); give it a moment to connect.
-    await asyncio.sleep(0.5)
-    return task
+async def run(kube: LocalCluster, tmp: Path, p: Params) -> dict[str, Any]:
+    """Every measurement against ``kube``; the result document (without writing it)."""
+    started = time.time()
 
+    def say(what: str) -> None:
+        print(f"[{time.time() - started:6.1f}s] {what}", flush=True)
 
-async def run_daemon_case(
-    kube: LocalCluster, tmp: Path, name: str, n: int, extra: tuple[str, ...]
-) -> dict[str, Any]:
-    ns = f"bench-{name}"
-    kube.api("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-    kube.wait_default_sa(ns)
-    q = QueueProc(tmp / f"{name}.db")
-    q.tokens()
-    q.start()
-    d = DaemonProc(q, kube.kubeconfig, ns, tmp / f"root-{name}", extra=("--reap-after", "3600", *extra))
-    try:
-        await setup_provider(q, ns)
-        d.start()
-        await asyncio.sleep(1.0)
-        api = await make_api_client(kubeconfig=str(kube.kubeconfig))
-        seen: dict[str, float] = {}
-        task = await start_watch(api, ns, n, seen)
-        posted: dict[str, float] = {}
-        t0 = time.monotonic()
-        async with q.client() as c:
-            for _ in range(n):
-                acc = await c.launch(
-                    provider="local", mode="py", script="print(1)\n", tags={"sim.nymph.io/run": "1h"}
-                )
-                posted[str(acc["instanceId"])] = time.monotonic()
-        await asyncio.wait_for(task, 300)
-        t_end = max(seen.values())
-        await api.close()
-        lat = [(seen[i] - posted[i]) * 1000 for i in posted]
-        return {
-            "case": name,
-            "launches": n,
-            "p50_ms": round(pct(lat, 50), 1),
-            "p95_ms": round(pct(lat, 95), 1),
-            "launches_per_s": round(n / (t_end - t0), 2),
-            "daemon_flags": list(extra),
-        }
-    finally:
-        d.kill()
-        q.kill()
-
-
-async def run_raw(kube: LocalCluster, n: int) -> dict[str, Any]:
-    ns = "bench-raw"
-    kube.api("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-    kube.wait_default_sa(ns)
-    api = await make_api_client(kubeconfig=str(kube.kubeconfig))
-    v1 = client.CoreV1Api(api)
-    lat: list[float] = []
-    t0 = time.monotonic()
-    for i in range(n):
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"raw-{i}", "labels": {"sim.nymph.io/run": "1h"}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "user", "image": "python:3.12-slim"}]},
-        }
-        s = time.monotonic()
-        await v1.create_namespaced_pod(ns, body)
-        lat.append((time.monotonic() - s) * 1000)
-    total = time.monotonic() - t0
-    await api.close()
-    return {
-        "case": "raw-api-create",
-        "launches": n,
-        "p50_ms": round(pct(lat, 50), 1),
-        "p95_ms": round(pct(lat, 95), 1),
-        "launches_per_s": round(n / total, 2),
+    results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": procstat.machine(apiserver=server_version(kube), kubectl=kubectl_path()),
+        "params": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(p).items()},
     }
+    top = max(p.sizes)
+    say("raw")
+    ns = make_namespace(kube, "bench-raw")
+    results["raw"] = {
+        "concurrent": await raw_create(
+            kube, namespace=ns, n=top, concurrency=p.concurrency, node=NODE, run=p.run
+        ),
+        "serial": await raw_create(kube, namespace=ns, n=top, concurrency=1, node=NODE, run=p.run, start=top),
+        "latency": await raw_latency(kube, namespace=ns, n=p.latency_n, node=NODE, run=p.run),
+    }
+    results["nymph"] = {}
+    for config in configs(concurrency=p.concurrency):
+        if p.only and config.name not in p.only:
+            continue
+        say(config.name)
+        results["nymph"][config.name] = await run_config(
+            kube,
+            tmp,
+            config,
+            sizes=list(p.sizes),
+            latency_n=p.latency_n,
+            posters=p.concurrency,
+            run=p.run,
+            reap_after=p.reap_after,
+            settle_seconds=p.settle_seconds,
+        )
+    say("kubectl invocations")
+    results["kubectl_invocation"] = await asyncio.to_thread(
+        footprint.kubectl_invocations, kube, tmp, n=p.kubectl_n
+    )
+    say("idle daemon")
+    results["idle_daemon"] = await footprint.idle(kube, tmp, warmup=p.idle_warmup, seconds=p.idle_seconds)
+    results["soak"] = None
+    if p.soak:
+        say(f"soak ({p.soak} launches)")
+        results["soak"] = await footprint.soak(
+            kube, tmp, launches=p.soak, step=max(1, p.soak // 10), run="1s"
+        )
+    say("queue")
+    results["queue"] = await queue_load.run(
+        tmp,
+        daemon_counts=list(p.queue_daemons),
+        launches=p.queue_launches,
+        paced_seconds=p.queue_paced_seconds,
+    )
+    results.update(report.ratios(results))
+    results["targets"] = report.targets(results) if p.targets else None
+    results["machine"]["load_average_end"] = procstat.machine()["load_average"]
+    results["seconds"] = round(time.time() - started, 1)
+    return results
 
 
-async def main() -> int:
+def parse(argv: list[str] | None = None) -> tuple[Params, Path]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("-n", type=int, default=60, help="launches per case (default 60)")
-    parser.add_argument("--out", default=str(REPO / "bench-results" / "daemon.json"))
-    args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="nymph-bench-"))
-    results: list[dict[str, Any]] = []
-    with LocalCluster(tmp / "cluster") as kube:
-        print(f"control plane up in {kube.start_seconds:.1f}s", flush=True)
-        results.append(await run_raw(kube, args.n))
-        cases = [
-            ("kubectl-batched", ("--concurrency", "16", "--batch-max", "16")),
-            ("kubectl-unbatched", ("--concurrency", "16", "--batch-max", "1")),
-            ("api", ("--concurrency", "16", "--apply-with", "api")),
-        ]
-        for name, extra in cases:
-            print(f"running {name} ...", flush=True)
-            results.append(await run_daemon_case(kube, tmp, name, args.n, extra))
-    raw = results[0]["launches_per_s"]
-    print(f"\n{'case':<20} {'n':>4} {'p50 ms':>9} {'p95 ms':>9} {'launch/s':>9} {'vs raw':>7}")
-    for r in results:
-        r["ratio_vs_raw"] = round(r["launches_per_s"] / raw, 3) if raw else None
-        print(
-            f"{r['case']:<20} {r['launches']:>4} {r['p50_ms']:>9} {r['p95_ms']:>9} {r['launches_per_s']:>9} {r['ratio_vs_raw']:>7}"
-        )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}, indent=2)
+    parser.add_argument("--smoke", action="store_true", help="tiny N, short idle, no targets")
+    parser.add_argument("--sizes", help="launch counts, comma-separated (default 1,100,1000)")
+    parser.add_argument("--latency-n", type=int, help="launches one at a time (default 50)")
+    parser.add_argument("--idle-seconds", type=float, help="idle daemon window (default 300)")
+    parser.add_argument(
+        "--soak", type=int, default=0, help="launches through one daemon for the RSS soak (e.g. 10000)"
     )
+    parser.add_argument("--only", help="configurations to run, comma-separated (default all)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
+    args = parser.parse_args(argv)
+    p = SMOKE if args.smoke else Params()
+    changes: dict[str, Any] = {"soak": args.soak}
+    if args.sizes:
+        changes["sizes"] = tuple(int(x) for x in args.sizes.split(","))
+    if args.latency_n is not None:
+        changes["latency_n"] = args.latency_n
+    if args.idle_seconds is not None:
+        changes["idle_seconds"] = args.idle_seconds
+    if args.only:
+        changes["only"] = tuple(args.only.split(","))
+    return Params(**{**vars(p), **changes}), args.out
+
+
+async def main(argv: list[str] | None = None) -> int:
+    params, out = parse(argv)
+    with tempfile.TemporaryDirectory(prefix="nymph-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        with LocalCluster(tmp / "cluster", node="kwok") as kube:
+            print(f"control plane up in {kube.start_seconds:.1f}s", flush=True)
+            results = await run(kube, tmp, params)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print()
+    print(report.table(results))
     print(f"\nwritten to {out}")
     return 0
 

@@ -110,7 +110,11 @@ class Daemon:
 
     def _applier(self, api: kclient.ApiClient) -> tuple[Applier, Kubectl]:
         kube = self.s.kube
-        kubectl = Kubectl(kubeconfig=kube.kubeconfig, context=kube.context)
+        kubectl = Kubectl(
+            kubeconfig=kube.kubeconfig,
+            context=kube.context,
+            cache_dir=str(self.s.state_dir / "kubectl-cache"),
+        )
         if kube.apply_with == "api":
             return ApiApplier(api), kubectl
         return kubectl, kubectl
@@ -167,7 +171,9 @@ class Daemon:
             settings=s.work,
             node=self.node,
             tracker=self.tracker,
-            applier=applier,
+            # A finished Pod's log and delete through the API client the watches use: with
+            # kubectl they were two kubectl runs per launch, more than its share of the apply.
+            applier=applier if isinstance(applier, ApiApplier) else ApiApplier(api),
             outbox=self.outbox,
             workdirs=self.workdirs,
             audit=self.audit,

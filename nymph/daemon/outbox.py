@@ -26,6 +26,9 @@ from nymph.logs import get_logger
 
 Sender = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
 
+#: Sent lines kept before the file is emptied (a truncate and an ack, both fsynced).
+RESET_LINES = 1000
+
 
 class DropItem(Exception):
     """Raised by a sender for an item the queue will never accept (e.g. a lost lease)."""
@@ -126,12 +129,17 @@ class Outbox:
     def _ack(self, batch: list[dict[str, Any]]) -> None:
         self.acked = int(batch[-1]["_line"]) + 1
         self.sent_total += len(batch)
-        if not self.mem and self.backlog == 0:
-            self._reset()
+        drained = not self.mem and self.backlog == 0
+        if drained and self.lines >= RESET_LINES:
+            self._reset()  # durable: new lines must never sit below an old, larger ack
+        else:
+            # The ack may lag what was sent (not fsynced): a lost write re-sends, which the
+            # queue ignores by (stream, seq); it never runs ahead of the file since the last
+            # (durable) reset. Each send then costs no fsync beyond its items' own appends.
+            replace_atomically(self.ack_file, str(self.acked).encode(), durable=False)
+        if drained:
             self.idle.set()
-            return
-        replace_atomically(self.ack_file, str(self.acked).encode())
-        if not self.mem and self.backlog:
+        elif not self.mem and self.backlog:
             self._refill()
 
     def _refill(self) -> None:

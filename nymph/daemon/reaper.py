@@ -23,8 +23,6 @@ from nymph.errors import NymphError
 from nymph.kube.applier import Applier
 from nymph.launch.names import check_instance_id
 
-#: Pods reaped at once.
-REAP_CONCURRENCY = 8
 #: The shortest time a workdir must be orphaned before it is reaped (the Pod watch may lag an apply).
 ORPHAN_GRACE_MIN = 10.0
 
@@ -46,6 +44,11 @@ def orphaned(names: Iterable[str], *, in_use: Callable[[str], bool]) -> list[str
         if not in_use(name):
             out.append(name)
     return out
+
+
+#: Finished Pods reaped at once: each is a log read and a delete, so reaping keeps up with a
+#: burst of launches without flooding the API server (or starting that many kubectl runs).
+REAP_CONCURRENCY = 8
 
 
 class Reaper:
@@ -91,28 +94,30 @@ class Reaper:
             await asyncio.sleep(interval)
             if not self.tracker.connected():
                 continue  # the API server is unreachable: nothing could be deleted, nothing is known gone
-            now = time.monotonic()
-            due = [
-                (name, track) for name, track in list(self.tracker.tracks.items()) if self.due(track, now=now)
-            ]
-            for _, track in due:
-                track.reaping = True
-            # Several at once: each takes two API calls, and Pods end faster than one by one reaps.
-            slots = asyncio.Semaphore(REAP_CONCURRENCY)
-            await asyncio.gather(*(self._reap_in(slots, name, track) for name, track in due))
+            await self.reap_due(now=time.monotonic())
             try:
                 self.reap_orphans(now=time.monotonic())
             except (OSError, AuditWriteError) as exc:
                 self.disk.failed("reaper", exc)
 
-    async def _reap_in(self, slots: asyncio.Semaphore, name: str, track: Track) -> None:
-        async with slots:
-            try:
-                await self.reap(name, track)
-            except (OSError, AuditWriteError) as exc:
-                # Its logs or its record could not be saved: try again on a later turn.
-                self.disk.failed("reaper", exc)
-                track.reaping = False
+    async def reap_due(self, *, now: float, concurrency: int = REAP_CONCURRENCY) -> int:
+        """Reap every Pod due at ``now``, ``concurrency`` at a time; how many were due."""
+        due = [(name, t) for name, t in list(self.tracker.tracks.items()) if self.due(t, now=now)]
+        for _, track in due:
+            track.reaping = True
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one(name: str, track: Track) -> None:
+            async with slots:
+                try:
+                    await self.reap(name, track)
+                except (OSError, AuditWriteError) as exc:
+                    # Its logs or its record could not be saved: try again on a later turn.
+                    self.disk.failed("reaper", exc)
+                    track.reaping = False
+
+        await asyncio.gather(*(one(name, track) for name, track in due))
+        return len(due)
 
     async def reap(self, name: str, track: Track) -> None:
         try:

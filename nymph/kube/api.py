@@ -86,13 +86,14 @@ class ApiApplier:
             raise Invalid(f"refusing to delete a Pod: {exc}") from None
         v1 = client.CoreV1Api(self.api)
         try:
-            pod = await v1.read_namespaced_pod(name, namespace)
-            labels = pod.metadata.labels or {}
-            if labels.get(LABEL_MANAGED) != "true":
+            # Read raw: deserializing a V1Pod would load dozens of model classes for two fields.
+            resp: Any = await v1.read_namespaced_pod(name, namespace, _preload_content=False)
+            meta = json.loads(await resp.read()).get("metadata") or {}
+            if (meta.get("labels") or {}).get(LABEL_MANAGED) != "true":
                 return False
-            body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.metadata.uid))
+            body: Any = {"preconditions": {"uid": meta.get("uid")}}
             if grace_seconds is not None:
-                body.grace_period_seconds = grace_seconds
+                body["gracePeriodSeconds"] = grace_seconds
             await v1.delete_namespaced_pod(name, namespace, body=body)
         except Exception as exc:
             err = api_error(exc)

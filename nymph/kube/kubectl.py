@@ -56,6 +56,10 @@ class Kubectl:
     binary: str = field(default_factory=kubectl_path)
     timeout: float = 60.0
     name: str = "kubectl"
+    #: kubectl's discovery and HTTP cache (``KUBECACHEDIR``) when the environment names none.
+    #: Its default, ``~/.kube/cache``, cannot be written in a Pod with a read-only root
+    #: filesystem: every run would then ask the API server for discovery again.
+    cache_dir: str | None = None
 
     def _argv(self, args: Sequence[str]) -> list[str]:
         argv = [self.binary]
@@ -73,6 +77,8 @@ class Kubectl:
     async def run(self, args: Sequence[str], *, stdin: str | None = None) -> KubectlResult:
         env = dict(os.environ)
         env.pop("KUBECTL_EXTERNAL_DIFF", None)
+        if self.cache_dir and not env.get("KUBECACHEDIR"):
+            env["KUBECACHEDIR"] = self.cache_dir
         proc = await asyncio.create_subprocess_exec(
             *self._argv(args),
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,

@@ -144,3 +144,6 @@ class ClaimResult:
     next_due: float | None
     #: Instances that this claim's housekeeping (see ``retire``) changed; their waiters are woken.
     settled: frozenset[str] = frozenset()
+    #: Nothing was claimed, yet some task is claimable by another daemon (another node or
+    #: namespace): a wake-up this claim received is handed on.
+    work_elsewhere: bool = False

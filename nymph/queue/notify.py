@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
+from dataclasses import dataclass, field
 
 
 class Signal:
@@ -28,6 +30,91 @@ class Signal:
         """Wake everyone for good (shutdown); later waits return at once."""
         self.closed = True
         self._event.set()
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One waiting claim's place in line. ``wake`` is set when it is woken: how many more
+    waiters the wake may still be handed to if this one finds nothing it can take."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: int | None = None
+    done: bool = False
+
+
+class WorkSignal:
+    """Wakes waiting claims one per unit of new work, not all of them.
+
+    A claim takes a :meth:`ticket` *before* it reads the database and waits on it after, so
+    work that lands in between wakes it (no wake-up is lost). :meth:`notify` wakes as many
+    waiters as there are new tasks, first come first woken. A woken claim that finds nothing
+    it may take (another node, another namespace) hands the wake on with :meth:`pass_on`, to
+    at most as many waiters as were waiting when the work arrived, so a task only some
+    daemons can run still reaches one of them, and a task none can run stops travelling.
+    """
+
+    def __init__(self) -> None:
+        self._line: deque[Ticket] = deque()
+        self._aside: set[Ticket] = set()  # waiters that take no work (capacity 0): only closing wakes them
+        self.closed = False
+
+    def ticket(self, *, in_line: bool = True) -> Ticket:
+        t = Ticket()
+        if self.closed:
+            t.wake = 0
+            t.event.set()
+        elif in_line:
+            self._line.append(t)
+        else:
+            self._aside.add(t)
+        return t
+
+    def _wake(self, budget: int) -> bool:
+        while self._line:
+            t = self._line.popleft()
+            if not t.done:
+                t.wake = budget
+                t.event.set()
+                return True
+        return False
+
+    def notify(self, count: int = 1) -> None:
+        """``count`` new tasks: wake that many waiters."""
+        budget = len(self._line)
+        for _ in range(max(0, count)):
+            if not self._wake(budget):
+                return
+
+    def notify_all(self) -> None:
+        while self._wake(0):
+            pass
+
+    def pass_on(self, budget: int) -> None:
+        """A woken waiter found nothing to take: wake the next one, while the budget lasts."""
+        if budget > 0:
+            self._wake(budget - 1)
+
+    def finish(self, ticket: Ticket) -> int | None:
+        """The waiter is done with ``ticket``: it leaves the line. Returns the wake it carries
+        (None when it was not woken), which the caller passes on if it takes nothing."""
+        ticket.done = True
+        self._aside.discard(ticket)
+        if ticket.wake is None:
+            with contextlib.suppress(ValueError):
+                self._line.remove(ticket)
+        return ticket.wake
+
+    def close(self) -> None:
+        """Wake everyone for good (shutdown); later tickets are woken at once."""
+        self.closed = True
+        self.notify_all()
+        for t in self._aside:
+            t.wake = 0
+            t.event.set()
+        self._aside.clear()
+
+    def __len__(self) -> int:
+        return len(self._line)
 
 
 class KeyedSignal:

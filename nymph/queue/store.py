@@ -25,7 +25,7 @@ from nymph.protocol import (
 )
 from nymph.queue.db import Database
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
-from nymph.queue.notify import KeyedSignal, Signal
+from nymph.queue.notify import KeyedSignal, WorkSignal
 from nymph.queue.sql import catalog, dispatch, launches
 from nymph.queue.sql import reports as sql_reports
 
@@ -36,8 +36,8 @@ class Store:
     def __init__(self, *, db: Database, settings: QueueSettings) -> None:
         self.db = db
         self.settings = settings
-        #: Woken whenever a task may have become claimable.
-        self.tasks_changed = Signal()
+        #: Woken, one waiting claim per new task, whenever a task may have become claimable.
+        self.tasks_changed = WorkSignal()
         #: Woken per instance id whenever an instance changed.
         self.instance_changed = KeyedSignal()
 
@@ -107,7 +107,7 @@ class Store:
             )
         )
         if created:
-            self.tasks_changed.notify()
+            self.tasks_changed.notify(1)
             log.info(
                 "launch accepted",
                 instance=accepted["instanceId"],
@@ -141,7 +141,7 @@ class Store:
             )
         )
         if created:
-            self.tasks_changed.notify()
+            self.tasks_changed.notify(1)
             log.info(
                 "dockyard launch accepted",
                 instance=accepted["instanceId"],
@@ -179,7 +179,7 @@ class Store:
             self.instance_changed.notify(instance_id)
             log.info("stop requested", instance=instance_id, task=queued, requester=principal.requester)
         if queued:
-            self.tasks_changed.notify()
+            self.tasks_changed.notify(1)
 
     async def get_logs(self, *, ns: str, provider: str, instance_id: str) -> str | None:
         return await self.db.read(
@@ -192,7 +192,7 @@ class Store:
                 conn, ns=ns, provider_name=provider, mode_name=mode, requester=principal.requester
             )
         )
-        self.tasks_changed.notify()
+        self.tasks_changed.notify(1)
         return task_id
 
     async def get_task(self, *, ns: str, task_id: str) -> TaskStatusJSON:
@@ -205,6 +205,13 @@ class Store:
 
     async def claim(self, *, req: ClaimRequest, scope: str | None) -> ClaimResult:
         lease = self.settings.lease
+        # Most claims find nothing (a daemon re-polling, a wake-up meant for another): answer
+        # those from a read transaction; only a claim with work (or a stale record) writes.
+        idle = await self.db.read(
+            lambda conn: dispatch.idle_claim(conn, req=req, scope=scope, now=now(), lease=lease)
+        )
+        if idle is not None:
+            return idle
         result = await self.db.write(
             lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease)
         )
@@ -225,7 +232,7 @@ class Store:
             lambda conn: dispatch.release(conn, session=session, task_ids=task_ids, now=now())
         )
         if released:
-            self.tasks_changed.notify()
+            self.tasks_changed.notify(len(released))
         return released
 
     async def release_all(self, *, session: DaemonSession) -> list[str]:
@@ -259,7 +266,7 @@ class Store:
                 retry=retry,
             )
         )
-        self.tasks_changed.notify()
+        self.tasks_changed.notify(1)
         if changed is not None:
             self.instance_changed.notify(changed)
         log.info("task completed", task=task_id, daemon=session.daemon_id, status=body["status"])
@@ -273,7 +280,7 @@ class Store:
         )
         self._changed(changed)
         if changed:
-            self.tasks_changed.notify()  # an Unschedulable launch may have been moved (new tasks)
+            self.tasks_changed.notify(len(changed))  # an Unschedulable launch may have been moved (new tasks)
         return accepted, last
 
     async def upload_logs(self, *, session: DaemonSession, instance_id: str, logs: str) -> None:
@@ -300,7 +307,7 @@ class Store:
         count, settled = await self.db.write(lambda conn: dispatch.sweep(conn, now=now()))
         self._changed(settled)
         if count or settled:
-            self.tasks_changed.notify()
+            self.tasks_changed.notify_all()
         if count:
             log.info("expired leases handed back", tasks=count)
         return count

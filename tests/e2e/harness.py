@@ -122,6 +122,8 @@ class DaemonProc:
     extra: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    #: Extra environment (the benchmark runs kubectl as the deployed Pod would).
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> DaemonProc:
         with (self.root.parent / f"daemon-{self.root.name}.log").open("ab") as log:
@@ -152,7 +154,7 @@ class DaemonProc:
                     *self.extra,
                 ],
                 log=log,
-                env={**os.environ, "NYMPH_TOKEN": self.queue.daemon_token},
+                env={**os.environ, **self.env, "NYMPH_TOKEN": self.queue.daemon_token},
             )
         wait_http(f"http://127.0.0.1:{self.port}/healthz")
         return self

@@ -35,3 +35,22 @@ def test_outside_a_pod_the_request_timeout_stays(pod_env: Path, monkeypatch: pyt
     (pod_env / ".kube" / "config").unlink()
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     assert "--request-timeout=60s" in Kubectl(binary="kubectl")._argv(["get", "pods"])
+
+
+async def test_kubectl_gets_a_writable_cache_dir_by_environment_not_by_flag(
+    pod_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the deployed Pod ``~/.kube/cache`` is on the read-only root: the daemon's kubectl
+    caches discovery in a directory it can write, named in the environment (a --cache-dir
+    flag would cost the in-cluster config)."""
+    fake = tmp_path / "kubectl"
+    fake.write_text('#!/bin/sh\necho "$KUBECACHEDIR|$*"\n')
+    fake.chmod(0o755)
+    cache = str(tmp_path / "state" / "kubectl-cache")
+    res = await Kubectl(binary=str(fake), cache_dir=cache).run(["get", "pods"])
+    assert res.stdout.strip() == f"{cache}|get pods"
+    monkeypatch.setenv("KUBECACHEDIR", "/chosen")  # an operator's choice wins
+    res = await Kubectl(binary=str(fake), cache_dir=cache).run(["get", "pods"])
+    assert res.stdout.strip() == "/chosen|get pods"
+    monkeypatch.delenv("KUBECACHEDIR")
+    assert (await Kubectl(binary=str(fake)).run(["version"])).stdout.strip() == "|version"

@@ -171,16 +171,36 @@ async def claim(request: web.Request) -> web.Response:
     deadline = loop.time() + wait
     signal = store.tasks_changed
     result = ClaimResult(tasks=[], next_due=None)
-    while not _disconnected(request):
-        event = signal.current()
-        result = await store.claim(req=req, scope=scope)
-        remaining = deadline - loop.time()
-        if result.tasks or signal.closed or remaining <= 0:
-            break
-        timeout = remaining
-        if result.next_due is not None and req.capacity > 0:
-            timeout = min(timeout, max(0.005, result.next_due - time.time()))
-        await wait_for_event(event, timeout)
+    carried: int | None = None  # a wake-up received and not yet answered by a claim
+    try:
+        while not _disconnected(request):
+            # In line before reading, so a task committed meanwhile wakes this claim (a claim
+            # that can take nothing waits aside: new work is not for it).
+            ticket = signal.ticket(in_line=req.capacity > 0)
+            try:
+                result = await store.claim(req=req, scope=scope)
+                if carried is not None:
+                    # The wake was for work this claim cannot take (another node or namespace),
+                    # or it filled up and more may wait: the next claim in line tries.
+                    if (not result.tasks and result.work_elsewhere) or len(result.tasks) >= req.capacity > 0:
+                        signal.pass_on(carried)
+                    carried = None
+                remaining = deadline - loop.time()
+                if result.tasks or signal.closed or remaining <= 0:
+                    break
+                timeout = remaining
+                if result.next_due is not None and req.capacity > 0:
+                    timeout = min(timeout, max(0.005, result.next_due - time.time()))
+                await wait_for_event(ticket.event, timeout)
+            finally:
+                woke = signal.finish(ticket)
+                if woke is not None:
+                    carried = woke
+    finally:
+        if carried is not None:
+            # Leaving (answered, disconnected, shut down) with a wake-up it did not try: the
+            # claim read before the task that woke it may have been committed.
+            signal.pass_on(carried + 1)
     if result.tasks:
         log.info(
             "claimed",

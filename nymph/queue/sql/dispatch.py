@@ -82,30 +82,65 @@ def _next_due(conn: sqlite3.Connection, *, node: str, now: float, fallback: floa
     return None if row[0] is None else float(row[0])
 
 
-def _seen(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> None:
-    """Record the daemon. Skipped while nothing changed and the record is fresh, so that a
-    claim that finds no work writes nothing and its commit costs no fsync (many daemons wake
-    on every insert; all but one usually find nothing)."""
-    namespaces = json.dumps(list(req.namespaces))
-    node_info = placement.node_info_text(req.node_info)
+def _seen_row(req: ClaimRequest) -> tuple[str, str, int, str | None]:
+    return (req.node, json.dumps(list(req.namespaces)), req.capacity, placement.node_info_text(req.node_info))
+
+
+def _seen_fresh(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> bool:
+    """Whether the daemon's record is unchanged and fresh, so a claim that finds no work need
+    write nothing, and its commit costs no fsync."""
     row = conn.execute(
         "SELECT node, namespaces, capacity, node_info, last_seen FROM daemons WHERE daemon_id = ?",
         (req.daemon_id,),
     ).fetchone()
-    unchanged = row is not None and (row[0], row[1], row[2], row[3]) == (
-        req.node,
-        namespaces,
-        req.capacity,
-        node_info,
+    return (
+        row is not None
+        and (row[0], row[1], row[2], row[3]) == _seen_row(req)
+        and now - row[4] < _SEEN_REFRESH
     )
-    if unchanged and now - row[4] < _SEEN_REFRESH:
+
+
+def _seen(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> None:
+    """Record the daemon. Skipped while nothing changed and the record is fresh (many daemons
+    wait on claims; all but one usually find nothing)."""
+    if _seen_fresh(conn, req=req, now=now):
         return
+    node, namespaces, capacity, node_info = _seen_row(req)
     conn.execute(
         "INSERT INTO daemons (daemon_id, node, namespaces, capacity, node_info, last_seen) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (daemon_id) DO UPDATE SET node = excluded.node, "
         "namespaces = excluded.namespaces, capacity = excluded.capacity, "
         "node_info = excluded.node_info, last_seen = excluded.last_seen",
-        (req.daemon_id, req.node, namespaces, req.capacity, node_info, now),
+        (req.daemon_id, node, namespaces, capacity, node_info, now),
+    )
+
+
+def _work_elsewhere(conn: sqlite3.Connection, *, now: float) -> bool:
+    """Whether any task at all is waiting to be claimed (by whichever daemon may take it)."""
+    row = conn.execute(
+        "SELECT 1 FROM tasks WHERE (status = 'pending' AND not_before <= ?) "
+        "OR (status = 'leased' AND lease_expires <= ?) LIMIT 1",
+        (now, now),
+    ).fetchone()
+    return row is not None
+
+
+def idle_claim(
+    conn: sqlite3.Connection, *, req: ClaimRequest, scope: str | None, now: float, lease: LeaseSettings
+) -> ClaimResult | None:
+    """The answer to a claim with nothing to take, read-only (a read transaction, no fsync);
+    None when the claim may find work or must record the daemon (run :func:`claim`)."""
+    if not _seen_fresh(conn, req=req, now=now):
+        return None
+    if req.capacity > 0:
+        where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
+        # Only constant fragments and "?" placeholders are formatted into this statement.
+        if conn.execute(_SELECT_CLAIMABLE.format(where=where), [*params, 1]).fetchone() is not None:
+            return None
+    return ClaimResult(
+        tasks=[],
+        next_due=_next_due(conn, node=req.node, now=now, fallback=lease.stop_node_fallback),
+        work_elsewhere=_work_elsewhere(conn, now=now),
     )
 
 
@@ -181,9 +216,11 @@ def claim(
             conn.execute(_LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs])
             tasks = [task_json(r) for r in conn.execute(_FETCH.format(marks=marks), seqs)]
     next_due = None
+    elsewhere = False
     if not tasks:
         next_due = _next_due(conn, node=req.node, now=now, fallback=lease.stop_node_fallback)
-    return ClaimResult(tasks=tasks, next_due=next_due, settled=frozenset(settled))
+        elsewhere = _work_elsewhere(conn, now=now)
+    return ClaimResult(tasks=tasks, next_due=next_due, settled=frozenset(settled), work_elsewhere=elsewhere)
 
 
 def renew(

@@ -1,0 +1,1 @@
+"""The benchmark scoreboard behind ``make bench`` (see benchmarks/daemon_bench.py)."""

@@ -1,0 +1,151 @@
+"""Ratios, targets and the printed table of a scoreboard run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+KUBECTL = ("kubectl_batched", "kubectl_single")
+
+
+def ratios(results: dict[str, Any]) -> dict[str, float | None]:
+    """Every ratio to raw, under keys ending in ``_ratio``: ``<config>_ratio`` at the largest N
+    (against raw at the same concurrency), ``<config>_n<N>_ratio`` per N, and the same against
+    a serial raw loop as ``<config>_vs_serial_ratio``."""
+    raw = results["raw"]["concurrent"]["per_s"]
+    serial = results["raw"]["serial"]["per_s"]
+    out: dict[str, float | None] = {}
+    for name, res in results["nymph"].items():
+        sizes = sorted(res["throughput"], key=int)
+        for n in sizes:
+            out[f"{name}_n{n}_ratio"] = round(res["throughput"][n]["per_s"] / raw, 3) if raw else None
+        top = res["throughput"][sizes[-1]]["per_s"]
+        out[f"{name}_ratio"] = round(top / raw, 3) if raw else None
+        out[f"{name}_vs_serial_ratio"] = round(top / serial, 3) if serial else None
+    kc = results.get("kubectl_invocation", {}).get("cache_speedup_ratio")
+    if kc is not None:
+        out["kubectl_cache_speedup_ratio"] = kc
+    return out
+
+
+def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The issue's targets, each with the measured value and whether it is met."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def check(name: str, value: Any, ok: bool | None, goal: str) -> None:
+        out[name] = {"value": value, "goal": goal, "met": ok}
+
+    r = results
+    check("api_ratio", r.get("api_ratio"), _ge(r.get("api_ratio"), 0.8), ">= 0.8")
+    check(
+        "kubectl_batched_ratio",
+        r.get("kubectl_batched_ratio"),
+        _ge(r.get("kubectl_batched_ratio"), 0.5),
+        ">= 0.5",
+    )
+    raw_p50 = r["raw"]["latency"]["create"]["p50_ms"]
+    for name, extra in (("api", 100), *((k, 300) for k in KUBECTL)):
+        lat = r["nymph"].get(name, {}).get("latency", {}).get("post_returned_to_added", {}).get("p50_ms")
+        goal = raw_p50 + extra if raw_p50 is not None else None
+        check(
+            f"{name}_latency_p50_ms", lat, None if lat is None or goal is None else lat <= goal, f"<= {goal}"
+        )
+    idle = r.get("idle_daemon") or {}
+    if idle:
+        check(
+            "idle_queue_requests_per_min",
+            idle["queue_requests_per_min"],
+            idle["queue_requests_per_min"] <= 3,
+            "<= 3",
+        )
+        check("idle_cpu_pct_of_core", idle["cpu_pct_of_core"], idle["cpu_pct_of_core"] < 1, "< 1")
+        check("idle_rss_mb", idle["rss_mb"], idle["rss_mb"] <= 80, "<= 80")
+    soak = r.get("soak") or {}
+    if soak.get("rss_growth_pct") is not None:
+        check("soak_rss_growth_pct", soak["rss_growth_pct"], soak["rss_growth_pct"] < 10, "< 10")
+    return out
+
+
+def _ge(value: Any, goal: float) -> bool | None:
+    return None if value is None else value >= goal
+
+
+def table(results: dict[str, Any]) -> str:
+    lines: list[str] = []
+    m = results["machine"]
+    lines.append(
+        f"machine: {m['cpu_model']}, {m['cpus']} CPUs, {m['memory_gb']} GB, load {m['load_average']}"
+    )
+    lines.append(f"kube-apiserver {m['kube_apiserver']}, python {m['python']}")
+    raw = results["raw"]
+    lines.append("")
+    lines.append(f"{'throughput':<26} {'n':>5} {'launch/s':>9} {'ratio':>6} {'p50 ms':>8} {'p95 ms':>8}")
+    for label, key in (("raw concurrent", "concurrent"), ("raw serial", "serial")):
+        x = raw[key]
+        lines.append(
+            f"{label:<26} {x['launches']:>5} {x['per_s']:>9} {'1.0' if key == 'concurrent' else '':>6} {x['create_p50_ms']!s:>8} {x['create_p95_ms']!s:>8}"
+        )
+    for name, res in results["nymph"].items():
+        for n, t in sorted(res["throughput"].items(), key=lambda kv: int(kv[0])):
+            ratio = results.get(f"{name}_n{n}_ratio")
+            lat = t["posted_to_added"]
+            lines.append(
+                f"{name:<26} {n:>5} {t['per_s']:>9} {ratio!s:>6} {lat['p50_ms']!s:>8} {lat['p95_ms']!s:>8}"
+            )
+    lines.append("")
+    lines.append(f"{'latency, one at a time':<26} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")
+    for label, lat in (
+        ("raw create", raw["latency"]["create"]),
+        ("raw create -> ADDED", raw["latency"]["to_added"]),
+    ):
+        lines.append(f"{label:<26} {lat['p50_ms']!s:>8} {lat['p95_ms']!s:>8} {lat['p99_ms']!s:>8}")
+    for name, res in results["nymph"].items():
+        lat = res.get("latency", {}).get("post_returned_to_added")
+        if lat:
+            lines.append(
+                f"{name + ' POST -> ADDED':<26} {lat['p50_ms']!s:>8} {lat['p95_ms']!s:>8} {lat['p99_ms']!s:>8}"
+            )
+    lines.append("")
+    procs = ["queue", "daemon", "kubectl", "kube-apiserver", "etcd", "kwok"]
+    lines.append(f"{'CPU ms per launch (max n)':<26} " + " ".join(f"{p:>14}" for p in procs))
+    for name, res in results["nymph"].items():
+        top = res["throughput"][max(res["throughput"], key=int)]["cpu_ms_per_launch"]
+        lines.append(f"{name:<26} " + " ".join(f"{top.get(p, '-')!s:>14}" for p in procs))
+    kc = results.get("kubectl_invocation")
+    if kc:
+        lines.append("")
+        for label in ("read_only_home", "cache_dir"):
+            x = kc[label]
+            lines.append(
+                f"kubectl apply, {label:<15} p50 {x['wall']['p50_ms']} ms, cpu {x['cpu_ms_mean']} ms, {x['api_requests']} API requests"
+            )
+    idle = results.get("idle_daemon")
+    if idle:
+        lines.append("")
+        lines.append(
+            f"idle daemon over {idle['seconds']} s: RSS {idle['rss_mb']} MB, {idle['cpu_pct_of_core']}% of a core, "
+            f"{idle['queue_requests_per_min']} queue requests/min"
+        )
+    q = results.get("queue") or {}
+    if q:
+        lines.append("")
+        lines.append(
+            f"{'queue, pollers':<26} {'claims/s':>9} {'POST p50':>9} {'POST p95':>9} {'cpu ms/launch':>14} {'cpu% @5/s':>10}"
+        )
+        for d, x in q.items():
+            lines.append(
+                f"{d:<26} {x['claims_per_s']:>9} {x['post']['p50_ms']!s:>9} {x['post']['p95_ms']!s:>9} "
+                f"{x['queue_cpu_ms_per_launch']:>14} {x.get('queue_cpu_pct_at_5_launches_per_s', '-')!s:>10}"
+            )
+    soak = results.get("soak")
+    if soak:
+        lines.append("")
+        lines.append(
+            f"soak {soak['launches']} launches: daemon RSS {soak['rss_mb']} MB, growth {soak['rss_growth_pct']}%"
+        )
+    tg = results.get("targets")
+    if tg:
+        lines.append("")
+        for name, t in tg.items():
+            mark = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+            lines.append(f"target {name:<32} {t['value']!s:>10} {t['goal']:<12} {mark}")
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""A new task wakes as many waiting claims as there is work for, not every one; an idle claim
+is answered from a read transaction; a task only some daemons may take still reaches one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from queue_helpers import Queue
+
+from nymph.queue.notify import WorkSignal
+from nymph.queue.sql import dispatch
+
+
+async def _launch(q: Queue) -> str:
+    accepted = await q.user().launch(provider="kind", mode="small", script="print(1)")
+    return str(accepted["instanceId"])
+
+
+def _count(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    calls = [0]
+    real = getattr(dispatch, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, name, counted)
+    return calls
+
+
+async def test_one_launch_wakes_one_of_many_waiting_claims(
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waiting = 20
+    clients = [kind.daemon() for _ in range(waiting)]
+    # Each daemon registers and records itself once.
+    for k, c in enumerate(clients):
+        assert await c.claim(daemon_id=f"d{k}", node=f"n{k}", capacity=1, wait=0) == []
+    claims = [
+        asyncio.create_task(c.claim(daemon_id=f"d{k}", node=f"n{k}", capacity=1, wait=8))
+        for k, c in enumerate(clients)
+    ]
+    await asyncio.sleep(0.5)  # every claim is holding its long-poll
+    assert len(kind.store.tasks_changed) == waiting
+    writes, reads = _count(monkeypatch, "claim"), _count(monkeypatch, "idle_claim")
+    t0 = time.monotonic()
+    iid = await _launch(kind)
+    done, pending = await asyncio.wait(claims, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    assert time.monotonic() - t0 < 3
+    [winner] = done
+    assert [t["instanceId"] for t in winner.result()] == [iid]
+    await asyncio.sleep(0.3)
+    # One claim woke, read, and took the task in one write transaction; the others slept on.
+    assert writes[0] == 1 and reads[0] <= 2
+    assert not any(t.done() for t in pending)
+    assert len(kind.store.tasks_changed) == waiting - 1
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def test_a_task_only_one_daemon_may_take_reaches_it_past_the_others(kind: Queue) -> None:
+    # Five daemons serving another namespace queue up first; the one that serves "jobs" is last.
+    others = [kind.daemon() for _ in range(5)]
+    for k, c in enumerate(others):
+        assert await c.claim(daemon_id=f"o{k}", node=f"o{k}", namespaces=["other"], capacity=1, wait=0) == []
+    right = kind.daemon()
+    assert await right.claim(daemon_id="r", node="r", namespaces=["jobs"], capacity=1, wait=0) == []
+    waits = [
+        asyncio.create_task(
+            c.claim(daemon_id=f"o{k}", node=f"o{k}", namespaces=["other"], capacity=1, wait=8)
+        )
+        for k, c in enumerate(others)
+    ]
+    await asyncio.sleep(0.3)
+    mine = asyncio.create_task(right.claim(daemon_id="r", node="r", namespaces=["jobs"], capacity=1, wait=8))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    iid = await _launch(kind)
+    got = await asyncio.wait_for(mine, 5)
+    assert [t["instanceId"] for t in got] == [iid]
+    assert time.monotonic() - t0 < 3  # handed along the line, not found at the 8 s timeout
+    assert not any(t.done() for t in waits)
+    for t in waits:
+        t.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def test_an_idle_claim_writes_nothing(kind: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = kind.daemon()
+    assert await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0) == []
+    writes = _count(monkeypatch, "claim")
+    for _ in range(5):
+        assert await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0) == []
+    assert writes[0] == 0
+    # Work, or a changed offer (capacity), takes the write path.
+    await _launch(kind)
+    assert len(await d.claim(daemon_id="d1", node="n1", capacity=2, wait=0)) == 1
+    assert writes[0] == 1
+
+
+# --- the signal itself ------------------------------------------------------------------------
+
+
+def test_notify_wakes_as_many_as_asked_first_come_first_woken() -> None:
+    s = WorkSignal()
+    tickets = [s.ticket() for _ in range(4)]
+    s.notify(2)
+    assert [t.event.is_set() for t in tickets] == [True, True, False, False]
+    assert tickets[0].wake == 4 and len(s) == 2
+    s.notify(5)  # more work than waiters: every one left is woken
+    assert all(t.event.is_set() for t in tickets) and len(s) == 0
+
+
+def test_a_wake_is_handed_on_within_its_budget_and_a_finished_waiter_leaves_the_line() -> None:
+    s = WorkSignal()
+    a, b, c = s.ticket(), s.ticket(), s.ticket()
+    assert s.finish(b) is None and len(s) == 2  # timed out: gone from the line
+    s.notify(1)
+    assert s.finish(a) == 2  # the waiter count when the work came
+    s.pass_on(2)
+    assert c.event.is_set() and c.wake == 1
+    d = s.ticket()
+    s.pass_on(0)  # budget spent: nobody else is woken
+    assert not d.event.is_set()
+
+
+def test_close_wakes_everyone_in_line_and_aside_and_later_tickets_at_once() -> None:
+    s = WorkSignal()
+    in_line, aside = s.ticket(), s.ticket(in_line=False)
+    s.notify(1)
+    assert in_line.event.is_set() and not aside.event.is_set()  # capacity 0 takes no work
+    s.close()
+    assert aside.event.is_set() and s.ticket().event.is_set()
