@@ -171,10 +171,19 @@ class Outbox:
         reason: str | None = None,
         message: str | None = None,
         node: str | None = None,
+        termination: tuple[int, str, str] | None = None,
     ) -> None:
         self.seq += 1
+        ended: dict[str, Any] = {}
+        if termination is not None:
+            ended = {
+                "exitCode": termination[0],
+                "terminationReason": termination[1][:200],
+                "terminationMessage": termination[2][:4096],
+            }
         self._put(
             {
+                **ended,
                 "kind": "report",
                 "stream": self.stream,
                 "seq": self.seq,
