@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from nymph.daemon.audit import AuditLog, AuditWriteError
 from nymph.daemon.diskhealth import DiskHealth
@@ -28,6 +29,7 @@ class Reaper:
         audit: AuditLog,
         metrics: Metrics,
         disk: DiskHealth | None = None,
+        logs_settled: Callable[[str], bool] | None = None,
     ) -> None:
         self.w = settings
         self.disk = disk or DiskHealth()
@@ -38,6 +40,8 @@ class Reaper:
         self.workdirs = workdirs
         self.audit = audit
         self.metrics = metrics
+        #: Whether all a Pod's output was shipped (the live log follower is done with it).
+        self.logs_settled = logs_settled or (lambda _name: True)
 
     def due(self, track: Track, *, now: float) -> bool:
         """Whether a finished Pod has waited long enough to be reaped."""
@@ -53,7 +57,7 @@ class Reaper:
             await asyncio.sleep(interval)
             now = time.monotonic()
             for name, track in list(self.tracker.tracks.items()):
-                if not self.due(track, now=now):
+                if not self.due(track, now=now) or not self.logs_settled(name):
                     continue
                 track.reaping = True
                 try:

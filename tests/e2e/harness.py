@@ -122,6 +122,7 @@ class DaemonProc:
     extra: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    node: str = NODE
 
     def start(self) -> DaemonProc:
         with (self.root.parent / f"daemon-{self.root.name}.log").open("ab") as log:
@@ -136,7 +137,7 @@ class DaemonProc:
                     "--queue",
                     self.queue.url,
                     "--node",
-                    NODE,
+                    self.node,
                     "--namespace",
                     self.namespace,
                     "--kubeconfig",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 
 from aiohttp import web
 
@@ -107,7 +108,10 @@ async def _follow(request: web.Request, *, since: int) -> web.StreamResponse:
             # Read after taking the events: a chunk landing in between has set one of them.
             current = await output.follow_read(ns=m["ns"], provider=m["name"], instance_id=iid, since=pos)
             if current.read.data:
-                await resp.write(current.read.data)
+                try:
+                    await resp.write(current.read.data)
+                except ConnectionError:
+                    return resp  # the reader went away
             pos = current.read.next_offset
             if follow_over(current, at=now(), grace=grace):
                 break
@@ -119,7 +123,8 @@ async def _follow(request: web.Request, *, since: int) -> web.StreamResponse:
         finally:
             output.appended.release(iid, event)
             store.instance_changed.release(iid, changed)
-    await resp.write_eof()
+    with contextlib.suppress(ConnectionError):
+        await resp.write_eof()
     return resp
 
 
