@@ -13,8 +13,9 @@ that the session lapsed or is unknown (a restarted queue), then retries the call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json as jsonlib
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, cast
 from urllib.parse import quote
@@ -59,6 +60,30 @@ DEFAULT_URL = "http://127.0.0.1:8700"
 
 def _seg(value: str) -> str:
     return quote(value, safe="")
+
+
+def _answer(*, method: str, path: str, where: str, status: int, raw: bytes) -> Any:
+    """The decoded JSON body of a success, else the matching :class:`QueueError`."""
+    body: Any = None
+    if raw:
+        try:
+            body = jsonlib.loads(raw)
+        except ValueError:
+            body = None
+    if status < 300:
+        return body
+    code = body.get("error") if isinstance(body, dict) else None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    detail = str(detail) if detail else f"HTTP {status}"
+    if status >= 500:
+        raise QueueUnavailable(
+            f"the queue at {where} failed on {method} {path}: {detail} (HTTP {status})",
+            status=status,
+            code=code,
+            detail=detail,
+        )
+    cls = BY_STATUS.get(status, QueueError)
+    raise cls(f"{detail} (HTTP {status})", status=status, code=code, detail=detail)
 
 
 class QueueClient(DispatchCalls):
@@ -146,26 +171,34 @@ class QueueClient(DispatchCalls):
             raise QueueUnavailable(
                 f"lost the connection to the queue at {where} ({exc.__class__.__name__})"
             ) from None
-        body: Any = None
-        if raw:
-            try:
-                body = jsonlib.loads(raw)
-            except ValueError:
-                body = None
-        if status < 300:
-            return body
-        code = body.get("error") if isinstance(body, dict) else None
-        detail = body.get("detail") if isinstance(body, dict) else None
-        detail = str(detail) if detail else f"HTTP {status}"
-        if status >= 500:
+        return _answer(method=method, path=path, where=where, status=status, raw=raw)
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, path: str, *, params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A GET whose body is read as it arrives (no total timeout); errors as :meth:`request`."""
+        session = self._ensure_session()
+        hdrs = dict(headers or {})
+        if self._token:
+            hdrs["Authorization"] = f"Bearer {self._token}"
+        client_timeout = aiohttp.ClientTimeout(total=None, connect=self.connect_timeout)
+        where = safe_url(self.base_url)
+        try:
+            async with session.get(
+                self.base_url + path, params=params, headers=hdrs, timeout=client_timeout
+            ) as resp:
+                if resp.status >= 300:
+                    _answer(method="GET", path=path, where=where, status=resp.status, raw=await resp.read())
+                yield resp
+        except aiohttp.ClientConnectorError:
             raise QueueUnavailable(
-                f"the queue at {where} failed on {method} {path}: {detail} (HTTP {status})",
-                status=status,
-                code=code,
-                detail=detail,
-            )
-        cls = BY_STATUS.get(status, QueueError)
-        raise cls(f"{detail} (HTTP {status})", status=status, code=code, detail=detail)
+                f"cannot reach the queue at {where}: is `nymph queue serve` running?"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise QueueUnavailable(
+                f"lost the connection to the queue at {where} ({exc.__class__.__name__})"
+            ) from None
 
     # --- health ---------------------------------------------------------------------------
 
@@ -339,9 +372,13 @@ class QueueClient(DispatchCalls):
         path = f"{self._ns(namespace)}/providers/{_seg(provider)}/instances/{_seg(instance_id)}"
         await self.request("DELETE", path, params=params)
 
+    def logs_path(self, *, provider: str, instance_id: str, namespace: str | None = None) -> str:
+        return f"{self._ns(namespace)}/providers/{_seg(provider)}/instances/{_seg(instance_id)}/logs"
+
     async def get_logs(self, *, provider: str, instance_id: str, namespace: str | None = None) -> str | None:
-        path = f"{self._ns(namespace)}/providers/{_seg(provider)}/instances/{_seg(instance_id)}/logs"
-        body = await self.request("GET", path)
+        body = await self.request(
+            "GET", self.logs_path(provider=provider, instance_id=instance_id, namespace=namespace)
+        )
         logs = body.get("logs")
         return None if logs is None else str(logs)
 

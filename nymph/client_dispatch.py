@@ -11,6 +11,7 @@ once. The session credential is never logged.
 from __future__ import annotations
 
 import asyncio
+import base64
 import secrets
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -214,6 +215,33 @@ class DispatchCalls:
         await self._dispatch(
             "POST", "/v1/dispatch/logs", identity=self._identity(daemon_id=daemon_id), json=body
         )
+
+    async def ship_log_chunk(
+        self,
+        *,
+        daemon_id: str,
+        instance_id: str,
+        offset: int,
+        data: bytes,
+        cursor: str | None = None,
+        final: bool = False,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """Ship the log of ``instance_id`` from byte ``offset``; overlaps are de-duplicated by the queue."""
+        body: dict[str, Any] = {
+            "daemonId": daemon_id,
+            "instanceId": instance_id,
+            "offset": offset,
+            "data": base64.b64encode(data).decode("ascii"),
+            "final": final,
+        }
+        if cursor is not None:
+            body["cursor"] = cursor
+        if note is not None:
+            body["note"] = note[:2000]
+        identity = self._identity(daemon_id=daemon_id)
+        answer = await self._dispatch("POST", "/v1/dispatch/logchunks", identity=identity, json=body)
+        return cast(dict[str, Any], answer)
 
     async def active(self, *, node: str) -> list[ActiveJSON]:
         identity = self._identity(daemon_id=None, node=node)

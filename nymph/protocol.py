@@ -67,6 +67,10 @@ class InstanceJSON(TypedDict):
     #: Only on a ``queued`` launch that no live daemon's node can run: why (e.g. "no daemon's
     #: node matches node_selector gpu=a100").
     waiting: NotRequired[str]
+    #: Once the Pod's ``user`` container ended: its exit code, termination reason and message.
+    exitCode: NotRequired[int]
+    terminationReason: NotRequired[str]
+    terminationMessage: NotRequired[str]
 
 
 class LaunchAccepted(TypedDict):

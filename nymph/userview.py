@@ -4,7 +4,7 @@ an instance's state changes (library code: no argument parsing)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +54,29 @@ def failed(reason: str | None) -> bool:
         return True
 
 
+#: ``nymph launch --wait`` exits with this when the job never ran (ImagePull, LaunchFailed,
+#: Unschedulable, stopped before it started...): the job's own exit codes are the others.
+NEVER_RAN_EXIT = 125
+
+
+def exit_status(inst: Mapping[str, Any]) -> int:
+    """The exit status of ``launch --wait`` for a stopped instance: the job's exit code when it
+    ran and has one, 1 for a failure without one, :data:`NEVER_RAN_EXIT` when it never ran
+    (each failure said on stderr)."""
+    iid, reason = inst["instanceId"], inst.get("reason")
+    ran = any(h["state"] == InstanceState.RUNNING.value for h in inst.get("history") or [])
+    code = inst.get("exitCode")
+    if not ran and code is None and reason != Reason.COMPLETED.value:
+        message = f": {inst['message']}" if inst.get("message") else ""
+        print(f"{iid} never ran: {reason or 'stopped'}{message}", file=sys.stderr)
+        return NEVER_RAN_EXIT
+    if failed(reason):
+        print(f"{iid} failed: {reason}" + (f" (exit code {code})" if code else ""), file=sys.stderr)
+    if isinstance(code, int) and code != 0:
+        return code if 0 < code < 256 else 1
+    return 1 if failed(reason) else 0
+
+
 def print_checks(result: dict[str, Any] | None) -> bool:
     """Print a probe's checks; False if any failed."""
     all_ok = True
@@ -100,7 +123,4 @@ async def follow(
         if until_running and inst["state"] == InstanceState.RUNNING.value:
             return 0
         if inst["state"] == InstanceState.STOPPED.value:
-            if failed(inst["reason"]):
-                print(f"{instance_id} failed: {inst['reason']}", file=sys.stderr)
-                return 1
-            return 0
+            return exit_status(inst)

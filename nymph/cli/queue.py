@@ -14,7 +14,7 @@ from nymph.netaddr import parse_listen
 from nymph.queue.auth import create_token, import_token
 from nymph.queue.db import connect, transaction
 from nymph.queue.direct.settings import DirectSettings
-from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
+from nymph.queue.models import LeaseSettings, OutputSettings, QueueSettings, RetrySettings, Role
 from nymph.queue.serve import DEFAULT_LISTEN, default_db_path, serve
 
 
@@ -42,6 +42,22 @@ def _import_tokens(path: Path, specs: list[str]) -> None:
             conn.close()
 
 
+_UNITS = {"": 1, "K": 1024, "KI": 1024, "M": 1024**2, "MI": 1024**2, "G": 1024**3, "GI": 1024**3}
+
+
+def _size(text: str, flag: str) -> int:
+    """``8MiB``, ``512K``, ``1048576``: a byte count (binary units)."""
+    t = text.strip().upper().removesuffix("B")
+    digits = t.rstrip("KMGI")
+    unit = t[len(digits) :]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise ConfigError(f"{flag} {text!r}: expected a size such as 8MiB, 512KiB or 1048576")
+    value = int(digits) * _UNITS[unit]
+    if value < 1024:
+        raise ConfigError(f"{flag} {text!r}: at least 1KiB")
+    return value
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen, example=DEFAULT_LISTEN)
     _import_tokens(_db_path(args), args.import_token)
@@ -53,6 +69,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ambient=args.ambient_kubeconfig,
             secret_key_file=Path(args.secret_key_file).expanduser() if args.secret_key_file else None,
             reap_after=args.reap_after,
+        ),
+        output=OutputSettings(
+            log_cap_bytes=_size(args.log_cap, "--log-cap"),
+            results_cap_bytes=_size(args.results_cap, "--results-cap"),
+            retention_seconds=args.retention_days * 86_400.0,
         ),
     )
     asyncio.run(serve(db_path=_db_path(args), host=host, port=port, settings=settings))
@@ -143,6 +164,26 @@ def register(sub: Any) -> None:
         type=float,
         default=600.0,
         help="seconds after a direct Pod ends before it is deleted, its log tail kept (default 600)",
+    )
+    o = p.add_argument_group("logs and results")
+    o.add_argument(
+        "--log-cap",
+        default="8MiB",
+        metavar="SIZE",
+        help="log bytes kept per instance (default 8MiB); beyond it the oldest middle part is "
+        "dropped and a marker says how many bytes",
+    )
+    o.add_argument(
+        "--results-cap",
+        default="64MiB",
+        metavar="SIZE",
+        help="result bytes kept per instance (default 64MiB)",
+    )
+    o.add_argument(
+        "--retention-days",
+        type=float,
+        default=7.0,
+        help="days logs and results are kept after their instance stopped (default 7)",
     )
     p.set_defaults(func=cmd_serve)
 

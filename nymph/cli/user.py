@@ -30,6 +30,7 @@ from nymph.cli.userverbs import (
 )
 from nymph.client import DEFAULT_URL
 from nymph.launch.state import InstanceState
+from nymph.userview import NEVER_RAN_EXIT
 
 _STATES = [s.value for s in InstanceState]
 
@@ -152,7 +153,15 @@ def register(sub: Any) -> None:
         help="override a mode field for this launch",
     )
     p.add_argument("--idempotency-key", help="retry-safe key (default: a fresh UUID, reused on retries)")
-    p.add_argument("--wait", action="store_true", help="show each state change; exit 1 if the run failed")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="show each state change (on stderr) and the job's output as it prints (on stdout); "
+        "exit with the job's exit code (1 for a failure without one), or "
+        f"{NEVER_RAN_EXIT} when the job never ran (ImagePull, LaunchFailed, Unschedulable, "
+        "stopped before it started)",
+    )
+    p.add_argument("--quiet", action="store_true", help="with --wait: show the states only, not the output")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser(
@@ -199,7 +208,15 @@ def register(sub: Any) -> None:
     p.add_argument("instance_id", metavar="ID")
     p.set_defaults(func=cmd_stop)
 
-    p = sub.add_parser("logs", parents=[common], help="print an instance's logs (uploaded when reaped)")
+    p = sub.add_parser(
+        "logs",
+        parents=[common],
+        help="print an instance's log (live while it runs, kept after the Pod is gone)",
+        description="The log as the queue has it (at most --log-cap per instance, the oldest middle "
+        "part dropped with a marker; kept --retention-days after the instance stopped). With -f, "
+        "follow it as the job prints until it ends.",
+    )
     p.add_argument("provider")
     p.add_argument("instance_id", metavar="ID")
+    p.add_argument("-f", "--follow", action="store_true", help="follow the log until the job ends")
     p.set_defaults(func=cmd_logs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -22,7 +23,8 @@ from urllib.parse import quote
 
 import yaml
 
-from nymph.client import DEFAULT_URL, QueueClient
+from nymph.client import DEFAULT_URL, QueueClient, QueueError
+from nymph.client_logs import follow_log
 from nymph.dockyard.spec.yamlio import load_file
 from nymph.errors import ConfigError, NymphError
 from nymph.launch.config import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
@@ -254,9 +256,34 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(accepted["instanceId"], flush=True)
         if not args.wait:
             return 0
-        return await follow(client, provider=args.provider, instance_id=accepted["instanceId"])
+        iid = accepted["instanceId"]
+        if args.quiet:
+            return await follow(client, provider=args.provider, instance_id=iid)
+        output = asyncio.create_task(_print_log(client, provider=args.provider, instance_id=iid))
+        try:
+            code = await follow(client, provider=args.provider, instance_id=iid)
+            # The log ends once all of it arrived (or soon after the stop when none comes).
+            with contextlib.suppress(TimeoutError, QueueError):
+                await asyncio.wait_for(asyncio.shield(output), _LOG_TAIL_SECONDS)
+        finally:
+            output.cancel()
+            with contextlib.suppress(asyncio.CancelledError, QueueError):
+                await output
+        return code
 
     return _run(args, body)
+
+
+#: After the instance stopped, ``launch --wait`` waits this long at most for the rest of its log.
+_LOG_TAIL_SECONDS = 20.0
+
+
+async def _print_log(client: QueueClient, *, provider: str, instance_id: str) -> int:
+    def write(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    return await follow_log(client, provider=provider, instance_id=instance_id, write=write)
 
 
 def _read_mapping(path: str, *, what: str) -> dict[str, Any]:
@@ -315,10 +342,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     async def body(client: QueueClient) -> int:
+        if args.follow:
+            await _print_log(client, provider=args.provider, instance_id=args.instance_id)
+            return 0
         logs = await client.get_logs(provider=args.provider, instance_id=args.instance_id)
         if logs is None:
             print(
-                f"no logs for {args.instance_id} yet: the daemon uploads them when the Pod is reaped",
+                f"no logs for {args.instance_id} yet: the job has printed nothing the queue has "
+                "(use -f to wait for it)",
                 file=sys.stderr,
             )
             return 1

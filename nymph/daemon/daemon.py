@@ -9,7 +9,8 @@ flushes the outbox and exits 0.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from kubernetes_asyncio import client as kclient
 
@@ -19,6 +20,7 @@ from nymph.daemon.audit import AuditLog
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.health import HealthView, start_health_server
+from nymph.daemon.logfollow import LogFollowers
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.nodeinfo import NodeInfo
 from nymph.daemon.outbox import Outbox
@@ -119,6 +121,16 @@ class Daemon:
             return ApiApplier(api), kubectl
         return kubectl, kubectl
 
+    def _on_pod_event(self, followers: LogFollowers) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        """The watch's callback: the log followers first (a finished Pod's follower must exist
+        before the tracker starts the reaper's clock), then the tracker."""
+
+        async def on_event(kind: str, pod: dict[str, Any]) -> None:
+            await followers.on_pod_event(kind, pod)
+            await self.tracker.on_pod_event(kind, pod)
+
+        return on_event
+
     def _watch_restart_counter(self, namespace: str) -> Callable[[str], None]:
         def count(why: str) -> None:
             self.metrics.watch_restarts.labels(namespace, why).inc()
@@ -167,6 +179,7 @@ class Daemon:
             concurrency=s.concurrency,
             batch_max=s.batch_max,
         )
+        followers = LogFollowers(api=api, outbox=self.outbox, tracker=self.tracker, state_dir=s.state_dir)
         reaper = Reaper(
             settings=s.work,
             node=self.node,
@@ -180,6 +193,7 @@ class Daemon:
             metrics=self.metrics,
             disk=self.disk,
             busy=claimer.held_instances,
+            logs_settled=followers.settled,
         )
         sender = QueueSender(
             daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics
@@ -213,7 +227,7 @@ class Daemon:
                 api=api,
                 namespace=ns,
                 label_selector=f"{LABEL_MANAGED}=true",
-                on_event=self.tracker.on_pod_event,
+                on_event=self._on_pod_event(followers),
                 on_restart=self._watch_restart_counter(ns),
             )
             self.watchers[ns] = w
@@ -246,6 +260,7 @@ class Daemon:
             await self.stopping.wait()
             await self._shutdown(claimer, runner)
         finally:
+            await followers.close()
             await cancel_all(self.loops)
             await health.cleanup()
             await client.close()

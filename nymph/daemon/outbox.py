@@ -4,13 +4,18 @@ State reports, task completions and log uploads are appended to ``<state>/outbox
 before anything is sent, and sent strictly in order. If the queue is unreachable, they wait
 (with backoff) and go out in order when it returns; a daemon restart picks up what was not yet
 acknowledged. Reports carry ``(stream, seq)`` so the queue applies each exactly once, however
-often a batch is re-sent. Memory is bounded: at most ``memory_max`` items are held in memory;
-the rest wait on disk and are read back in order.
+often a batch is re-sent. Memory is bounded: at most ``memory_max`` items and ``memory_bytes``
+of log data are held in memory; the rest wait on disk and are read back in order. Log chunks
+(:meth:`Outbox.log_chunk`) are throttled at the source: a follower waits in
+:meth:`Outbox.wait_log_room` while more than ``log_budget`` bytes of log are unsent, so a job
+printing faster than the queue accepts never fills the disk either. Once most of the file was
+sent it is rewritten with the unsent lines only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
 import json
@@ -30,19 +35,40 @@ Sender = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
 RESET_LINES = 1000
 
 
+def _size(item: dict[str, Any]) -> int:
+    """The log data an item carries (what the memory and log budgets count)."""
+    data = item.get("data") if item.get("kind") == "logchunk" else None
+    return len(data) if isinstance(data, str) else 0
+
+
 class DropItem(Exception):
     """Raised by a sender for an item the queue will never accept (e.g. a lost lease)."""
 
 
 class Outbox:
     def __init__(
-        self, directory: Path, *, memory_max: int = 1000, batch_max: int = 200, write: Writer | None = None
+        self,
+        directory: Path,
+        *,
+        memory_max: int = 1000,
+        batch_max: int = 200,
+        write: Writer | None = None,
+        memory_bytes: int = 2 * 1024 * 1024,
+        log_budget: int = 4 * 1024 * 1024,
+        compact_after: int = 2000,
     ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = self.dir / "outbox.jsonl"
         self.ack_file = self.dir / "outbox.ack"
         self.memory_max = memory_max
+        self.memory_bytes = memory_bytes
+        self.log_budget = log_budget
+        self.compact_after = compact_after
+        self.mem_bytes = 0  # log data held in memory
+        self.log_bytes = 0  # log data not yet sent (memory and disk)
+        self.log_room = asyncio.Event()
+        self.log_room.set()
         self.batch_max = batch_max
         self._write = write  # a seam for tests injecting a failing write
         self.stream = uuid.uuid4().hex
@@ -84,10 +110,12 @@ class Outbox:
             item = self._parse(lines[i], i)
             if item is None:
                 continue
-            if len(self.mem) < self.memory_max and self.backlog == 0:
-                self.mem.append(item)
+            self.log_bytes += _size(item)
+            if self._fits(item):
+                self._hold(item)
             else:
                 self.backlog += 1
+        self._update_room()
         if self.mem or self.backlog:
             self.idle.clear()
             self.log.info("resuming unsent reports", count=len(self.mem) + self.backlog)
@@ -129,30 +157,53 @@ class Outbox:
     def _ack(self, batch: list[dict[str, Any]]) -> None:
         self.acked = int(batch[-1]["_line"]) + 1
         self.sent_total += len(batch)
+        self.log_bytes -= sum(_size(item) for item in batch)
+        self._update_room()
         drained = not self.mem and self.backlog == 0
         if drained and self.lines >= RESET_LINES:
             self._reset()  # durable: new lines must never sit below an old, larger ack
+        elif not drained and self.acked >= self.compact_after:
+            self._compact()  # durable too, for the same reason
         else:
             # The ack may lag what was sent (not fsynced): a lost write re-sends, which the
-            # queue ignores by (stream, seq); it never runs ahead of the file since the last
-            # (durable) reset. Each send then costs no fsync beyond its items' own appends.
+            # queue ignores by (stream, seq) and chunk offset; it never runs ahead of the file
+            # since the last (durable) reset or compaction. Each send then costs no fsync
+            # beyond its items' own appends.
             replace_atomically(self.ack_file, str(self.acked).encode(), durable=False)
         if drained:
             self.idle.set()
         elif not self.mem and self.backlog:
             self._refill()
 
+    def _compact(self) -> None:
+        """Rewrite the file with its unsent lines only (atomically, ack reset with it)."""
+        if self._repair_to is not None:
+            truncate_to(self.file, self._repair_to)
+            self._repair_to = None
+        with self.file.open("rb") as fh:
+            rest = b"".join(ln for i, ln in enumerate(fh) if i >= self.acked)
+        # The ack file first: a kill between the two leaves ack 0 with the old file, so the
+        # sent lines are sent again (harmless: reports and chunks are idempotent at the queue).
+        replace_atomically(self.ack_file, b"0")
+        replace_atomically(self.file, rest)
+        shift = self.acked
+        for item in self.mem:
+            item["_line"] = int(item["_line"]) - shift
+        self.lines -= shift
+        self.acked = 0
+
     def _refill(self) -> None:
         with self.file.open(encoding="utf-8", errors="replace") as fh:
             for i, ln in enumerate(fh):
                 if i < self.acked:
                     continue
-                if len(self.mem) >= self.memory_max:
-                    break
                 item = self._parse(ln, i)
-                if item is not None:
-                    self.mem.append(item)
-                    self.backlog -= 1
+                if item is None:
+                    continue
+                if not self._fits(item, refill=True):
+                    break
+                self._hold(item)
+                self.backlog -= 1
         if not self.mem:
             self.backlog = 0  # nothing readable was left
 
@@ -162,12 +213,37 @@ class Outbox:
     def pending(self) -> int:
         return len(self.mem) + self.backlog
 
+    def _fits(self, item: dict[str, Any], *, refill: bool = False) -> bool:
+        if self.backlog and not refill:
+            return False
+        if not self.mem:
+            return True  # one item always fits, whatever its size
+        return len(self.mem) < self.memory_max and self.mem_bytes + _size(item) <= self.memory_bytes
+
+    def _hold(self, item: dict[str, Any]) -> None:
+        self.mem.append(item)
+        self.mem_bytes += _size(item)
+
+    def _update_room(self) -> None:
+        if self.log_bytes < self.log_budget:
+            self.log_room.set()
+        else:
+            self.log_room.clear()
+
+    async def wait_log_room(self) -> None:
+        """Return once fewer than ``log_budget`` bytes of log wait to be sent."""
+        while self.log_bytes >= self.log_budget:
+            self.log_room.clear()
+            await self.log_room.wait()
+
     def _put(self, item: dict[str, Any]) -> None:
         item["_line"] = self._append(item)
-        if self.backlog == 0 and len(self.mem) < self.memory_max:
-            self.mem.append(item)
+        if self._fits(item):
+            self._hold(item)
         else:
             self.backlog += 1
+        self.log_bytes += _size(item)
+        self._update_room()
         self.idle.clear()
         self.wake.set()
 
@@ -179,10 +255,19 @@ class Outbox:
         reason: str | None = None,
         message: str | None = None,
         node: str | None = None,
+        termination: tuple[int, str, str] | None = None,
     ) -> None:
         self.seq += 1
+        ended: dict[str, Any] = {}
+        if termination is not None:
+            ended = {
+                "exitCode": termination[0],
+                "terminationReason": termination[1][:200],
+                "terminationMessage": termination[2][:4096],
+            }
         self._put(
             {
+                **ended,
                 "kind": "report",
                 "stream": self.stream,
                 "seq": self.seq,
@@ -217,6 +302,30 @@ class Outbox:
 
     def logs(self, *, instance_id: str, text: str) -> None:
         self._put({"kind": "logs", "instanceId": instance_id, "logs": text})
+
+    def log_chunk(
+        self,
+        *,
+        instance_id: str,
+        offset: int,
+        data: bytes,
+        cursor: str | None = None,
+        final: bool = False,
+        note: str | None = None,
+    ) -> None:
+        """A piece of an instance's log from byte ``offset`` (see :mod:`nymph.launch.logcursor`)."""
+        item: dict[str, Any] = {
+            "kind": "logchunk",
+            "instanceId": instance_id,
+            "offset": offset,
+            "data": base64.b64encode(data).decode("ascii"),
+            "final": final,
+        }
+        if cursor is not None:
+            item["cursor"] = cursor
+        if note is not None:
+            item["note"] = note[:2000]
+        self._put(item)
 
     # -- the sender loop -----------------------------------------------------------------------
 
@@ -260,7 +369,7 @@ class Outbox:
             backoff = 0.5
             self.last_error = ""
             for _ in batch:
-                self.mem.popleft()
+                self.mem_bytes -= _size(self.mem.popleft())
             self._ack(batch)
 
     async def flush(self, timeout: float) -> bool:

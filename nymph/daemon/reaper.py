@@ -65,6 +65,7 @@ class Reaper:
         metrics: Metrics,
         disk: DiskHealth | None = None,
         busy: Callable[[], Collection[str]] = frozenset,
+        logs_settled: Callable[[str], bool] | None = None,
     ) -> None:
         self.w = settings
         #: The instance ids of the tasks this daemon holds (their workdirs are in use).
@@ -79,6 +80,8 @@ class Reaper:
         self.workdirs = workdirs
         self.audit = audit
         self.metrics = metrics
+        #: Whether all a Pod's output was shipped (the live log follower is done with it).
+        self.logs_settled = logs_settled or (lambda _name: True)
 
     def due(self, track: Track, *, now: float) -> bool:
         """Whether a finished Pod has waited long enough to be reaped."""
@@ -102,7 +105,11 @@ class Reaper:
 
     async def reap_due(self, *, now: float, concurrency: int = REAP_CONCURRENCY) -> int:
         """Reap every Pod due at ``now``, ``concurrency`` at a time; how many were due."""
-        due = [(name, t) for name, t in list(self.tracker.tracks.items()) if self.due(t, now=now)]
+        due = [
+            (name, t)
+            for name, t in list(self.tracker.tracks.items())
+            if self.due(t, now=now) and self.logs_settled(name)
+        ]
         for _, track in due:
             track.reaping = True
         slots = asyncio.Semaphore(concurrency)

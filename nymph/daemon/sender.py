@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any
 
@@ -36,6 +37,17 @@ class QueueSender:
                 await self.client.report(daemon_id=self.daemon_id, stream=batch[0]["stream"], reports=reports)
             elif kind == "complete":
                 await self._complete(batch[0])
+            elif kind == "logchunk":
+                item = batch[0]
+                await self.client.ship_log_chunk(
+                    daemon_id=self.daemon_id,
+                    instance_id=item["instanceId"],
+                    offset=int(item["offset"]),
+                    data=base64.b64decode(item.get("data") or ""),
+                    cursor=item.get("cursor"),
+                    final=bool(item.get("final")),
+                    note=item.get("note"),
+                )
             elif kind == "logs":
                 item = batch[0]
                 await self.client.upload_logs(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nymph.daemon.diskhealth import DiskHealth
@@ -19,7 +19,7 @@ from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.render import HOSTNAME_LABEL
-from nymph.launch.state import InstanceState, Reason, pod_reason, pod_state
+from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
 
 
 @dataclass
@@ -45,6 +45,8 @@ class Report:
     state: InstanceState
     reason: Reason | None = None
     message: str | None = None
+    #: How the ``user`` container ended, on a ``stopped`` report (not part of :attr:`key`).
+    termination: tuple[int, str, str] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -108,7 +110,8 @@ def decide_event(kind: str, pod: Mapping[str, Any], track: Track) -> EventDecisi
     finished = state is InstanceState.STOPPED and track.finished_at is None
     if state is InstanceState.STOPPING and track.stopped:
         return EventDecision(finished=finished)  # reaping or a late stop of a finished Pod
-    return EventDecision(report=Report(state, reason, message), finished=finished)
+    ended = container_termination(pod) if state is InstanceState.STOPPED else None
+    return EventDecision(report=Report(state, reason, message, termination=ended), finished=finished)
 
 
 # --- the tracker ---------------------------------------------------------------------------------
@@ -190,7 +193,12 @@ class Tracker:
             state, reason = report.key
             try:
                 self.outbox.report(
-                    instance_id=name, state=state, reason=reason, message=report.message, node=node
+                    instance_id=name,
+                    state=state,
+                    reason=reason,
+                    message=report.message,
+                    node=node,
+                    termination=report.termination,
                 )
             except OSError as exc:
                 self.disk.failed("outbox", exc)

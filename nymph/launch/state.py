@@ -77,6 +77,22 @@ def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return out
 
 
+def container_termination(pod: Mapping[str, Any], *, container: str = "user") -> tuple[int, str, str] | None:
+    """How ``container`` of a Pod ended: (exit code, termination reason, termination message),
+    or None while it has not ended."""
+    for cs in _container_statuses(pod):
+        if cs.get("name") != container:
+            continue
+        terminated = _get(cs, "state", "terminated")
+        if isinstance(terminated, Mapping) and isinstance(terminated.get("exitCode"), int):
+            return (
+                int(terminated["exitCode"]),
+                str(terminated.get("reason") or ""),
+                str(terminated.get("message") or ""),
+            )
+    return None
+
+
 def pod_reason(pod: Mapping[str, Any]) -> tuple[Reason | None, str]:
     """Why a Pod is (or will end up) stopped, with a human message.
 

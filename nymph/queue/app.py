@@ -25,6 +25,7 @@ from nymph.queue.keys import AUTH, SESSIONS, SETTINGS, STORE
 from nymph.queue.middlewares import auth_middleware, error_middleware
 from nymph.queue.models import QueueSettings
 from nymph.queue.routes import daemon as daemon_routes
+from nymph.queue.routes import output as output_routes
 from nymph.queue.routes import secrets as secret_routes
 from nymph.queue.routes import user as user_routes
 from nymph.queue.sessions import SessionStore
@@ -96,4 +97,5 @@ def create_app(*, db_path: Path, settings: QueueSettings | None = None) -> web.A
     app.add_routes(user_routes.routes)
     app.add_routes(daemon_routes.routes)
     app.add_routes(secret_routes.routes)
+    app.add_routes(output_routes.routes)
     return app

@@ -101,6 +101,23 @@ class SessionSettings:
 
 
 @dataclass(frozen=True)
+class OutputSettings:
+    """Instances' logs and result files (see :mod:`nymph.queue.output`)."""
+
+    #: Bytes of log kept per instance; beyond it the oldest middle part is dropped.
+    log_cap_bytes: int = 8 * 1024 * 1024
+    #: Bytes of result files kept per instance.
+    results_cap_bytes: int = 64 * 1024 * 1024
+    #: Logs and results are removed this long after their instance stopped.
+    retention_seconds: float = 7 * 86_400.0
+    #: How often the sweeper looks for expired output.
+    purge_interval: float = 60.0
+    #: A followed log of a stopped instance ends when no chunk came for this long (a daemon that
+    #: ships no log, or a log that never starts).
+    follow_grace_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     """All tunables of the service, grouped; passed to :func:`nymph.queue.app.create_app`."""
 
@@ -110,6 +127,7 @@ class QueueSettings:
     limits: LimitSettings = field(default_factory=LimitSettings)
     sessions: SessionSettings = field(default_factory=SessionSettings)
     direct: DirectSettings = field(default_factory=DirectSettings)
+    output: OutputSettings = field(default_factory=OutputSettings)
 
 
 @dataclass(frozen=True)
@@ -123,6 +141,8 @@ class Report:
     message: str | None
     node: str | None
     at: float
+    #: How the ``user`` container ended (exit code, reason, message), once it did.
+    termination: tuple[int, str, str] | None = None
 
 
 @dataclass(frozen=True)

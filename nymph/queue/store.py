@@ -26,6 +26,7 @@ from nymph.protocol import (
 from nymph.queue.db import Database
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, WorkSignal
+from nymph.queue.output import OutputStore
 from nymph.queue.sql import catalog, dispatch, launches
 from nymph.queue.sql import reports as sql_reports
 
@@ -40,11 +41,14 @@ class Store:
         self.tasks_changed = WorkSignal()
         #: Woken per instance id whenever an instance changed.
         self.instance_changed = KeyedSignal()
+        #: Logs and result files.
+        self.output = OutputStore(db=db, settings=settings.output)
 
     def close_waiters(self) -> None:
         """Release every held long-poll (shutdown)."""
         self.tasks_changed.close()
         self.instance_changed.close()
+        self.output.close_waiters()
 
     def _changed(self, instance_ids: Iterable[str]) -> None:
         for instance_id in instance_ids:
@@ -310,4 +314,5 @@ class Store:
             self.tasks_changed.notify_all()
         if count:
             log.info("expired leases handed back", tasks=count)
+        await self.output.purge_due()
         return count

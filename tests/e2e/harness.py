@@ -124,6 +124,7 @@ class DaemonProc:
     proc: subprocess.Popen[bytes] | None = None
     #: Extra environment (the benchmark runs kubectl as the deployed Pod would).
     env: dict[str, str] = field(default_factory=dict)
+    node: str = NODE
 
     def start(self) -> DaemonProc:
         with (self.root.parent / f"daemon-{self.root.name}.log").open("ab") as log:
@@ -138,7 +139,7 @@ class DaemonProc:
                     "--queue",
                     self.queue.url,
                     "--node",
-                    NODE,
+                    self.node,
                     "--namespace",
                     self.namespace,
                     "--kubeconfig",

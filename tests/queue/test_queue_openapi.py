@@ -8,6 +8,7 @@ every operation and requires that none gets a 5xx or an undocumented answer.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from importlib import resources
@@ -203,6 +204,25 @@ def test_every_operation_conforms(served: Served) -> None:
         expect=404,
     )
     call("GET", inst + "/logs", expect=200)
+    chunk = {"daemonId": "d1", "instanceId": iid, "offset": 0, "data": base64.b64encode(b"hello\n").decode()}
+    call("POST", "/v1/dispatch/logchunks", body=chunk, token="daemon", expect=200)
+    call("POST", "/v1/dispatch/logchunks", body={**chunk, "offset": 99}, token="daemon", expect=409)
+    call("POST", "/v1/dispatch/logchunks", body={**chunk, "data": "%%"}, token="daemon", expect=422)
+    call(
+        "POST",
+        "/v1/dispatch/logchunks",
+        body={**chunk, "instanceId": "lakeshore-00000000"},
+        token="daemon",
+        expect=404,
+    )
+    assert call("GET", inst + "/logs?since=2", expect=200).json()["logs"] == "llo\n"
+    call("GET", inst + "/logs?follow=maybe", expect=400)
+    plain = {"Accept": "text/plain"}
+    assert call("GET", inst + "/logs?follow=false", headers=plain, expect=200).text == "hello\n"
+    done_chunk = {**chunk, "offset": 6, "data": "", "final": True}
+    call("POST", "/v1/dispatch/logchunks", body=done_chunk, token="daemon", expect=200)
+    followed = call("GET", inst + "/logs?follow=true", expect=200)
+    assert followed.text == "hello\n" and followed.headers["X-Nymph-Log-Complete"] == "true"
     call("DELETE", inst, expect=204)
     full = call("GET", inst, expect=200).json()
     assert full["state"] == "stopping" and [h["state"] for h in full["history"]] == [

@@ -278,7 +278,17 @@ def _report(raw: dict[str, Any], index: int) -> Report:
             raise ValueError(at_text)
     except (ValueError, OverflowError):
         raise Unprocessable(f"body.reports[{index}].at {at_text!r} is not an ISO 8601 time") from None
+    exit_code = raw.get("exitCode")
+    termination = None
+    if exit_code is not None:
+        code = f.integer("exitCode", minimum=-(2**31), maximum=2**31)
+        termination = (
+            code,
+            f.string("terminationReason", required=False, max_len=200) or "",
+            f.text("terminationMessage", required=False) or "",
+        )
     return Report(
+        termination=termination,
         seq=f.integer("seq", minimum=0, maximum=2**62),
         instance_id=f.req_string("instanceId"),
         state=state,

@@ -316,13 +316,6 @@ async def stop_instance(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-@routes.get(NS + "/providers/{name}/instances/{id}/logs")
-async def get_logs(request: web.Request) -> web.Response:
-    m = request.match_info
-    logs = await request.app[STORE].get_logs(ns=m["ns"], provider=m["name"], instance_id=m["id"])
-    return _json({"instanceId": m["id"], "logs": logs})
-
-
 # --- probes, tasks, daemons ----------------------------------------------------------------
 
 

@@ -18,13 +18,13 @@ from typing import Any
 from nymph.errors import ConfigError
 from nymph.launch.config import check_dispatch_kwargs, connection_kwargs
 from nymph.launch.render import render_pod
-from nymph.launch.state import InstanceState, Reason, pod_reason, pod_state
+from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
 from nymph.protocol import LaunchAccepted, TaskKind, now
 from nymph.queue.errors import BadRequest
 from nymph.queue.sql import catalog
 from nymph.queue.sql.idempotency import body_digest, remember, replay
 from nymph.queue.sql.launches import _build, _new_instance, new_task_id
-from nymph.queue.sql.rows import fetch_instance, transition
+from nymph.queue.sql.rows import fetch_instance, record_termination, transition
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,9 @@ def apply_pod(
     changed = transition(
         conn, instance_id=instance_id, now=ts, state=state, reason=reason, message=message, node=node
     )
+    ended = container_termination(pod)
+    if ended is not None and record_termination(conn, instance_id=instance_id, termination=ended):
+        changed = True
     if deleted:
         conn.execute("UPDATE instances SET reaped_at = ? WHERE instance_id = ?", (ts, instance_id))
     return instance_id if changed else None

@@ -180,4 +180,40 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE daemons ADD COLUMN node_info TEXT;
     ALTER TABLE instances ADD COLUMN waiting TEXT;
     """,
+    # 5: live logs and results that outlive the Pod. An instance's log is kept as chunks keyed
+    # by their byte offset in the log as the job printed it (see nymph.launch.logcap), with one
+    # row per log saying how much arrived, which middle range was dropped to fit the cap, the
+    # follower's resume cursor and whether the log is complete. The instance record gains how
+    # its container ended; result files are kept whole, per instance and path.
+    """
+    CREATE TABLE log_streams (
+        instance_id TEXT PRIMARY KEY,
+        total INTEGER NOT NULL DEFAULT 0,
+        dropped_start INTEGER NOT NULL DEFAULT 0,
+        dropped_end INTEGER NOT NULL DEFAULT 0,
+        cursor TEXT,
+        complete INTEGER NOT NULL DEFAULT 0,
+        note TEXT,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE log_chunks (
+        instance_id TEXT NOT NULL,
+        start INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (instance_id, start)
+    ) WITHOUT ROWID;
+    CREATE TABLE result_files (
+        instance_id TEXT NOT NULL,
+        path TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        data BLOB NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (instance_id, path)
+    ) WITHOUT ROWID;
+    ALTER TABLE instances ADD COLUMN exit_code INTEGER;
+    ALTER TABLE instances ADD COLUMN termination_reason TEXT;
+    ALTER TABLE instances ADD COLUMN termination_message TEXT;
+    ALTER TABLE instances ADD COLUMN results_error TEXT;
+    """,
 )

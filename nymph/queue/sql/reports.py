@@ -12,7 +12,13 @@ from nymph.protocol import ActiveJSON
 from nymph.queue.errors import NotFound
 from nymph.queue.models import DaemonSession, Report
 from nymph.queue.sql import placement
-from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, transition
+from nymph.queue.sql.rows import (
+    fetch_instance,
+    record_termination,
+    session_filter,
+    session_may_act,
+    transition,
+)
 
 
 def stream_key(*, daemon_id: str, stream: str) -> str:
@@ -46,6 +52,10 @@ def report(
         inst = fetch_instance(conn, r.instance_id)
         if inst is None or not session_may_act(session, inst):
             continue
+        if r.termination is not None and record_termination(
+            conn, instance_id=r.instance_id, termination=r.termination
+        ):
+            changed.add(r.instance_id)
         if inst["stop_requested_at"] is not None and r.state not in (
             InstanceState.STOPPING.value,
             InstanceState.STOPPED.value,

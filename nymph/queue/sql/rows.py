@@ -29,7 +29,8 @@ KEEP = Keep.KEEP
 
 INSTANCE_COLUMNS = (
     "instance_id, namespace, provider, kube_namespace, state, reason, message, node, "
-    "launched_at, updated_at, version, requester, stop_requested_at, waiting"
+    "launched_at, updated_at, version, requester, stop_requested_at, waiting, exit_code, "
+    "termination_reason, termination_message"
 )
 
 
@@ -72,6 +73,10 @@ def instances_json(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> lis
         # Why a queued launch waits: no live daemon's node can run it (see queue.sql.placement).
         if r["waiting"] and r["state"] == "queued":
             item["waiting"] = r["waiting"]
+        if r["exit_code"] is not None:
+            item["exitCode"] = int(r["exit_code"])
+            item["terminationReason"] = r["termination_reason"] or ""
+            item["terminationMessage"] = r["termination_message"] or ""
     return out
 
 
@@ -175,3 +180,16 @@ def task_status_json(row: sqlite3.Row) -> TaskStatusJSON:
         error=row["error"],
         attempts=row["attempts"],
     )
+
+
+def record_termination(
+    conn: sqlite3.Connection, *, instance_id: str, termination: tuple[int, str, str]
+) -> bool:
+    """Keep how the container ended (the first word on it stays); True if it was new."""
+    code, reason, message = termination
+    cur = conn.execute(
+        "UPDATE instances SET exit_code = ?, termination_reason = ?, termination_message = ?, "
+        "version = version + 1 WHERE instance_id = ? AND exit_code IS NULL",
+        (code, reason[:200], message[:4096], instance_id),
+    )
+    return cur.rowcount > 0

@@ -1,0 +1,149 @@
+"""Resuming a followed container log without gaps or duplicates (pure).
+
+The API server serves a container's log with ``timestamps=true`` as lines ``<RFC3339Nano> <text>``
+(the time the runtime recorded the line). A follower keeps a :class:`Cursor`: how many bytes of
+the log it has shipped, the timestamp of the last shipped line and how many shipped lines carry
+exactly that timestamp. After a break it asks again from that timestamp's second (``sinceTime``
+has second precision) and :class:`Dedup` drops the overlap: lines older than the cursor, and the
+first ``seen`` lines of the cursor's own timestamp.
+
+The runtime splits a line longer than its limit (16 KiB in containerd) into partial records and
+the API server prefixes each with its own timestamp; :func:`parse_line` cuts those stamps back
+out of a joined line so the shipped bytes are what the job printed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+#: containerd's default ``max_container_log_line_size``: where a long line is split.
+PARTIAL_SIZE = 16 * 1024
+_STAMP = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ")
+_STAMP_TEXT = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
+
+
+@dataclass(frozen=True, order=True)
+class Stamp:
+    """A log line's timestamp as (UTC text up to seconds, nanoseconds), ordered."""
+
+    seconds: str
+    nanos: int
+
+    @property
+    def since_time(self) -> str:
+        """The ``sinceTime`` that re-reads from this stamp's second."""
+        return self.seconds + "Z"
+
+    def text(self) -> str:
+        return f"{self.seconds}.{self.nanos:09d}Z"
+
+
+def parse_stamp(text: str) -> Stamp | None:
+    m = _STAMP_TEXT.match(text)
+    if m is None or m.group(3) != "Z":
+        return None  # the kubelet writes UTC; anything else is not a stamp of its
+    frac = (m.group(2) or "").ljust(9, "0")
+    return Stamp(m.group(1), int(frac))
+
+
+def parse_line(raw: bytes, *, partial_size: int = PARTIAL_SIZE) -> tuple[Stamp | None, bytes]:
+    """Split ``<stamp> <text>`` into the stamp and the text as printed (the stamps of a long
+    line's later partial records removed); a line without a stamp is returned whole."""
+    head, sep, rest = raw.partition(b" ")
+    stamp = parse_stamp(head.decode("ascii", errors="replace")) if sep else None
+    if stamp is None:
+        return None, raw
+    return stamp, b"".join(_unsplit(rest, partial_size=partial_size))
+
+
+def _unsplit(text: bytes, *, partial_size: int) -> Iterator[bytes]:
+    while len(text) > partial_size:
+        m = _STAMP.match(text, partial_size)
+        if m is None:
+            break
+        yield text[:partial_size]
+        text = text[m.end() :]
+    yield text
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """How far a log was shipped: ``offset`` bytes, up to a line stamped ``stamp`` (the
+    ``seen``-th line with that stamp)."""
+
+    offset: int = 0
+    stamp: Stamp | None = None
+    seen: int = 0
+
+    def dump(self) -> str:
+        return f"{self.offset} {self.stamp.text() if self.stamp else '-'} {self.seen}"
+
+    @staticmethod
+    def load(text: str | None) -> Cursor:
+        parts = (text or "").split()
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
+            return Cursor()
+        return Cursor(offset=int(parts[0]), stamp=parse_stamp(parts[1]), seen=int(parts[2]))
+
+    def after(self, stamp: Stamp | None, size: int) -> Cursor:
+        """The cursor once a line of ``size`` bytes stamped ``stamp`` is shipped."""
+        if stamp is None or stamp == self.stamp:
+            return replace(self, offset=self.offset + size, seen=self.seen + (stamp is not None))
+        return Cursor(offset=self.offset + size, stamp=stamp, seen=1)
+
+
+class Dedup:
+    """Drops the lines of a re-read that the cursor says were already shipped."""
+
+    def __init__(self, cursor: Cursor) -> None:
+        self.mark = cursor.stamp
+        self.skip_same = cursor.seen
+
+    def fresh(self, stamp: Stamp | None) -> bool:
+        """Whether a line stamped ``stamp`` is new (lines come in stamp order)."""
+        if self.mark is None or stamp is None:
+            return True
+        if stamp < self.mark:
+            return False
+        if stamp == self.mark and self.skip_same > 0:
+            self.skip_same -= 1
+            return False
+        self.mark = None  # past the overlap: everything from here is new
+        return True
+
+
+class LineSplitter:
+    """Bytes as they arrive -> whole lines, holding at most ``max_line`` bytes of an unfinished
+    one (a longer line is handed on in pieces, the later ones without a stamp)."""
+
+    def __init__(self, *, max_line: int = 1024 * 1024) -> None:
+        self.max_line = max_line
+        self.buf = bytearray()
+        self.continued = False
+
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bool]]:
+        """Yield ``(line, continued)``: ``continued`` means it goes on an earlier piece."""
+        self.buf += data
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl < 0:
+                if len(self.buf) >= self.max_line:
+                    piece = bytes(self.buf)
+                    self.buf.clear()
+                    yield piece, self.continued
+                    self.continued = True
+                return
+            line = bytes(self.buf[: nl + 1])
+            del self.buf[: nl + 1]
+            yield line, self.continued
+            self.continued = False
+
+    def rest(self) -> tuple[bytes, bool] | None:
+        """An unfinished last line (the stream ended without its newline)."""
+        if not self.buf:
+            return None
+        piece = bytes(self.buf)
+        self.buf.clear()
+        return piece, self.continued

@@ -1,0 +1,178 @@
+"""Instances' output (logs and result files), behind async methods on the database thread.
+
+Log chunks come from a daemon (``POST /v1/dispatch/logchunks``) or, for a direct launch, from
+the queue's own follower; readers are woken per instance when a chunk lands
+(:attr:`OutputStore.appended`). The sweeper calls :meth:`OutputStore.purge_due`, which removes
+the output of instances stopped longer ago than the retention period.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+import structlog
+
+from nymph.protocol import now
+from nymph.queue.db import Database
+from nymph.queue.models import DaemonSession, OutputSettings
+from nymph.queue.notify import KeyedSignal
+from nymph.queue.sql import logchunks
+from nymph.queue.sql.launches import instance_row
+from nymph.queue.sql.logchunks import LogRead, LogStatus
+
+log = structlog.get_logger(__name__, component="queue.output")
+
+
+@dataclass(frozen=True)
+class InstanceEnd:
+    """What a log follower needs to know of the instance to decide the log is over."""
+
+    state: str
+    updated_at: float
+    ran: bool
+
+
+@dataclass(frozen=True)
+class FollowRead:
+    read: LogRead
+    end: InstanceEnd
+
+
+def _instance_end(conn: sqlite3.Connection, instance_id: str) -> InstanceEnd:
+    row = conn.execute(
+        "SELECT state, updated_at FROM instances WHERE instance_id = ?", (instance_id,)
+    ).fetchone()
+    ran = conn.execute(
+        "SELECT 1 FROM instance_events WHERE instance_id = ? AND state = 'running' LIMIT 1", (instance_id,)
+    ).fetchone()
+    return InstanceEnd(state=str(row["state"]), updated_at=float(row["updated_at"]), ran=ran is not None)
+
+
+def follow_over(read: FollowRead, *, at: float, grace: float) -> bool:
+    """Whether a follower at ``read.read.next_offset`` has everything it will get (pure): the
+    log is complete, or the instance stopped without ever running, or it stopped and no chunk
+    came for ``grace`` seconds."""
+    st, end = read.read.status, read.end
+    if read.read.next_offset < st.total:
+        return False
+    if st.complete:
+        return True
+    if end.state != "stopped":
+        return False
+    if not end.ran and st.updated_at is None:
+        return True
+    last = max(end.updated_at, st.updated_at or 0.0)
+    return at - last >= grace
+
+
+class OutputStore:
+    def __init__(self, *, db: Database, settings: OutputSettings) -> None:
+        self.db = db
+        self.settings = settings
+        #: Woken per instance id whenever a log chunk landed.
+        self.appended = KeyedSignal()
+        self._next_purge = 0.0
+
+    def close_waiters(self) -> None:
+        self.appended.close()
+
+    async def daemon_append(
+        self,
+        *,
+        session: DaemonSession,
+        instance_id: str,
+        offset: int,
+        data: bytes,
+        cursor: str | None,
+        final: bool,
+        note: str | None,
+    ) -> LogStatus:
+        cap = self.settings.log_cap_bytes
+        st = await self.db.write(
+            lambda conn: logchunks.daemon_append(
+                conn,
+                session=session,
+                instance_id=instance_id,
+                offset=offset,
+                data=data,
+                cap=cap,
+                now=now(),
+                cursor=cursor,
+                final=final,
+                note=note,
+            )
+        )
+        self.appended.notify(instance_id)
+        return st
+
+    async def append(
+        self,
+        *,
+        instance_id: str,
+        offset: int,
+        data: bytes,
+        cursor: str | None = None,
+        final: bool = False,
+        note: str | None = None,
+    ) -> LogStatus:
+        """The queue's own write (a direct launch's follower)."""
+        cap = self.settings.log_cap_bytes
+        st = await self.db.write(
+            lambda conn: logchunks.append(
+                conn,
+                instance_id=instance_id,
+                offset=offset,
+                data=data,
+                cap=cap,
+                now=now(),
+                cursor=cursor,
+                final=final,
+                note=note,
+            )
+        )
+        self.appended.notify(instance_id)
+        return st
+
+    async def status(self, *, instance_id: str) -> LogStatus | None:
+        return await self.db.read(lambda conn: logchunks.status(conn, instance_id=instance_id))
+
+    async def read_all(
+        self, *, ns: str, provider: str, instance_id: str, since: int
+    ) -> tuple[LogRead | None, str | None]:
+        """The stored log from ``since`` (None without a log stream) and the tail an older
+        daemon uploaded whole (None without one); 404 for an unknown instance."""
+
+        def read(conn: sqlite3.Connection) -> tuple[LogRead | None, str | None]:
+            instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
+            tail = conn.execute(
+                "SELECT text FROM instance_logs WHERE instance_id = ?", (instance_id,)
+            ).fetchone()
+            return logchunks.read_all(conn, instance_id=instance_id, since=since), (
+                None if tail is None else str(tail[0])
+            )
+
+        return await self.db.read(read)
+
+    async def follow_read(self, *, ns: str, provider: str, instance_id: str, since: int) -> FollowRead:
+        def read(conn: sqlite3.Connection) -> FollowRead:
+            instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
+            return FollowRead(
+                read=logchunks.read(conn, instance_id=instance_id, since=since),
+                end=_instance_end(conn, instance_id),
+            )
+
+        return await self.db.read(read)
+
+    async def purge_due(self) -> int:
+        """Remove expired output, at most once per ``purge_interval``; returns how many
+        instances' output went."""
+        t = now()
+        if t < self._next_purge:
+            return 0
+        self._next_purge = t + self.settings.purge_interval
+        before = t - self.settings.retention_seconds
+        ids = await self.db.write(lambda conn: logchunks.purge(conn, stopped_before=before))
+        if ids:
+            log.info("expired output removed", instances=len(ids))
+        return len(ids)

@@ -1,0 +1,172 @@
+"""Output routes: an instance's log for users (JSON, raw text, followed live) and the log chunks
+daemons ship.
+
+``GET .../instances/{id}/logs`` answers ``{instanceId, logs}`` as it always did (the stored log,
+or the tail an older daemon uploaded before reaping); ``?since=OFFSET`` starts at a byte offset
+of the log as the job printed it. With ``?follow=true`` or ``Accept: text/plain`` the answer is
+the raw log, chunked, held open until the log is over (see :func:`nymph.queue.output.follow_over`);
+``?follow=false`` with ``Accept: text/plain`` gives the raw log as stored so far. Headers carry
+the offsets: ``X-Nymph-Log-Offset`` (where the answer starts), ``X-Nymph-Log-Next-Offset`` (where
+it ends, JSON and plain only), ``X-Nymph-Log-Dropped`` (``START-END``, the dropped range) and
+``X-Nymph-Log-Complete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+
+from aiohttp import web
+
+from nymph.protocol import now
+from nymph.queue.bodies import Fields, query_int, read_object
+from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
+from nymph.queue.keys import PRINCIPAL, STORE
+from nymph.queue.output import follow_over
+from nymph.queue.sql.logchunks import LogStatus
+
+routes = web.RouteTableDef()
+NS = "/v1/namespaces/{ns}"
+#: A held follow looks at its client and the instance at least this often.
+_FOLLOW_TICK = 2.0
+_MAX_OFFSET = 2**62
+_MAX_CHUNK = 512 * 1024
+
+
+def _flag(request: web.Request, key: str) -> bool | None:
+    raw = request.query.get(key)
+    if raw is None or raw == "":
+        return None
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"query parameter {key}={raw[:40]!r} must be true or false", code="invalid_query")
+
+
+def _wants_text(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    return "text/plain" in accept and "application/json" not in accept
+
+
+def _headers(*, since: int, st: LogStatus | None, next_offset: int | None) -> dict[str, str]:
+    st = st or LogStatus()
+    out = {
+        "X-Nymph-Log-Offset": str(since),
+        "X-Nymph-Log-Dropped": f"{st.dropped.start}-{st.dropped.end}",
+        "X-Nymph-Log-Complete": "true" if st.complete else "false",
+    }
+    if next_offset is not None:
+        out["X-Nymph-Log-Next-Offset"] = str(next_offset)
+    return out
+
+
+@routes.get(NS + "/providers/{name}/instances/{id}/logs")
+async def get_logs(request: web.Request) -> web.StreamResponse:
+    m = request.match_info
+    since = query_int(request, "since", minimum=0, maximum=_MAX_OFFSET) or 0
+    follow = _flag(request, "follow")
+    text = _wants_text(request)
+    if follow or (follow is None and text):
+        return await _follow(request, since=since)
+    output = request.app[STORE].output
+    stored, tail = await output.read_all(ns=m["ns"], provider=m["name"], instance_id=m["id"], since=since)
+    if stored is not None and (stored.status.total > 0 or tail is None):
+        data, st, next_offset = stored.data, stored.status, stored.next_offset
+    elif tail is not None:
+        raw = tail.encode("utf-8")
+        data, st, next_offset = raw[since:], None, max(since, len(raw))
+    else:
+        data, st, next_offset = None, None, since
+    headers = _headers(since=since, st=st, next_offset=next_offset)
+    if text:
+        return web.Response(body=data or b"", content_type="text/plain", charset="utf-8", headers=headers)
+    logs = None if data is None else data.decode("utf-8", errors="replace")
+    return web.json_response({"instanceId": m["id"], "logs": logs}, headers=headers)
+
+
+async def _follow(request: web.Request, *, since: int) -> web.StreamResponse:
+    """The raw log from ``since``, written as it arrives until the log is over."""
+    m = request.match_info
+    store = request.app[STORE]
+    output = store.output
+    grace = output.settings.follow_grace_seconds
+    iid = m["id"]
+    first = await output.follow_read(ns=m["ns"], provider=m["name"], instance_id=iid, since=since)
+    resp = web.StreamResponse(headers=_headers(since=since, st=first.read.status, next_offset=None))
+    resp.content_type = "text/plain"
+    resp.charset = "utf-8"
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    pos = since
+    while True:
+        event = output.appended.current(iid)
+        changed = store.instance_changed.current(iid)
+        try:
+            # Read after taking the events: a chunk landing in between has set one of them.
+            current = await output.follow_read(ns=m["ns"], provider=m["name"], instance_id=iid, since=pos)
+            if current.read.data:
+                try:
+                    await resp.write(current.read.data)
+                except ConnectionError:
+                    return resp  # the reader went away
+            pos = current.read.next_offset
+            if follow_over(current, at=now(), grace=grace):
+                break
+            if not current.read.data:
+                transport = request.transport
+                if output.appended.closed or transport is None or transport.is_closing():
+                    break
+                await _either(event, changed, timeout=_FOLLOW_TICK)
+        finally:
+            output.appended.release(iid, event)
+            store.instance_changed.release(iid, changed)
+    with contextlib.suppress(ConnectionError):
+        await resp.write_eof()
+    return resp
+
+
+async def _either(a: asyncio.Event, b: asyncio.Event, *, timeout: float) -> None:
+    waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+# --- daemons ---------------------------------------------------------------------------------
+
+
+@routes.post("/v1/dispatch/logchunks")
+async def log_chunk(request: web.Request) -> web.Response:
+    f = Fields(await read_object(request))
+    f.reject_unknown({"daemonId", "instanceId", "offset", "data", "cursor", "final", "note"})
+    session = request[PRINCIPAL].session
+    assert session is not None  # the auth middleware admits sessions only
+    claimed = f.string("daemonId", required=False)
+    if claimed is not None and claimed != session.daemon_id:
+        raise Forbidden(
+            f"this session belongs to daemon {session.daemon_id!r}, not {claimed!r}", code="wrong_daemon"
+        )
+    instance_id = f.req_string("instanceId")
+    offset = f.integer("offset", minimum=0, maximum=_MAX_OFFSET)
+    encoded = f.text("data", required=False) or ""
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise Unprocessable("body.data must be base64") from None
+    if len(data) > _MAX_CHUNK:
+        raise Unprocessable(f"body.data holds more than {_MAX_CHUNK} bytes: ship smaller chunks")
+    st = await request.app[STORE].output.daemon_append(
+        session=session,
+        instance_id=instance_id,
+        offset=offset,
+        data=data,
+        cursor=f.string("cursor", required=False, max_len=1024),
+        final=f.boolean("final", default=False),
+        note=f.string("note", required=False, max_len=2000),
+    )
+    return web.json_response({"instanceId": instance_id, "size": st.total, "complete": st.complete})

@@ -1,0 +1,137 @@
+"""Live logs and output that outlive the Pod, on the real node (kubelet logs, real exit codes).
+
+A job prints for several seconds while the test follows its log through the queue; the daemon
+is killed (-9) and restarted, then the queue; the followed log, the stored log after the Pod is
+reaped and the exit code must be exactly what the job printed and returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nymph.client_logs import follow_log
+from nymph.localcluster import LocalCluster
+from tests.e2e.harness import (
+    DaemonProc,
+    QueueProc,
+    daemon_kubeconfig,
+    launch,
+    pods,
+    setup_provider,
+    wait_state,
+)
+from tests.e2e.test_realnode import python_image
+
+pytestmark = pytest.mark.e2e
+
+LINES = 500
+SCRIPT = f"""
+import sys, time
+for i in range({LINES}):
+    sys.stdout.write("line %05d %s\\n" % (i, "z" * (i % 50)))
+    if i == 100:
+        sys.stdout.write("L" * 40000 + "\\n")
+    sys.stdout.flush()
+    time.sleep(0.02)
+sys.stdout.write("no newline at the end")
+sys.stdout.flush()
+sys.exit(3)
+"""
+
+
+def printed() -> bytes:
+    out = []
+    for i in range(LINES):
+        out.append(b"line %05d %s\n" % (i, b"z" * (i % 50)))
+        if i == 100:
+            out.append(b"L" * 40000 + b"\n")
+    out.append(b"no newline at the end")
+    return b"".join(out)
+
+
+class RealStack:
+    def __init__(self, kube: LocalCluster, namespace: str, tmp: Path) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.queue = QueueProc(tmp / "queue.db")
+        self.kubeconfig = daemon_kubeconfig(kube, namespace, tmp)
+        self.root = tmp / "root"
+        self.daemons: list[DaemonProc] = []
+
+    def daemon(self) -> DaemonProc:
+        assert self.kube.real_node is not None
+        d = DaemonProc(
+            self.queue,
+            self.kubeconfig,
+            self.namespace,
+            self.root,
+            extra=("--reap-after", "2"),
+            node=self.kube.real_node,
+        )
+        self.daemons.append(d)
+        return d.start()
+
+    def kill_all(self) -> None:
+        for d in self.daemons:
+            d.kill()
+        self.queue.kill()
+
+
+@pytest.fixture
+def real_stack(real_kube: LocalCluster, real_namespace: str, tmp_path: Path) -> Iterator[RealStack]:
+    s = RealStack(real_kube, real_namespace, tmp_path)
+    try:
+        s.queue.tokens()
+        s.queue.start()
+        asyncio.run(setup_provider(s.queue, real_namespace, image=python_image(real_kube)))
+        s.daemon()
+        yield s
+    finally:
+        s.kill_all()
+
+
+async def test_a_log_followed_live_survives_daemon_and_queue_restarts(real_stack: RealStack) -> None:
+    s = real_stack
+    expected = printed()
+    iid = await launch(s.queue, script=SCRIPT)
+    got: list[bytes] = []
+    async with s.queue.client() as client:
+        follower = asyncio.create_task(
+            follow_log(client, provider="local", instance_id=iid, write=got.append, retries=60)
+        )
+        # Live: output arrives while the job still runs.
+        deadline = time.monotonic() + 90
+        while sum(map(len, got)) < 200 and time.monotonic() < deadline:
+            assert not follower.done(), follower
+            await asyncio.sleep(0.1)
+        inst = await client.get_instance(provider="local", instance_id=iid)
+        assert inst["state"] == "running" and 0 < sum(map(len, got)) < len(expected)
+
+        await asyncio.to_thread(s.daemons[-1].kill)
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(s.daemon)
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(s.queue.kill)
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(s.queue.start)
+
+        reached = await asyncio.wait_for(follower, 120)
+        assert b"".join(got) == expected
+        assert reached == len(expected)
+
+    inst = await wait_state(s.queue, iid, {"stopped"}, timeout=60)
+    assert inst["reason"] == "Error" and inst.get("exitCode") == 3, inst
+    # reaped: the Pod is gone, the log and the exit code are still there
+    deadline = time.monotonic() + 60
+    while [p for p in pods(s.kube, s.namespace) if p["metadata"]["name"] == iid]:
+        assert time.monotonic() < deadline, "the finished Pod was not reaped"
+        await asyncio.sleep(0.5)
+    async with s.queue.client() as client:
+        logs = await client.get_logs(provider="local", instance_id=iid)
+        assert logs is not None and logs.encode() == expected
+        assert (await client.get_instance(provider="local", instance_id=iid)).get("exitCode") == 3

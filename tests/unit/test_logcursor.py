@@ -1,0 +1,86 @@
+"""Resuming a followed container log: stamps, the cursor, de-duplication of the overlap (pure)."""
+
+from __future__ import annotations
+
+from nymph.daemon.logfollow import Chunker, container_started
+from nymph.launch.logcursor import PARTIAL_SIZE, Cursor, LineSplitter, parse_line, parse_stamp
+
+
+def _stamped(lines: list[tuple[str, bytes]]) -> bytes:
+    return b"".join(f"2030-01-01T00:00:{s}Z ".encode() + text for s, text in lines)
+
+
+LINES = [
+    ("01.000000001", b"a\n"),
+    ("01.000000002", b"b\n"),
+    ("01.000000002", b"b again, same stamp\n"),
+    ("01.500000000", b"c\n"),
+    ("02.000000000", b"d\n"),
+    ("03.000000000", b"e\n"),
+]
+PRINTED = b"".join(t for _, t in LINES)
+
+
+def _feed(chunker: Chunker, raw: bytes, *, piece: int = 7) -> None:
+    splitter = LineSplitter(max_line=1 << 20)
+    for i in range(0, len(raw), piece):
+        for line, continued in splitter.feed(raw[i : i + piece]):
+            chunker.line(line, continued=continued)
+
+
+def test_stamps_order_and_round_trip() -> None:
+    a = parse_stamp("2030-01-01T00:00:01.5Z")
+    b = parse_stamp("2030-01-01T00:00:01.000000002Z")
+    assert a is not None and b is not None and b < a
+    assert parse_stamp(a.text()) == a and a.since_time == "2030-01-01T00:00:01Z"
+    assert parse_stamp("2030-01-01T00:00:01+02:00") is None  # the kubelet writes UTC
+    assert Cursor.load(Cursor(offset=9, stamp=a, seen=2).dump()) == Cursor(offset=9, stamp=a, seen=2)
+    assert Cursor.load("garbage") == Cursor()
+
+
+def test_a_resumed_read_drops_exactly_the_overlap() -> None:
+    """Ship part of the log, then re-read from the cursor's second (as sinceTime does): the
+    result is the printed log, byte for byte, whatever the cut."""
+    for cut in range(len(LINES) + 1):
+        first = Chunker.resume(Cursor())
+        _feed(first, _stamped(LINES[:cut]))
+        shipped, _, cursor = first.take()
+        second = Chunker.resume(Cursor.load(cursor.dump()))
+        # sinceTime has second precision: the re-read starts at the cursor's second
+        second_of = cursor.stamp.seconds[-2:] if cursor.stamp else "00"
+        reread = [ln for ln in LINES if ln[0][:2] >= second_of]
+        _feed(second, _stamped(reread))
+        rest, offset, end = second.take()
+        assert offset == len(shipped) and shipped + rest == PRINTED, cut
+        assert end.offset == len(PRINTED)
+
+
+def test_a_long_line_loses_the_stamps_of_its_partial_records() -> None:
+    text = b"x" * (PARTIAL_SIZE * 2 + 10) + b"\n"
+    parts = [text[:PARTIAL_SIZE], text[PARTIAL_SIZE : 2 * PARTIAL_SIZE], text[2 * PARTIAL_SIZE :]]
+    raw = b"".join(b"2030-01-01T00:00:01.00000000%dZ " % i + p for i, p in enumerate(parts))
+    stamp, got = parse_line(raw)
+    assert stamp is not None and got == text
+    # a line that merely contains a stamp-like text elsewhere is left alone
+    odd = b"2030-01-01T00:00:01Z see 2030-01-01T00:00:02Z here\n"
+    assert parse_line(odd)[1] == b"see 2030-01-01T00:00:02Z here\n"
+
+
+def test_an_overlong_line_goes_on_in_pieces() -> None:
+    splitter = LineSplitter(max_line=10)
+    raw = b"2030-01-01T00:00:01Z " + b"y" * 25 + b"\nnext"
+    out = [got for i in range(0, len(raw), 12) for got in splitter.feed(raw[i : i + 12])]
+    assert [c for _, c in out] == [False, True, True, True] and all(len(p) <= 22 for p, _ in out)
+    assert b"".join(p for p, _ in out) == b"2030-01-01T00:00:01Z " + b"y" * 25 + b"\n"
+    assert splitter.rest() == (b"next", False)
+
+
+def test_container_started() -> None:
+    running = {"status": {"containerStatuses": [{"name": "user", "state": {"running": {}}}]}}
+    waiting = {"status": {"containerStatuses": [{"name": "user", "state": {"waiting": {}}}]}}
+    ended = {
+        "status": {"containerStatuses": [{"name": "user", "state": {"terminated": {"containerID": "c"}}}]}
+    }
+    never = {"status": {"containerStatuses": [{"name": "user", "state": {"terminated": {"exitCode": 1}}}]}}
+    assert container_started(running) and container_started(ended)
+    assert not container_started(waiting) and not container_started(never) and not container_started({})
