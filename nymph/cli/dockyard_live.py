@@ -282,7 +282,7 @@ def _wait_args(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="give up waiting after this long (default: sandbox.healthCheckTimeoutS for the pool, "
-        "1800 for the cluster, no limit when following a job)",
+        "900 for 'cluster up', 1800 for the head of 'run', no limit when following a job)",
     )
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
 

@@ -70,3 +70,31 @@ def test_the_library_parses_no_arguments(path: Path) -> None:
     }
     assert "argparse" not in imported
     assert not any(name.startswith("nymph.cli") for name in imported)
+
+
+def _walked(package: str, *extra: str) -> list[str]:
+    """The modules a fresh interpreter holds after importing ``package`` and all below it."""
+    code = (
+        "import importlib, json, pkgutil, sys\n"
+        f"pkg = importlib.import_module({package!r})\n"
+        f"for info in pkgutil.walk_packages(pkg.__path__, {package + '.'!r}):\n"
+        "    importlib.import_module(info.name)\n"
+        f"for name in {list(extra)!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded: list[str] = json.loads(out.stdout)
+    return loaded
+
+
+def test_the_daemon_pod_path_loads_neither_omegaconf_nor_pydantic() -> None:
+    loaded = _walked("nymph.daemon", "nymph.cli.daemon")
+    assert "nymph.daemon.tasks.dockyard" in loaded and "nymph.daemon.tasks.pods" in loaded
+    assert _offending(loaded, ("omegaconf", "pydantic", "nymph.dockyard.spec", "nymph.dockyard.render")) == []
+
+
+def test_loading_an_infra_uses_omegaconf_and_pydantic() -> None:
+    loaded = _loaded_after_importing("nymph.dockyard.spec")
+    assert "omegaconf" not in loaded  # imported on first use
+    assert "pydantic" in loaded

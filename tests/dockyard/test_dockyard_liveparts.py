@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -17,6 +17,7 @@ from nymph.dockyard.live.kubectl import explain, in_cluster, json_items
 from nymph.dockyard.live.rayapi import normalize_address
 from nymph.dockyard.live.run import teardown_order
 from nymph.dockyard.render import plan
+from nymph.dockyard.render.k8s import MANAGED_BY_KEY
 from nymph.dockyard.render.manifests import render_manifests
 from nymph.dockyard.render.task import DOCKYARD_ROLE_RULES, dockyard_task_manifests
 from nymph.dockyard.spec.parse import parse_infra
@@ -94,7 +95,7 @@ def test_sandbox_pools_are_recognised(infra_dict: dict[str, Any]) -> None:
     deployment = plan.plan(rendered(infra_dict)).sandbox_deployment()
     assert deployment is not None and plan.is_sandbox_deployment(deployment)
     other = copy.deepcopy(deployment)
-    other["metadata"]["labels"].pop("app.kubernetes.io/managed-by")
+    other["metadata"]["labels"].pop(MANAGED_BY_KEY)
     assert not plan.is_sandbox_deployment(other)
 
 
@@ -392,3 +393,23 @@ def test_unreachable_cluster_is_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith("nymph: error: list rayclusters.ray.io: ")
     assert "cannot reach the API server" in err and "\n" not in err
+
+
+async def test_cluster_up_waits_900_seconds_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nymph.dockyard.live import run as live_run
+
+    class PendingKube:
+        async def get(self, *_a: Any, **_k: Any) -> dict[str, Any]:
+            return {"status": {"state": "pending"}}
+
+    now = iter([0.0, 0.0, 899.0, 901.0])
+
+    class Time:  # the module's clock only: the event loop keeps the real one
+        monotonic = staticmethod(lambda: next(now))
+
+    monkeypatch.setattr(live_run, "time", Time)
+    clock = live_run.Clock(lambda _line: None)
+    with pytest.raises(DockyardLiveError, match="not ready after 900s"):
+        await live_run.wait_cluster_ready(
+            cast(Any, PendingKube()), name="c", namespace="ns", opts=live_run.LiveOptions(poll=0), clock=clock
+        )

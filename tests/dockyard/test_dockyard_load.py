@@ -414,3 +414,24 @@ def test_loading_is_deterministic(write: Write, env: Environment) -> None:
     second = load(write, env, infra=ANCHORED)
     assert first == second
     assert to_yaml(render_manifests(infra=first.infra)) == to_yaml(render_manifests(infra=second.infra))
+
+
+# -- errors name the user's file ------------------------------------------------------------------
+
+
+RAYJOB_INFRA = """\
+namespace: team-a
+image: img:1
+launch: {mode: rayjob, entrypoint: ""}
+kuberay: {name: grpo, spec: {}}
+"""
+
+
+@pytest.mark.parametrize("infra", [RAYJOB_INFRA, RAYJOB_INFRA.replace(', entrypoint: ""', "")])
+def test_empty_entrypoint_is_reported_against_the_users_infra(
+    write: Write, env: Environment, infra: str
+) -> None:
+    err = failure(write, env, infra=infra)
+    assert err.path == "infra.launch.entrypoint"
+    assert err.source is not None and err.source.endswith("run.infra.yaml")
+    assert "defaults.yaml" not in str(err)

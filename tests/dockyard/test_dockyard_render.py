@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.render.k8s import MANAGED_BY, MANAGED_BY_KEY, Manifest
+from nymph.dockyard.render.k8s import COMPAT_MANAGED_BY_KEY, MANAGED_BY, MANAGED_BY_KEY, Manifest
 from nymph.dockyard.render.manifests import render_manifests, to_yaml
 from nymph.dockyard.spec.parse import parse_infra
 
@@ -300,6 +300,17 @@ def test_managed_by_label_and_infra_labels_everywhere(infra_dict: dict[str, Any]
     assert one(out, "RayJob")["metadata"]["annotations"] == {"note": "x"}
 
 
+def test_objects_carry_dockyard_k8s_managed_by_next_to_nymphs_own_marker(infra_dict: dict[str, Any]) -> None:
+    infra_dict["labels"] = {COMPAT_MANAGED_BY_KEY: "someone-else"}
+    out = render(infra_dict)
+    assert MANAGED_BY_KEY != COMPAT_MANAGED_BY_KEY
+    for labels in [m["metadata"]["labels"] for m in out] + [
+        t["metadata"]["labels"] for t in all_pod_templates(out)
+    ]:
+        assert labels[COMPAT_MANAGED_BY_KEY] == "dockyard-k8s"
+        assert labels[MANAGED_BY_KEY] == MANAGED_BY
+
+
 def test_rayjob_spec(infra_dict: dict[str, Any]) -> None:
     infra_dict["launch"]["env"] = {"WANDB_MODE": "offline"}
     job = one(render(infra_dict), "RayJob")
@@ -466,10 +477,11 @@ def test_sandbox_requests_small_with_limits_defaulting_to_requests(infra_dict: d
 
 
 def test_sandbox_explicit_limits(infra_dict: dict[str, Any]) -> None:
+    # the block replaces the default as a whole: no memory / ephemeral-storage request added
     infra_dict["sandbox"]["resources"] = {"cpu": "500m", "cpuLimit": "4", "ephemeralStorageLimit": "20Gi"}
     res = sandbox_pod(render(infra_dict))["containers"][0]["resources"]
-    assert res["requests"] == {"cpu": "500m", "memory": "2Gi", "ephemeral-storage": "10Gi"}
-    assert res["limits"] == {"cpu": "4", "memory": "2Gi", "ephemeral-storage": "20Gi"}
+    assert res["requests"] == {"cpu": "500m"}
+    assert res["limits"] == {"cpu": "4", "ephemeral-storage": "20Gi"}
 
 
 def test_sandbox_container(infra_dict: dict[str, Any]) -> None:

@@ -196,7 +196,8 @@ def test_partial_gpu_security_stays_opt_in(infra_dict: dict[str, Any]) -> None:
     assert parse_infra(infra_dict).security.enabled is False
 
 
-def test_partial_sandbox_resources_keep_the_other_defaults(infra_dict: dict[str, Any]) -> None:
+def test_a_sandbox_resources_block_replaces_the_default_as_a_whole(infra_dict: dict[str, Any]) -> None:
+    # as dockyard-k8s does: no default ephemeral-storage request merged into a block without one
     infra_dict["sandbox"]["resources"] = {"cpu": "2"}
     infra = parse_infra(infra_dict)
     assert infra.sandbox is not None
@@ -204,7 +205,15 @@ def test_partial_sandbox_resources_keep_the_other_defaults(infra_dict: dict[str,
         infra.sandbox.resources.cpu,
         infra.sandbox.resources.memory,
         infra.sandbox.resources.ephemeralStorage,
-    ) == ("2", "2Gi", "10Gi")
+    ) == ("2", None, None)
+
+
+def test_without_a_resources_block_the_sandbox_default_applies(infra_dict: dict[str, Any]) -> None:
+    infra_dict["sandbox"].pop("resources", None)
+    infra = parse_infra(infra_dict)
+    assert infra.sandbox is not None
+    resources = infra.sandbox.resources
+    assert (resources.cpu, resources.memory, resources.ephemeralStorage) == ("1", "2Gi", "10Gi")
 
 
 def test_pdb_setting_one_bound_drops_the_default_of_the_other(infra_dict: dict[str, Any]) -> None:

@@ -138,7 +138,8 @@ async def test_dockyard_launch_is_applied_in_order_then_stopped(stack: Stack) ->
     )
     by_kind = {o["kind"]: o for o in live}
     assert by_kind["Deployment"]["spec"]["replicas"] == 2
-    assert by_kind["RayJob"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "nymph"
+    assert by_kind["RayJob"]["metadata"]["labels"]["nymph.io/managed-by"] == "nymph"
+    assert by_kind["RayJob"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "dockyard-k8s"
     for obj in live:
         managers = {f["manager"] for f in obj["metadata"]["managedFields"] if f["operation"] == "Apply"}
         assert managers == {"nymph"}  # server-side applied by the daemon

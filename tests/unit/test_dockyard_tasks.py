@@ -79,3 +79,106 @@ def test_stop_tasks_of_dockyard_instances_are_told_apart() -> None:
     assert is_dockyard_stop({"kind": "stop", "spec": {"dockyard": SPEC}})
     assert not is_dockyard_stop({"kind": "stop", "spec": None})
     assert not is_dockyard_stop({"kind": "stop"})
+
+
+# -- rollback of a launch that fails for good ------------------------------------------------------
+
+
+class _FlakyKubectl:
+    """Applies everything but the RayJob, which the API server keeps throttling; deletes all."""
+
+    name = "kubectl"
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    async def apply(self, manifests: Any, *, dry_run: bool = False) -> list[Any]:
+        from nymph.kube.applier import ApplyOutcome, object_key
+        from nymph.kube.errors import Throttled
+
+        return [
+            ApplyOutcome(*object_key(m), error=Throttled("slow down") if m["kind"] == "RayJob" else None)
+            for m in manifests
+        ]
+
+    async def run(self, args: Any, *, stdin: str | None = None) -> Any:
+        from nymph.kube.kubectl import KubectlResult
+
+        docs = [d for d in yaml.safe_load_all(stdin or "") if d]
+        names = [DockyardObject.of(d).printed_name for d in docs]
+        self.deleted.extend(names)
+        return KubectlResult(0, "\n".join(names), "")
+
+
+def _task_context(tmp_path: Path, kubectl: _FlakyKubectl, completions: list[dict[str, Any]]) -> Any:
+    import asyncio
+
+    from nymph.daemon.audit import AuditLog
+    from nymph.daemon.metrics import Metrics
+    from nymph.daemon.outbox import Outbox
+    from nymph.daemon.tasks.context import TaskContext
+    from nymph.daemon.tracker import Tracker
+    from nymph.daemon.workdirs import Workdirs
+
+    metrics = Metrics()
+    workdirs = Workdirs(root=tmp_path)
+    outbox = Outbox(tmp_path / "state")
+    return TaskContext(
+        applier=cast(Any, kubectl),
+        kubectl=cast(Any, kubectl),
+        tracker=Tracker(node="n1", outbox=outbox, metrics=metrics, workdirs=workdirs),
+        complete=lambda **kw: completions.append(kw),
+        audit=AuditLog(tmp_path / "audit.jsonl"),
+        metrics=metrics,
+        workdirs=workdirs,
+        namespaces=("jobs",),
+        node="n1",
+        daemon_id="d1",
+        workdir_root=tmp_path,
+        delete_grace_seconds=None,
+        stopping=asyncio.Event(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("attempt", "max_attempts", "rolled_back"), [(1, None, False), (5, None, True), (2, 2, True)]
+)
+async def test_the_last_retryable_attempt_is_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attempt: int, max_attempts: int | None, rolled_back: bool
+) -> None:
+    from nymph.daemon.tasks import apply as apply_mod
+    from nymph.daemon.tasks import dockyard as handler
+
+    monkeypatch.setattr(handler, "apply_all", _single_apply(apply_mod))
+    kubectl = _FlakyKubectl()
+    completions: list[dict[str, Any]] = []
+    ctx = _task_context(tmp_path, kubectl, completions)
+    task: dict[str, Any] = {
+        "taskId": "t1",
+        "instanceId": "i1",
+        "kubeNamespace": "jobs",
+        "spec": SPEC,
+        "attempt": attempt,
+    }
+    if max_attempts is not None:
+        task["maxAttempts"] = max_attempts
+    await handler.launch(ctx, cast(TaskJSON, task))
+    (done,) = completions
+    assert done["ok"] is False and done["retryable"] is True
+    expected = [DockyardObject.of(m).printed_name for m in reversed(render(SPEC, namespace="jobs"))]
+    assert kubectl.deleted == (expected if rolled_back else [])
+    assert ("rolled back" in done["error"]) is rolled_back
+
+
+def _single_apply(apply_mod: Any) -> Any:
+    async def once(**kw: Any) -> Any:
+        return await apply_mod.apply_all(**kw, policy=apply_mod.RetryPolicy(attempts=1))
+
+    return once
+
+
+def test_the_default_attempts_are_the_queues() -> None:
+    from nymph.daemon.tasks.dockyard import QUEUE_MAX_ATTEMPTS
+    from nymph.queue.models import RetrySettings
+
+    assert RetrySettings().max_attempts == QUEUE_MAX_ATTEMPTS

@@ -13,7 +13,10 @@ one ``kubectl apply --server-side`` of every object, in apply order) -> report.
 * Failures are classified like launches: transient ones (connection, throttling, conflicts)
   are retried here with backoff, then handed back to the queue as retryable; a permanent one
   (Invalid, Forbidden, a bad spec) fails the launch with the API server's message, after
-  deleting what this attempt applied, so a failed launch leaves nothing running.
+  deleting what this attempt applied, so a failed launch leaves nothing running. So does the
+  last retryable attempt (``attempt`` reaching the task's ``maxAttempts``, else the queue's
+  default :data:`QUEUE_MAX_ATTEMPTS`): everything rendered is deleted, what earlier attempts
+  applied included.
 * A stop task carries the dockyard spec again (``{"dockyard": spec}``): the same objects are
   rendered and deleted in reverse order; an object already gone is fine.
 * Always kubectl, whatever ``--apply-with`` says: the API applier handles only Pods.
@@ -32,13 +35,16 @@ from nymph.daemon.tasks.apply import apply_all
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tracker import Report
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.kube.errors import KubeError, NotFound, classify_kubectl
 from nymph.kube.kubectl import Kubectl
 from nymph.launch.render import manifest_sha256, to_yaml_stream
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON
+
+#: the queue's default number of attempts of a task (``nymph.queue.models.RetrySettings``),
+#: for a task that does not say its own ``maxAttempts``
+QUEUE_MAX_ATTEMPTS = 5
 
 _DELETE_ARGS = ("delete", "-f", "-", "--ignore-not-found", "--wait=false", "-o", "name")
 
@@ -110,7 +116,21 @@ def render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
             path="namespace",
             source="task",
         )
+    # imported here: the render path loads OmegaConf and pydantic, which a daemon that only
+    # runs Pods never needs
+    from nymph.dockyard.render.task import dockyard_task_manifests
+
     return dockyard_task_manifests(recipe=recipe, infra=infra, overrides=overrides, namespace=namespace)
+
+
+def last_attempt(task: Mapping[str, Any]) -> bool:
+    """Whether a retryable failure of this attempt ends the launch (the queue will not retry)."""
+    attempt, limit = task.get("attempt"), task.get("maxAttempts")
+    if not isinstance(attempt, int) or isinstance(attempt, bool):
+        attempt = 1
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        limit = QUEUE_MAX_ATTEMPTS
+    return attempt >= limit
 
 
 def _describe(obj: DockyardObject, err: KubeError) -> str:
@@ -214,6 +234,10 @@ async def launch(ctx: TaskContext, task: TaskJSON) -> None:
     if not retryable:
         applied = [m for m, out in zip(manifests, outcomes, strict=True) if out.ok]
         await _rollback(ctx, task, list(reversed(applied)))
+    elif last_attempt(task):
+        # the queue gives up after this one: leave nothing running (earlier attempts' objects too)
+        await _rollback(ctx, task, list(reversed(manifests)))
+        message = f"{message} (last attempt; rolled back)"
     ctx.metrics.launches.labels("failed").inc()
     ctx.complete(task_id=tid, ok=False, error=message, retryable=retryable)
     blog.warning("dockyard launch failed", error=message, retryable=retryable)
@@ -248,7 +272,7 @@ def _audit_object(
 async def _rollback(
     ctx: TaskContext, task: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]]
 ) -> None:
-    """After a permanent failure: delete what this attempt applied (reverse order)."""
+    """After a permanent failure or the last attempt: delete ``manifests`` (in the order given)."""
     if not manifests:
         return
     results = await _delete(ctx.kubectl, manifests)
@@ -259,7 +283,7 @@ async def _rollback(
             "delete",
             task,
             DockyardObject.of(manifest),
-            result="rollback-failed" if failed else "rolled-back",
+            result="rollback-failed" if failed else "rolled-back" if result else "already-gone",
             error=result if isinstance(result, KubeError) else None,
         )
 

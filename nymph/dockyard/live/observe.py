@@ -12,6 +12,7 @@ from nymph.dockyard.live import status
 from nymph.dockyard.live.endpoint import HeadTarget, dashboard
 from nymph.dockyard.live.kubectl import Kube, Say
 from nymph.dockyard.live.rayapi import RayJobsClient
+from nymph.dockyard.render import k8s
 from nymph.dockyard.render import plan as planning
 from nymph.dockyard.render.plan import LogSource, ref
 from nymph.dockyard.spec.enums import LaunchMode
@@ -48,7 +49,7 @@ async def cluster_list(kube: Kube, *, namespace: str | None, say: Say) -> int:
     deployments = await kube.list_objects(
         "deployments.apps",
         namespace=namespace,
-        selector=planning.selector_text({"app.kubernetes.io/managed-by": "nymph"}),
+        selector=planning.selector_text({k8s.MANAGED_BY_KEY: k8s.MANAGED_BY}),
     )
     where = f"namespace {namespace}" if namespace else "any namespace"
     if clusters:

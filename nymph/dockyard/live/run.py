@@ -28,6 +28,8 @@ from nymph.dockyard.spec.load import LoadedConfig
 from nymph.dockyard.spec.schema import InfraConfig
 
 HEAD_TIMEOUT_S = 1800.0
+#: how long ``cluster up`` waits for the cluster to be ready by default (as dockyard-k8s)
+CLUSTER_UP_TIMEOUT_S = 900.0
 LOG_TAIL_LINES = 20
 
 
@@ -215,10 +217,12 @@ async def submit_and_follow(
         return 1
 
 
-def _need_entrypoint(infra: InfraConfig) -> None:
+def _need_entrypoint(loaded: LoadedConfig) -> None:
+    infra = loaded.infra
     if not infra.launch.entrypoint:
         raise DockyardLiveError(
-            f"launch.entrypoint is required to submit a job in {infra.launch.mode.value} mode "
+            f"{loaded.infra_source}: infra.launch.entrypoint: required to submit a job in "
+            f"{infra.launch.mode.value} mode "
             "(set infra.launch.entrypoint=..., or use 'nymph dockyard cluster up' to only bring the cluster up)"
         )
 
@@ -230,7 +234,7 @@ async def run(kube: Kube, loaded: LoadedConfig, manifests: list[Any], *, opts: L
     report_render_only(p, say=say)
     mode = infra.launch.mode
     if mode is not LaunchMode.RAYJOB:
-        _need_entrypoint(infra)
+        _need_entrypoint(loaded)
     if opts.dry_run:
         await dry_run(kube, p, namespace=_ns(infra), say=say)
         if mode is LaunchMode.ATTACH:
@@ -262,7 +266,7 @@ async def run(kube: Kube, loaded: LoadedConfig, manifests: list[Any], *, opts: L
 async def wait_cluster_ready(
     kube: Kube, *, name: str, namespace: str, opts: LiveOptions, clock: Clock
 ) -> None:
-    limit = opts.timeout if opts.timeout is not None else HEAD_TIMEOUT_S
+    limit = opts.timeout if opts.timeout is not None else CLUSTER_UP_TIMEOUT_S
     deadline = clock.deadline(limit)
     last = ""
     while True:

@@ -6,8 +6,12 @@ from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any, NotRequired, TypedDict
 
-MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
+#: nymph's own marker: its selectors (``cluster list``, sandbox pools) look for this one
+MANAGED_BY_KEY = "nymph.io/managed-by"
 MANAGED_BY = "nymph"
+#: the marker dockyard-k8s sets and queries (``-l app.kubernetes.io/managed-by=dockyard-k8s``)
+COMPAT_MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
+COMPAT_MANAGED_BY = "dockyard-k8s"
 NAME_KEY = "app.kubernetes.io/name"
 
 
@@ -31,10 +35,12 @@ class EnvVar(TypedDict):
 
 
 def labels(*layers: Mapping[str, str]) -> dict[str, str]:
-    """Later layers win; the managed-by label always ends up ``nymph``."""
+    """Later layers win; the two managed-by markers always end up as rendered (nymph's own,
+    and dockyard-k8s's so that its queries find the objects too)."""
     out: dict[str, str] = {}
     for layer in layers:
         out.update(layer)
+    out[COMPAT_MANAGED_BY_KEY] = COMPAT_MANAGED_BY
     out[MANAGED_BY_KEY] = MANAGED_BY
     return out
 

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -231,7 +230,7 @@ def _patch_pod(
     if placement.tolerations:
         tolerations = list(pod.get("tolerations") or [])
         for t in placement.tolerations:
-            entry = {k: v for k, v in k8s.plain(dataclasses.asdict(t)).items() if v is not None}
+            entry = {k: v for k, v in k8s.plain(t.model_dump()).items() if v is not None}
             if entry not in tolerations:
                 tolerations.append(entry)
         pod["tolerations"] = tolerations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -178,7 +177,7 @@ def bundle(loaded: LoadedConfig, manifests: Sequence[k8s.Manifest]) -> dict[str,
             "infra": loaded.infra_source,
             "namespace": loaded.namespace_source,
         },
-        "infra": k8s.plain(dataclasses.asdict(loaded.infra)),
+        "infra": k8s.plain(loaded.infra.model_dump()),
         "recipe": k8s.plain(loaded.recipe),
         "manifests": list(manifests),
     }

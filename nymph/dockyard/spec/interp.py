@@ -1,37 +1,45 @@
-"""OmegaConf-style interpolations, resolved without OmegaConf.
+"""``${...}`` interpolations, resolved by OmegaConf with dockyard-k8s's resolvers.
 
-Supported inside any string value:
+Inside any string value (OmegaConf's grammar):
 
 * ``${user:}`` — the current user name (lower-cased, ``_`` and ``.`` turned into ``-`` so it
   fits a label value);
 * ``${oc.env:VAR}`` and ``${oc.env:VAR,default}`` — an environment variable (always a
   string; a ``null`` default gives ``null``); defaults may themselves interpolate;
-* ``${path.to.key}`` (absolute, from the root; ``a.b[0].c`` and ``a.b.0.c`` both index
-  lists) and ``${.sibling}`` / ``${..uncle}`` (relative, OmegaConf style);
+* ``${path.to.key}`` (absolute, from the root) and ``${.sibling}`` / ``${..uncle}``
+  (relative);
 * ``\\${`` for a literal ``${``.
 
 A string that is exactly one interpolation takes the referenced value's type
-(``port: ${sandbox.port}`` stays an int); interpolations inside longer strings are
-converted to text. References are resolved recursively with cycle detection.
+(``port: ${sandbox.port}`` stays an int). Strict mode (the infra) turns every unresolvable
+expression into nymph's error naming the key path and the file; lenient mode (the recipe,
+which the training code loads with its own resolvers) keeps an unresolvable value verbatim.
+``fallback`` (the resolved recipe) answers absolute references the tree itself lacks.
 
-Strict mode (the infra) turns every unresolvable expression into an error naming the key
-path. Lenient mode (the recipe, which the training code loads with its own resolvers)
-keeps unknown resolvers and missing references verbatim.
+The user and the environment come from :class:`InterpolationContext`, never from the process,
+while a resolution runs. OmegaConf is imported on first use.
 """
 
 from __future__ import annotations
 
+import contextvars
+import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.spec.keypath import KeyPath, fmt
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig, ListConfig
+
 RESOLVERS = ("user", "oc.env")
-_RESOLVER_NAME = re.compile(r"^[A-Za-z_][\w.]*$")
-_INDEX = re.compile(r"\[(\d+)\]")
+_SIMPLE_REF = re.compile(r"\$\{\s*(\.*[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+|\[\d+\])*)\s*\}")
+_NOT_FOUND = re.compile(r"Interpolation key '([^']*)' not found")
+_UNSUPPORTED = re.compile(r"Unsupported interpolation type (\S+)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,262 +48,188 @@ class InterpolationContext:
     env: Mapping[str, str]
 
 
-class _Unresolvable(Exception):
-    """Internal: an expression that lenient mode keeps verbatim."""
+_CONTEXT: contextvars.ContextVar[InterpolationContext | None] = contextvars.ContextVar(
+    "dockyard_interpolation", default=None
+)
+_FAILURE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "dockyard_resolver_failure", default=None
+)
+_MISSING = object()
 
 
-@dataclass(frozen=True)
-class _Expr:
-    inner: str
+class _ResolverFailure(Exception):
+    pass
 
 
-def _split(text: str) -> list[str | _Expr]:
-    """Literal text and ``${...}`` expressions (nested ``${`` counted)."""
-    out: list[str | _Expr] = []
-    buf: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        if text.startswith("\\${", i):
-            buf.append("${")
-            i += 3
-        elif text.startswith("${", i):
-            depth, j = 1, i + 2
-            while j < n and depth:
-                if text.startswith("${", j):
-                    depth += 1
-                    j += 2
-                    continue
-                if text[j] == "}":
-                    depth -= 1
-                j += 1
-            if depth:
-                raise _Unresolvable(f"unterminated interpolation {text[i:]!r}")
-            if buf:
-                out.append("".join(buf))
-                buf = []
-            out.append(_Expr(text[i + 2 : j - 1]))
-            i = j
-        else:
-            buf.append(text[i])
-            i += 1
-    if buf:
-        out.append("".join(buf))
-    return out
+def _fail_resolver(message: str) -> _ResolverFailure:
+    _FAILURE.set(message)
+    return _ResolverFailure(message)
 
 
-def _top_level_split(text: str, sep: str) -> list[str]:
-    """Split on ``sep`` outside nested ``${...}``."""
-    parts: list[str] = []
-    depth, start, i = 0, 0, 0
-    while i < len(text):
-        if text.startswith("${", i):
-            depth += 1
-            i += 2
-            continue
-        ch = text[i]
-        if ch == "}" and depth:
-            depth -= 1
-        elif ch == sep and not depth:
-            parts.append(text[start:i])
-            start = i + 1
-        i += 1
-    parts.append(text[start:])
-    return parts
+def _user() -> str:
+    ctx = _CONTEXT.get()
+    if ctx is not None:
+        return ctx.user
+    from nymph.dockyard.spec.load import sanitize_user
+
+    return sanitize_user(os.environ.get("USER", "unknown"))
 
 
-def _has_interpolation(value: str) -> bool:
-    return "${" in value
+def _env(var: Any = _MISSING, default: Any = _MISSING) -> str | None:
+    if not isinstance(var, str) or not var:
+        raise _fail_resolver("${oc.env:...} needs a variable name")
+    ctx = _CONTEXT.get()
+    env = ctx.env if ctx is not None else os.environ
+    if var in env:
+        return env[var]
+    if default is not _MISSING:
+        return None if default is None else str(default)
+    raise _fail_resolver(f"environment variable {var} is not set (give a default: ${{oc.env:{var},VALUE}})")
 
 
-class Resolver:
-    """Resolves every interpolation in one tree (``root``).
+def register_resolvers() -> None:
+    """dockyard-k8s's resolvers (``user``; ``oc.env`` reading the injected environment)."""
+    from omegaconf import OmegaConf
 
-    ``label`` prefixes key paths in errors (``infra``); ``fallback`` is consulted for
-    absolute references that are not found in this tree; ``origin`` maps a key path to the
-    file the value came from.
-    """
+    OmegaConf.register_resolver("user", _user, replace=True, annotation_validation="off")
+    OmegaConf.register_resolver("oc.env", _env, replace=True, annotation_validation="off")
 
-    def __init__(
-        self,
-        root: Any,
-        *,
-        ctx: InterpolationContext,
-        strict: bool,
-        label: str = "",
-        fallback: Resolver | None = None,
-        origin: Callable[[KeyPath], str | None] | None = None,
-    ) -> None:
-        self._root = root
-        self._ctx = ctx
-        self._strict = strict
-        self._label = label
-        self._fallback = fallback
-        self._origin = origin
-        self._cache: dict[KeyPath, Any] = {}
-        self._stack: list[KeyPath] = []
 
-    # -- public -------------------------------------------------------------------------
+@contextmanager
+def context(ctx: InterpolationContext) -> Iterator[None]:
+    register_resolvers()
+    token = _CONTEXT.set(ctx)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
 
-    def resolve_all(self) -> Any:
-        return self._resolved(())
 
-    def lookup(self, path: KeyPath) -> Any:
-        """The resolved value at an absolute path; raises ``KeyError`` when absent."""
-        self._raw(path)  # KeyError when absent
-        return self._resolved(path)
+def escape(value: Any) -> Any:
+    """A resolved value made safe to put back into an OmegaConf tree (``${`` kept literal)."""
+    if isinstance(value, str):
+        return value.replace("${", "\\${")
+    if isinstance(value, Mapping):
+        return {k: escape(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [escape(v) for v in value]
+    return value
 
-    # -- internals ----------------------------------------------------------------------
 
-    def _fail(self, at: KeyPath, message: str) -> DockyardConfigError:
-        full: KeyPath = ((self._label,) if self._label else ()) + at
-        source = self._origin(at) if self._origin else None
-        return DockyardConfigError(message, path=fmt(full), source=source)
+def _malformed(tree: Any, *, strict: bool, path: KeyPath, fail: Callable[[KeyPath, str], Exception]) -> Any:
+    """Strings OmegaConf's grammar refuses: an error (strict) or kept literal (lenient)."""
+    from omegaconf import grammar_parser
+    from omegaconf.errors import GrammarParseError
 
-    def _raw(self, path: KeyPath) -> Any:
-        node = self._root
-        for part in path:
-            if isinstance(node, Mapping):
-                key: Any = part if part in node else str(part)
-                if key not in node:
-                    raise KeyError(part)
-                node = node[key]
-            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-                node = node[part]
-            else:
-                raise KeyError(part)
-        return node
-
-    def _resolved(self, path: KeyPath) -> Any:
-        if path in self._cache:
-            return self._cache[path]
-        if path in self._stack:
-            cycle = " -> ".join(fmt(p) for p in [*self._stack[self._stack.index(path) :], path])
-            raise self._fail(path, f"circular interpolation: {cycle}")
-        self._stack.append(path)
+    if isinstance(tree, Mapping):
+        return {k: _malformed(v, strict=strict, path=(*path, k), fail=fail) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_malformed(v, strict=strict, path=(*path, i), fail=fail) for i, v in enumerate(tree)]
+    if isinstance(tree, str) and "${" in tree:
         try:
-            raw = self._raw(path)
-            value: Any
-            if isinstance(raw, Mapping):
-                value = {k: self._resolved((*path, k)) for k in raw}
-            elif isinstance(raw, list):
-                value = [self._resolved((*path, i)) for i in range(len(raw))]
-            elif isinstance(raw, str) and _has_interpolation(raw):
-                value = self._interpolate(raw, at=path)
-            else:
-                value = raw
-        finally:
-            self._stack.pop()
-        self._cache[path] = value
+            grammar_parser.parse(tree)
+        except GrammarParseError:
+            if strict:
+                raise fail(path, f"malformed interpolation {tree!r}") from None
+            return tree.replace("${", "\\${")
+    return tree
+
+
+class _Resolution:
+    def __init__(self, root: DictConfig, *, strict: bool, fail: Callable[[KeyPath, str], Exception]):
+        self.root = root
+        self.strict = strict
+        self.fail = fail
+
+    def node(self, cfg: DictConfig | ListConfig, path: KeyPath) -> Any:
+        from omegaconf import DictConfig
+
+        if isinstance(cfg, DictConfig):
+            return {k: self.leaf(cfg, k, (*path, str(k))) for k in cfg.keys()}  # noqa: SIM118
+        return [self.leaf(cfg, i, (*path, i)) for i in range(len(cfg))]
+
+    def leaf(self, parent: DictConfig | ListConfig, key: Any, path: KeyPath) -> Any:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        raw = parent._get_node(key)._value()  # type: ignore[union-attr]
+        _FAILURE.set(None)
+        try:
+            value = parent[key]
+        except (OmegaConfBaseException, RecursionError) as exc:
+            if not self.strict:
+                return raw
+            raise self.fail(path, self._message(exc, raw, path)) from None
+        if isinstance(value, DictConfig | ListConfig):
+            return self.node(value, path)
+        if isinstance(raw, str) and OmegaConf.is_interpolation(parent, key):
+            self._check_embedded(raw, path)
         return value
 
-    def _interpolate(self, text: str, *, at: KeyPath) -> Any:
-        try:
-            segments = _split(text)
-        except _Unresolvable as exc:
-            if self._strict:
-                raise self._fail(at, str(exc)) from None
-            return text
-        if len(segments) == 1 and isinstance(segments[0], _Expr):
-            return self._eval_or_keep(segments[0], at=at)
-        out: list[str] = []
-        for seg in segments:
-            if isinstance(seg, str):
-                out.append(seg)
-                continue
-            value = self._eval_or_keep(seg, at=at)
-            if isinstance(value, Mapping | list):
-                raise self._fail(at, f"${{{seg.inner}}} is a mapping or list and cannot be part of a string")
-            out.append(str(value))
-        return "".join(out)
+    def _check_embedded(self, raw: str, path: KeyPath) -> None:
+        """A mapping or list referenced inside a longer string is an error."""
+        from omegaconf import DictConfig, ListConfig, OmegaConf
 
-    def _eval_or_keep(self, expr: _Expr, *, at: KeyPath) -> Any:
-        try:
-            return self._eval(expr.inner, at=at)
-        except _Unresolvable as exc:
-            if self._strict:
-                raise self._fail(at, str(exc)) from None
-            return "${" + expr.inner + "}"
+        refs = list(_SIMPLE_REF.finditer(raw))
+        if len(refs) == 1 and refs[0].group(0) == raw.strip():
+            return
+        for ref in refs:
+            text = ref.group(1)
+            dots = len(text) - len(text.lstrip("."))
+            if dots:
+                base = path[: len(path) - dots]
+                text = ".".join([*(str(p) for p in base), text[dots:]]) if base else text[dots:]
+            found = OmegaConf.select(self.root, text, default=None, throw_on_resolution_failure=False)
+            if isinstance(found, DictConfig | ListConfig):
+                message = f"${{{ref.group(1)}}} is a mapping or list and cannot be part of a string"
+                raise self.fail(path, message)
 
-    def _eval(self, inner: str, *, at: KeyPath) -> Any:
-        head = _top_level_split(inner, ":")
-        if len(head) > 1:
-            name = head[0].strip()
-            args_text = inner[len(head[0]) + 1 :]
-            if not _RESOLVER_NAME.match(name):
-                raise _Unresolvable(f"malformed interpolation ${{{inner}}}")
-            return self._call(name, args_text, at=at)
-        return self._reference(inner.strip(), at=at)
-
-    def _arg(self, text: str, *, at: KeyPath) -> Any:
-        text = text.strip()
-        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-            return text[1:-1]
-        if text == "null":
-            return None
-        if _has_interpolation(text):
-            return self._interpolate(text, at=at)
-        return text
-
-    def _call(self, name: str, args_text: str, *, at: KeyPath) -> Any:
-        raw_args = _top_level_split(args_text, ",") if args_text.strip() else []
-        if name == "user":
-            if raw_args:
-                raise _Unresolvable("${user:} takes no arguments")
-            return self._ctx.user
-        if name == "oc.env":
-            if not 1 <= len(raw_args) <= 2:
-                raise _Unresolvable("${oc.env:VAR} or ${oc.env:VAR,default} expected")
-            var = self._arg(raw_args[0], at=at)
-            if not isinstance(var, str) or not var:
-                raise _Unresolvable("${oc.env:...} needs a variable name")
-            if var in self._ctx.env:
-                return self._ctx.env[var]
-            if len(raw_args) == 2:
-                default = self._arg(raw_args[1], at=at)
-                return None if default is None else str(default)
-            raise _Unresolvable(
-                f"environment variable {var} is not set (give a default: ${{oc.env:{var},VALUE}})"
+    def _message(self, exc: BaseException, raw: Any, path: KeyPath) -> str:
+        failure = _FAILURE.get()
+        if failure is not None:
+            return failure
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, RecursionError) or "Recursive interpolation" in text:
+            return f"circular interpolation at {fmt(path)} ({raw!r})"
+        found = _NOT_FOUND.search(text)
+        if found:
+            return f"reference ${{{found.group(1)}}}: no key {found.group(1).lstrip('.')} in {self._label}"
+        unsupported = _UNSUPPORTED.search(text)
+        if unsupported:
+            return (
+                f"unknown resolver {unsupported.group(1)!r} in {raw!r} "
+                f"(supported: {', '.join(RESOLVERS)} and ${{path.to.key}} references)"
             )
-        raise _Unresolvable(
-            f"unknown resolver {name!r} in ${{{name}:{args_text}}} "
-            f"(supported: {', '.join(RESOLVERS)} and ${{path.to.key}} references)"
-        )
+        return f"cannot resolve {raw!r}: {text}"
 
-    def _reference(self, ref: str, *, at: KeyPath) -> Any:
-        if not ref:
-            raise _Unresolvable("empty interpolation ${}")
-        dots = len(ref) - len(ref.lstrip("."))
-        body = _INDEX.sub(r".\1", ref[dots:])
-        parts: list[str | int] = [int(p) if p.isdigit() else p for p in body.split(".") if p != ""]
-        if dots:
-            up = dots - 1
-            base = at[:-1]
-            if up > len(base):
-                raise _Unresolvable(f"reference ${{{ref}}} climbs above the root")
-            target: KeyPath = (*base[: len(base) - up], *parts)
-        else:
-            target = tuple(parts)
-        try:
-            self._raw(target)
-        except KeyError:
-            if not dots and self._fallback is not None:
-                try:
-                    return self._fallback.lookup(target)
-                except KeyError:
-                    pass
-            where = f" in {self._label}" if self._label else ""
-            raise _Unresolvable(f"reference ${{{ref}}}: no key {fmt(target)}{where}") from None
-        return self._resolved(target)
+    _label = "the tree"
 
 
 def resolve(
-    tree: Any,
+    tree: Mapping[str, Any],
     *,
     ctx: InterpolationContext,
     strict: bool = True,
     label: str = "",
-    fallback: Resolver | None = None,
+    fallback: Mapping[str, Any] | None = None,
     origin: Callable[[KeyPath], str | None] | None = None,
-) -> Any:
+) -> dict[str, Any]:
     """Resolve every interpolation in ``tree`` (see the module docstring)."""
-    return Resolver(tree, ctx=ctx, strict=strict, label=label, fallback=fallback, origin=origin).resolve_all()
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    def fail(at: KeyPath, message: str) -> DockyardConfigError:
+        full: KeyPath = ((label,) if label else ()) + at
+        return DockyardConfigError(message, path=fmt(full), source=origin(at) if origin else None)
+
+    own = _malformed(dict(tree), strict=strict, path=(), fail=fail)
+    extra = {k: escape(v) for k, v in (fallback or {}).items() if k not in own}
+    try:
+        root = OmegaConf.create({**extra, **own})
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        raise fail(tuple(str(key).split(".")) if key else (), str(exc).splitlines()[0]) from None
+    resolution = _Resolution(root, strict=strict, fail=fail)
+    resolution._label = label or "the tree"
+    with context(ctx):
+        return {k: resolution.leaf(root, k, (k,)) for k in own}

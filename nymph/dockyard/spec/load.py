@@ -14,10 +14,12 @@ for YAML anchors and are dropped, as dockyard-k8s does; ``_anchors`` is dropped 
 recipe too. Recipes and infra files may inherit with ``defaults: base.yaml`` (or a list),
 relative to the file.
 
-Then interpolations are resolved (:mod:`nymph.dockyard.spec.interp`; infra strictly, with
-references falling back to the recipe; the recipe leniently), the namespace is inferred
+Layers merge with OmegaConf (:mod:`nymph.dockyard.spec.layers`), overrides apply with
+OmegaConf (:mod:`nymph.dockyard.spec.overrides`), then interpolations are resolved by
+OmegaConf (:mod:`nymph.dockyard.spec.interp`; infra strictly, with references falling back
+to the recipe; the recipe leniently), the namespace is inferred
 when unset (:mod:`nymph.dockyard.spec.kubecontext`) and the infra is parsed strictly
-(:mod:`nymph.dockyard.spec.parse`). All I/O is reading files; paths and the environment come in
+with pydantic (:mod:`nymph.dockyard.spec.parse`). All I/O is reading files; paths and the environment come in
 through :class:`Environment`, so tests inject them.
 """
 
@@ -34,7 +36,8 @@ from typing import Any
 
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.spec import kubecontext
-from nymph.dockyard.spec.interp import InterpolationContext, Resolver
+from nymph.dockyard.spec.interp import InterpolationContext, resolve
+from nymph.dockyard.spec.keypath import KeyPath
 from nymph.dockyard.spec.layers import Provenance, merge
 from nymph.dockyard.spec.overrides import Override, apply_override, parse_overrides
 from nymph.dockyard.spec.parse import parse_infra
@@ -267,12 +270,8 @@ def _resolve(
     recipe_overrides, infra_overrides = _split_overrides(overrides)
     provenance = Provenance(root=infra_source)
     shipped = environment.shipped_defaults
-    infra: dict[str, Any] = merge(
-        {},
-        _infra_body(_load_inheriting(shipped), source=str(shipped)),
-        source=str(shipped),
-        provenance=provenance,
-    )
+    infra = _infra_body(_load_inheriting(shipped), source=str(shipped))
+    provenance.record_layer(infra, source=str(shipped))
     user = _user_defaults(environment)
     if user is not None:
         infra = merge(infra, user[0], source=user[1], provenance=provenance)
@@ -283,17 +282,17 @@ def _resolve(
     for override in recipe_overrides:
         apply_override(recipe, override)
 
+    def origin(path: KeyPath) -> str | None:
+        # a value left as the shipped default (``launch.entrypoint: null``) is the user's to
+        # set: report it against their infra, not against nymph's defaults file
+        source = provenance.lookup(path)
+        return infra_source if source == str(shipped) else source
+
     ctx = InterpolationContext(user=environment.user, env=environment.env)
-    recipe_resolver = Resolver(recipe, ctx=ctx, strict=False)
-    resolved_recipe = recipe_resolver.resolve_all()
-    resolved_infra = Resolver(
-        infra,
-        ctx=ctx,
-        strict=True,
-        label="infra",
-        fallback=recipe_resolver,
-        origin=provenance.lookup,
-    ).resolve_all()
+    resolved_recipe = resolve(recipe, ctx=ctx, strict=False)
+    resolved_infra = resolve(
+        infra, ctx=ctx, strict=True, label="infra", fallback=resolved_recipe, origin=origin
+    )
 
     namespace_source = "infra"
     if resolved_infra.get("namespace") in (None, ""):
@@ -310,7 +309,7 @@ def _resolve(
         recipe_path=recipe_path,
         infra_path=infra_path,
         recipe=resolved_recipe,
-        infra=parse_infra(resolved_infra, origin=provenance.lookup),
+        infra=parse_infra(resolved_infra, origin=origin),
         infra_source=infra_source,
         namespace_source=namespace_source,
     )

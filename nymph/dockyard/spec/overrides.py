@@ -7,19 +7,25 @@
 * Keys are dotted; a numeric part indexes an existing list (``tolerations.0.key``).
 * Keys under ``infra.`` target the infra spec (the prefix is dropped); all others target the
   recipe.
+
+Parsing is nymph's (errors name the override); applying is OmegaConf's ``update``, after a
+check for what it would do silently (replace a scalar to set a key below it).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.spec.keypath import KeyPath, fmt
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 _KEY_PART = re.compile(r"^[A-Za-z0-9_\-/]+$")
 
@@ -80,58 +86,50 @@ def parse_overrides(texts: Sequence[str]) -> list[Override]:
     return [parse_override(t) for t in texts]
 
 
-def apply_override(tree: dict[str, Any], override: Override) -> None:
-    """Apply one override to ``tree`` in place."""
-    node: Any = tree
+def _check_parent(tree: DictConfig, override: Override) -> None:
+    """Refuse what OmegaConf would silently do: replace a value to set a key below it,
+    index past a list's end, delete a key that is not there."""
+    from omegaconf import DictConfig, ListConfig
+
     label = ("infra",) if override.target == "infra" else ()
-    for i, part in enumerate(override.path[:-1]):
+    node: Any = tree
+    for i, part in enumerate(override.path):
         here = (*label, *override.path[: i + 1])
-        if isinstance(node, list) and isinstance(part, int):
+        if isinstance(node, ListConfig) and isinstance(part, int):
             if not 0 <= part < len(node):
+                size = f"the list has {len(node)} items"
                 raise DockyardConfigError(
-                    f"index out of range (the list has {len(node)} items)",
-                    path=fmt(here),
-                    source=override.source,
+                    f"index out of range ({size})", path=fmt(here), source=override.source
                 )
-            node = node[part]
-            continue
-        if not isinstance(node, dict):
-            raise DockyardConfigError(
-                "cannot descend into a value that is not a mapping",
-                path=fmt(here[:-1]),
-                source=override.source,
-            )
-        key = str(part)
-        child = node.get(key)
-        if child is None:
-            if override.delete:
-                raise DockyardConfigError("no such key to delete", path=fmt(here), source=override.source)
-            child = node[key] = {}
-        node = child
-    last = override.path[-1]
-    full = (*label, *override.path)
-    if isinstance(node, list) and isinstance(last, int):
-        if not 0 <= last < len(node):
-            raise DockyardConfigError(
-                f"index out of range (the list has {len(node)} items)",
-                path=fmt(full),
-                source=override.source,
-            )
-        if override.delete:
-            del node[last]
+            node = node._get_node(part)
+        elif isinstance(node, DictConfig):
+            if str(part) not in node or node._get_node(str(part))._is_none():  # type: ignore[union-attr]
+                if override.delete and str(part) not in node:
+                    raise DockyardConfigError("no such key to delete", path=fmt(here), source=override.source)
+                return
+            node = node._get_node(str(part))
         else:
-            node[last] = override.value
-        return
-    if not isinstance(node, dict):
-        raise DockyardConfigError(
-            "cannot set a key inside a value that is not a mapping",
-            path=fmt(full[:-1]),
-            source=override.source,
-        )
-    key = str(last)
+            what = "set a key inside" if i == len(override.path) - 1 else "descend into"
+            raise DockyardConfigError(
+                f"cannot {what} a value that is not a mapping", path=fmt(here[:-1]), source=override.source
+            )
+
+
+def apply_override(tree: MutableMapping[str, Any] | DictConfig, override: Override) -> None:
+    """Apply one override to ``tree`` in place (a plain mapping or an OmegaConf tree)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    cfg = tree if isinstance(tree, DictConfig) else OmegaConf.create(dict(tree))
+    _check_parent(cfg, override)
+    key = ".".join(str(p) for p in override.path)
     if override.delete:
-        if key not in node:
-            raise DockyardConfigError("no such key to delete", path=fmt(full), source=override.source)
-        del node[key]
+        parent: Any = cfg
+        for part in override.path[:-1]:
+            parent = parent[part if isinstance(parent, ListConfig) else str(part)]
+        last = override.path[-1]
+        del parent[last if isinstance(parent, ListConfig) else str(last)]
     else:
-        node[key] = override.value
+        OmegaConf.update(cfg, key, override.value, merge=False, force_add=True)
+    if not isinstance(tree, DictConfig):
+        tree.clear()
+        tree.update(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]

@@ -1,11 +1,14 @@
-"""The infra schema: dockyard-k8s's ``InfraConfig`` as frozen dataclasses.
+"""The infra schema: dockyard-k8s's ``InfraConfig`` as strict pydantic models.
 
-Field names are the YAML keys, so infra files written for dockyard-k8s load unchanged.
-Parsing (:mod:`nymph.dockyard.spec.parse`) is strict: an unknown key is an error that names the
-key path and the allowed keys. A block given partially keeps the *field's* defaults for the
-keys it leaves out (``sandbox: {security: {runAsNonRoot: true}}`` keeps the sandbox
-hardening on), except that setting one of a PDB's ``minAvailable`` / ``maxUnavailable``
-drops the default of the other.
+Field names are the YAML keys, so infra files written for dockyard-k8s load unchanged. Every
+block forbids unknown keys (``extra="forbid"``) and validates strictly: the few conversions
+YAML needs are explicit (:mod:`nymph.dockyard.spec.fieldtypes`). Errors are turned into
+nymph's own messages, with the key path and the file, by :mod:`nymph.dockyard.spec.parse`.
+
+A block given partially keeps the *field's* defaults for the keys it leaves out
+(``sandbox: {security: {runAsNonRoot: true}}`` keeps the sandbox hardening on), except that
+setting one of a PDB's ``minAvailable`` / ``maxUnavailable`` drops the default of the other,
+and that a ``resources`` block replaces the default as a whole (as dockyard-k8s does).
 
 Cross-field rules live in ``problems()`` (relative key, message) and are reported with the
 full key path by the parser.
@@ -13,15 +16,18 @@ full key path by the parser.
 Hardening defaults: ON for the sandbox pool (``sandbox.security``, ``sandbox.networkPolicy``,
 ``sandbox.pdb``, small requests with an ephemeral-storage request), OFF for the GPU fleets
 (top-level ``security``, ``kuberay.pdb``) until enabled.
+
+This module imports pydantic: import it only where the infra is loaded or rendered (the
+daemon imports the dockyard render path lazily, on its first dockyard task).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Literal, NewType
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, Field
 
 from nymph.dockyard.spec import names
 from nymph.dockyard.spec.enums import (
@@ -36,11 +42,33 @@ from nymph.dockyard.spec.enums import (
     SubmitterMode,
     WorkspaceKind,
 )
+from nymph.dockyard.spec.fieldtypes import (
+    Block,
+    IntOrStr,
+    Problems,
+    Qty,
+    QtyMap,
+    Quantity,
+    Str,
+    StrMap,
+    StrTuple,
+    as_enum,
+    as_tuple,
+)
 
-#: A Kubernetes resource quantity (``"500m"``, ``"2Gi"``); YAML numbers are accepted.
-Quantity = NewType("Quantity", str)
+__all__ = ["Quantity"]
 
-Problems = list[tuple[str, str]]
+_Scheduler = Annotated[SchedulerKind, BeforeValidator(as_enum(SchedulerKind))]
+_Workspace = Annotated[WorkspaceKind, BeforeValidator(as_enum(WorkspaceKind))]
+_HFCache = Annotated[HFCacheKind, BeforeValidator(as_enum(HFCacheKind))]
+_Checkpoints = Annotated[CheckpointsKind, BeforeValidator(as_enum(CheckpointsKind))]
+_Submit = Annotated[SubmitKind, BeforeValidator(as_enum(SubmitKind))]
+_PortForward = Annotated[PortForwardMode, BeforeValidator(as_enum(PortForwardMode))]
+_Submitter = Annotated[SubmitterMode, BeforeValidator(as_enum(SubmitterMode))]
+_Launch = Annotated[LaunchMode, BeforeValidator(as_enum(LaunchMode))]
+_RunMode = Annotated[RunMode, BeforeValidator(as_enum(RunMode))]
+_CodeSource = Annotated[CodeSource, BeforeValidator(as_enum(CodeSource))]
+_FreeForm = dict[str, Any]
 
 
 def _pvc_problems(kind: StrEnum, pvc_name: str | None, needs: tuple[StrEnum, ...]) -> Problems:
@@ -49,10 +77,9 @@ def _pvc_problems(kind: StrEnum, pvc_name: str | None, needs: tuple[StrEnum, ...
     return []
 
 
-@dataclass(frozen=True, kw_only=True)
-class SchedulerSpec:
-    kind: SchedulerKind = SchedulerKind.DEFAULT
-    queue: str | None = None
+class SchedulerSpec(Block):
+    kind: _Scheduler = SchedulerKind.DEFAULT
+    queue: Str | None = None
 
     def problems(self) -> Problems:
         if self.kind in (SchedulerKind.KAI, SchedulerKind.KUEUE) and not self.queue:
@@ -60,11 +87,10 @@ class SchedulerSpec:
         return []
 
 
-@dataclass(frozen=True, kw_only=True)
-class Toleration:
-    key: str | None = None
+class Toleration(Block):
+    key: Str | None = None
     operator: Literal["Equal", "Exists"] = "Equal"
-    value: str | None = None
+    value: Str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = "NoSchedule"
     tolerationSeconds: int | None = None
 
@@ -76,38 +102,35 @@ class Toleration:
         return []
 
 
-@dataclass(frozen=True, kw_only=True)
-class PlacementSpec:
+class PlacementSpec(Block):
     """Where the GPU cluster's pods go (the sandbox pool is not pinned by it)."""
 
-    nodeSelector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Toleration, ...] = ()
-    affinity: Mapping[str, Any] | None = None
+    nodeSelector: StrMap = Field(default_factory=dict)
+    tolerations: Annotated[tuple[Toleration, ...], BeforeValidator(as_tuple)] = ()
+    affinity: _FreeForm | None = None
 
     def problems(self) -> Problems:
         return names.label_map(self.nodeSelector, key="nodeSelector")
 
 
-@dataclass(frozen=True, kw_only=True)
-class NetworkingSpec:
+class NetworkingSpec(Block):
     """Host networking and NCCL / gloo settings for the GPU pods."""
 
     hostNetwork: bool = False
-    gloo_socket_ifname: str | None = None
-    nccl_socket_ifname: str | None = None
+    gloo_socket_ifname: Str | None = None
+    nccl_socket_ifname: Str | None = None
     nccl_ib_disable: bool = False
     nccl_net: Literal["Socket", "IB", "OFI"] | None = None
-    extra_env: Mapping[str, str] = field(default_factory=dict)
+    extra_env: StrMap = Field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
-class WorkspaceSpec:
-    kind: WorkspaceKind = WorkspaceKind.RAY_UPLOAD
-    pvcName: str | None = None
-    mountPath: str = "/mnt/dockyard"
-    repoSubdir: str = "workdirs"
-    size: Quantity | None = None
-    hostPath: str | None = None
+class WorkspaceSpec(Block):
+    kind: _Workspace = WorkspaceKind.RAY_UPLOAD
+    pvcName: Str | None = None
+    mountPath: Str = "/mnt/dockyard"
+    repoSubdir: Str = "workdirs"
+    size: Qty | None = None
+    hostPath: Str | None = None
 
     def problems(self) -> Problems:
         out = _pvc_problems(self.kind, self.pvcName, (WorkspaceKind.LUSTRE, WorkspaceKind.PVC))
@@ -116,35 +139,32 @@ class WorkspaceSpec:
         return out
 
 
-@dataclass(frozen=True, kw_only=True)
-class HFCacheSpec:
-    kind: HFCacheKind = HFCacheKind.NONE
-    pvcName: str | None = None
-    mountPath: str = "/root/.cache/huggingface"
+class HFCacheSpec(Block):
+    kind: _HFCache = HFCacheKind.NONE
+    pvcName: Str | None = None
+    mountPath: Str = "/root/.cache/huggingface"
 
     def problems(self) -> Problems:
         return _pvc_problems(self.kind, self.pvcName, (HFCacheKind.LUSTRE, HFCacheKind.PVC))
 
 
-@dataclass(frozen=True, kw_only=True)
-class CheckpointsSpec:
-    kind: CheckpointsKind = CheckpointsKind.NONE
-    pvcName: str | None = None
-    mountPath: str = "/mnt/dockyard/checkpoints"
+class CheckpointsSpec(Block):
+    kind: _Checkpoints = CheckpointsKind.NONE
+    pvcName: Str | None = None
+    mountPath: Str = "/mnt/dockyard/checkpoints"
 
     def problems(self) -> Problems:
         return _pvc_problems(self.kind, self.pvcName, (CheckpointsKind.LUSTRE, CheckpointsKind.PVC))
 
 
-@dataclass(frozen=True, kw_only=True)
-class SubmitSpec:
+class SubmitSpec(Block):
     """How the live layer delivers a job (not consulted by render)."""
 
-    kind: SubmitKind = SubmitKind.SDK
-    portForward: PortForwardMode = PortForwardMode.AUTO
+    kind: _Submit = SubmitKind.SDK
+    portForward: _PortForward = PortForwardMode.AUTO
     localDashboardPort: int = 18265
-    submitter: SubmitterMode = SubmitterMode.PORT_FORWARD
-    execTmpDir: str = "/tmp"
+    submitter: _Submitter = SubmitterMode.PORT_FORWARD
+    execTmpDir: Str = "/tmp"
 
     def problems(self) -> Problems:
         if not 1 <= self.localDashboardPort <= 65535:
@@ -152,16 +172,15 @@ class SubmitSpec:
         return []
 
 
-@dataclass(frozen=True, kw_only=True)
-class LaunchSpec:
-    mode: LaunchMode = LaunchMode.RAYJOB
-    runMode: RunMode = RunMode.INTERACTIVE
-    attach: str | None = None
-    entrypoint: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    rayUploadPaths: tuple[str, ...] | None = None
-    codeSource: CodeSource = CodeSource.UPLOAD
-    codePath: str | None = None
+class LaunchSpec(Block):
+    mode: _Launch = LaunchMode.RAYJOB
+    runMode: _RunMode = RunMode.INTERACTIVE
+    attach: Str | None = None
+    entrypoint: Str | None = None
+    env: StrMap = Field(default_factory=dict)
+    rayUploadPaths: StrTuple | None = None
+    codeSource: _CodeSource = CodeSource.UPLOAD
+    codePath: Str | None = None
 
     def problems(self) -> Problems:
         out: Problems = []
@@ -172,8 +191,7 @@ class LaunchSpec:
         return out
 
 
-@dataclass(frozen=True, kw_only=True)
-class SecuritySpec:
+class SecuritySpec(Block):
     """Pod / container hardening. ``runAsNonRoot`` and ``readOnlyRootFilesystem`` are
     opt-in (``null`` leaves them unset): they break many images."""
 
@@ -184,21 +202,20 @@ class SecuritySpec:
     fsGroup: int | None = None
     readOnlyRootFilesystem: bool | None = None
     allowPrivilegeEscalation: bool = False
-    dropCapabilities: tuple[str, ...] = ("ALL",)
-    addCapabilities: tuple[str, ...] = ()
+    dropCapabilities: StrTuple = ("ALL",)
+    addCapabilities: StrTuple = ()
     seccompProfile: Literal["RuntimeDefault", "Unconfined"] | None = "RuntimeDefault"
 
 
-@dataclass(frozen=True, kw_only=True)
-class NetworkPolicySpec:
+class NetworkPolicySpec(Block):
     """Sandbox isolation: ingress only on the executor port from this namespace (or from
     pods with ``fromLabels``); egress open unless ``allowEgress: false``, then only to
     ``allowedEgressCidrs``; DNS is always allowed."""
 
     enabled: bool = True
     allowEgress: bool = True
-    allowedEgressCidrs: tuple[str, ...] = ()
-    fromLabels: Mapping[str, str] = field(default_factory=dict)
+    allowedEgressCidrs: StrTuple = ()
+    fromLabels: StrMap = Field(default_factory=dict)
 
     def problems(self) -> Problems:
         out: Problems = []
@@ -212,11 +229,10 @@ class NetworkPolicySpec:
         return out + names.label_map(self.fromLabels, key="fromLabels")
 
 
-@dataclass(frozen=True, kw_only=True)
-class PDBSpec:
+class PDBSpec(Block):
     enabled: bool = False
-    minAvailable: int | str | None = None
-    maxUnavailable: int | str | None = None
+    minAvailable: IntOrStr | None = None
+    maxUnavailable: IntOrStr | None = None
 
     #: Setting one of these in a partial block drops the default of the other.
     exclusive: ClassVar[tuple[str, ...]] = ("minAvailable", "maxUnavailable")
@@ -227,31 +243,29 @@ class PDBSpec:
         return []
 
 
-@dataclass(frozen=True, kw_only=True)
-class PodResources:
+class PodResources(Block):
     """Requests (``cpu``, ``memory``, ``ephemeralStorage``) and limits (``*Limit``), each
     limit defaulting to its request."""
 
-    cpu: Quantity | None = None
-    memory: Quantity | None = None
+    cpu: Qty | None = None
+    memory: Qty | None = None
     gpu: int | None = None
-    ephemeralStorage: Quantity | None = None
-    cpuLimit: Quantity | None = None
-    memoryLimit: Quantity | None = None
-    ephemeralStorageLimit: Quantity | None = None
+    ephemeralStorage: Qty | None = None
+    cpuLimit: Qty | None = None
+    memoryLimit: Qty | None = None
+    ephemeralStorageLimit: Qty | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class ClusterSpec:
+class ClusterSpec(Block):
     """The one GPU RayCluster (trainer + inference worker groups). ``spec`` is a free-form
     RayCluster ``.spec``; cross-cutting fields are patched into it at render time."""
 
-    name: str
-    spec: Mapping[str, Any]
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
+    name: Str
+    spec: _FreeForm
+    labels: StrMap = Field(default_factory=dict)
+    annotations: StrMap = Field(default_factory=dict)
     segmentSize: int | None = None
-    pdb: PDBSpec = field(default_factory=PDBSpec)
+    pdb: PDBSpec = Field(default_factory=PDBSpec)
 
     def problems(self) -> Problems:
         out = names.dns1035_label(self.name, key="name")
@@ -269,22 +283,24 @@ def _sandbox_pdb() -> PDBSpec:
     return PDBSpec(enabled=True, maxUnavailable=1)
 
 
-@dataclass(frozen=True, kw_only=True)
-class SandboxSpec:
-    """The GPU-free executor pool: a Deployment behind a ClusterIP Service."""
+class SandboxSpec(Block):
+    """The GPU-free executor pool: a Deployment behind a ClusterIP Service. A ``resources``
+    block replaces the default (with its ephemeral-storage request) as a whole."""
 
-    name: str = "dockyard-sandbox"
+    replace_whole: ClassVar[tuple[str, ...]] = ("resources",)
+
+    name: Str = "dockyard-sandbox"
     replicas: int = 2
     port: int = 9090
-    spec: Mapping[str, Any] | None = None
-    resources: PodResources = field(default_factory=_sandbox_resources)
-    env: Mapping[str, str] = field(default_factory=dict)
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    security: SecuritySpec = field(default_factory=SecuritySpec)
-    networkPolicy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
-    pdb: PDBSpec = field(default_factory=_sandbox_pdb)
-    topologySpreadConstraints: tuple[Mapping[str, Any], ...] = ()
+    spec: _FreeForm | None = None
+    resources: PodResources = Field(default_factory=_sandbox_resources)
+    env: StrMap = Field(default_factory=dict)
+    labels: StrMap = Field(default_factory=dict)
+    annotations: StrMap = Field(default_factory=dict)
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
+    networkPolicy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    pdb: PDBSpec = Field(default_factory=_sandbox_pdb)
+    topologySpreadConstraints: Annotated[tuple[_FreeForm, ...], BeforeValidator(as_tuple)] = ()
     healthCheckTimeoutS: int = 300
     injectUrls: bool = True
 
@@ -302,13 +318,12 @@ class SandboxSpec:
         return out
 
 
-@dataclass(frozen=True, kw_only=True)
-class ResourceQuotaSpec:
+class ResourceQuotaSpec(Block):
     """Namespace quota: rendered, never applied by the live path."""
 
     enabled: bool = False
-    name: str = "dockyard-quota"
-    hard: Mapping[str, Quantity] = field(default_factory=dict)
+    name: Str = "dockyard-quota"
+    hard: QtyMap = Field(default_factory=dict)
 
     def problems(self) -> Problems:
         if self.enabled and not self.hard:
@@ -316,16 +331,15 @@ class ResourceQuotaSpec:
         return []
 
 
-@dataclass(frozen=True, kw_only=True)
-class LimitRangeSpec:
+class LimitRangeSpec(Block):
     """Per-container namespace limits: rendered, never applied by the live path."""
 
     enabled: bool = False
-    name: str = "dockyard-limits"
-    default: Mapping[str, Quantity] = field(default_factory=dict)
-    defaultRequest: Mapping[str, Quantity] = field(default_factory=dict)
-    max: Mapping[str, Quantity] = field(default_factory=dict)
-    min: Mapping[str, Quantity] = field(default_factory=dict)
+    name: Str = "dockyard-limits"
+    default: QtyMap = Field(default_factory=dict)
+    defaultRequest: QtyMap = Field(default_factory=dict)
+    max: QtyMap = Field(default_factory=dict)
+    min: QtyMap = Field(default_factory=dict)
 
     def problems(self) -> Problems:
         if self.enabled and not (self.default or self.defaultRequest or self.max or self.min):
@@ -333,8 +347,7 @@ class LimitRangeSpec:
         return []
 
 
-@dataclass(frozen=True, kw_only=True)
-class DRASpec:
+class DRASpec(Block):
     """Accepted for compatibility; nymph does not render DRA objects."""
 
     autoCreate: bool = True
@@ -354,30 +367,29 @@ def _gpu_security() -> SecuritySpec:
     return SecuritySpec(enabled=False)
 
 
-@dataclass(frozen=True, kw_only=True)
-class InfraConfig:
-    namespace: str
-    image: str
-    imagePullSecrets: tuple[str, ...] = ()
-    rayVersion: str | None = None
-    serviceAccount: str | None = None
-    priorityClassName: str | None = None
-    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
-    placement: PlacementSpec = field(default_factory=PlacementSpec)
-    networking: NetworkingSpec = field(default_factory=NetworkingSpec)
-    security: SecuritySpec = field(default_factory=_gpu_security)
-    workspace: WorkspaceSpec = field(default_factory=WorkspaceSpec)
-    hf_cache: HFCacheSpec = field(default_factory=HFCacheSpec)
-    checkpoints: CheckpointsSpec = field(default_factory=CheckpointsSpec)
-    submit: SubmitSpec = field(default_factory=SubmitSpec)
-    launch: LaunchSpec = field(default_factory=LaunchSpec)
+class InfraConfig(Block):
+    namespace: Str
+    image: Str
+    imagePullSecrets: StrTuple = ()
+    rayVersion: Str | None = None
+    serviceAccount: Str | None = None
+    priorityClassName: Str | None = None
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    networking: NetworkingSpec = Field(default_factory=NetworkingSpec)
+    security: SecuritySpec = Field(default_factory=_gpu_security)
+    workspace: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
+    hf_cache: HFCacheSpec = Field(default_factory=HFCacheSpec)
+    checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec)
+    submit: SubmitSpec = Field(default_factory=SubmitSpec)
+    launch: LaunchSpec = Field(default_factory=LaunchSpec)
     kuberay: ClusterSpec | None = None
     sandbox: SandboxSpec | None = None
-    dra: DRASpec = field(default_factory=DRASpec)
-    resourceQuota: ResourceQuotaSpec = field(default_factory=ResourceQuotaSpec)
-    limitRange: LimitRangeSpec = field(default_factory=LimitRangeSpec)
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
+    dra: DRASpec = Field(default_factory=DRASpec)
+    resourceQuota: ResourceQuotaSpec = Field(default_factory=ResourceQuotaSpec)
+    limitRange: LimitRangeSpec = Field(default_factory=LimitRangeSpec)
+    labels: StrMap = Field(default_factory=dict)
+    annotations: StrMap = Field(default_factory=dict)
 
     def problems(self) -> Problems:
         out: Problems = []
