@@ -207,7 +207,13 @@ def test_hostile_ids_never_reach_kubectl(peer: Peer) -> None:
         try:
             deadline = time.monotonic() + 60
             while len({b.get("taskId") for b in fake.bodies("complete") if isinstance(b, dict)}) < len(tasks):
-                assert time.monotonic() < deadline, "not every hostile task was answered"
+                answered = {b.get("taskId") for b in fake.bodies("complete") if isinstance(b, dict)}
+                assert time.monotonic() < deadline, (
+                    f"not every hostile task was answered: {len(answered)} of {len(tasks)}, "
+                    f"{fake.count('claim')} claims, routes seen {sorted({x.route for x in fake.seen})}, "
+                    f"unanswered {[t['taskId'] for t in tasks if t['taskId'] not in answered][:20]}; "
+                    f"daemon log: {(peer.root.parent / f'daemon-{peer.root.name}.log').read_text()[-3000:]}"
+                )
                 assert d.proc is not None and d.proc.poll() is None, "the daemon exited"
                 time.sleep(0.2)
             time.sleep(1.0)
