@@ -208,3 +208,22 @@ async def test_finished_pods_are_reaped_several_at_once_and_not_while_disconnect
         job.cancel()
         await asyncio.gather(job, return_exceptions=True)
     assert sorted(deleted) == sorted(iid(n) for n in range(1, REAP_CONCURRENCY + 1))
+
+
+async def test_a_queue_sending_only_tasks_that_do_not_check_out_is_not_asked_in_a_tight_loop(
+    tmp_path: Path,
+) -> None:
+    r = rig(tmp_path)
+    junk = task("stop", 1, instanceId="--all")  # refused by the runner, for good
+    r.queue.offers = [[junk] for _ in range(20)]
+    reconciled, stopping = asyncio.Event(), asyncio.Event()
+    reconciled.set()
+    loop = asyncio.create_task(r.claimer.claim_loop(reconciled=reconciled, stopping=stopping))
+    try:
+        await asyncio.sleep(0.6)
+        # Paced like an empty answer (0.1 s, then doubling): a handful of claims, not 20 at once.
+        assert 20 - len(r.queue.offers) <= 4
+    finally:
+        stopping.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
