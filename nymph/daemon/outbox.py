@@ -154,6 +154,12 @@ class Outbox:
     def pending(self) -> int:
         return len(self.mem) + self.backlog
 
+    def reporting(self, instance_id: str) -> bool:
+        """Whether a report on ``instance_id`` waits to be sent (or may: some items wait on disk)."""
+        return self.backlog > 0 or any(
+            i["kind"] == "report" and i.get("instanceId") == instance_id for i in self.mem
+        )
+
     def _put(self, item: dict[str, Any]) -> None:
         item["_line"] = self._append(item)
         if self.backlog == 0 and len(self.mem) < self.memory_max:

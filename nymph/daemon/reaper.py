@@ -77,12 +77,17 @@ class Reaper:
         self.audit = audit
         self.metrics = metrics
 
-    def due(self, track: Track, *, now: float) -> bool:
-        """Whether a finished Pod has waited long enough to be reaped."""
+    def due(self, name: str, track: Track, *, now: float) -> bool:
+        """Whether a finished Pod has waited long enough to be reaped, and the queue has every
+        report on it. A Pod reaped before the queue knows it ended would let a redelivery of its
+        launch (a lease lost while the queue was away) create it again: the Pod is the proof
+        that the launch ran, so it stays until its last report is sent."""
         return (
             track.finished_at is not None
             and not track.reaping
             and now - track.finished_at >= self.w.reap_after_seconds
+            and not self.outbox.reporting(name)
+            and not self.tracker.unsent(name)
         )
 
     async def run(self) -> None:
@@ -93,7 +98,9 @@ class Reaper:
                 continue  # the API server is unreachable: nothing could be deleted, nothing is known gone
             now = time.monotonic()
             due = [
-                (name, track) for name, track in list(self.tracker.tracks.items()) if self.due(track, now=now)
+                (name, track)
+                for name, track in list(self.tracker.tracks.items())
+                if self.due(name, track, now=now)
             ]
             for _, track in due:
                 track.reaping = True
