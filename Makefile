@@ -55,8 +55,8 @@ images: install-demo deps ## build the local images (pause, python, nymph) into 
 test: install deps envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e on kwok and the real node)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-faults: install deps envtest ## the whole fault suite, including the checks that still find open problems
-	$(BIN)/pytest -q tests/faults -m "faults or open_fault" $(PYTEST_ARGS)
+faults: install deps envtest ## the whole fault suite at full size (200 crash-matrix launches), open_fault checks included
+	NYMPH_FAULT_LAUNCHES=$${NYMPH_FAULT_LAUNCHES:-200} $(BIN)/pytest -q tests/faults -m "faults or open_fault" $(PYTEST_ARGS)
 
 test-unit: install ## unit tests only (no cluster)
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)

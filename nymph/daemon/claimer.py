@@ -20,7 +20,7 @@ from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.settings import DaemonSettings
-from nymph.daemon.tasks.validate import usable_task_id
+from nymph.daemon.tasks.validate import BadTask, check_task, usable_task_id
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON, TaskKind
 
@@ -227,21 +227,30 @@ class Claimer:
             backoff = 0.5
             self.queue_ok = True
             self.metrics.claims.labels("ok").inc()
-            if not tasks:
-                # A long-poll answered empty at once (a queue shutting down, or one that does not
-                # hold the poll): wait before asking again, longer each time, so it is no tight loop.
-                if time.monotonic() - t0 < min(EMPTY_FAST_SECONDS, s.queue.poll_wait / 2):
-                    await asyncio.sleep(empty_pause)
-                    empty_pause = min(empty_pause * 2, EMPTY_PAUSE_MAX)
-                else:
-                    empty_pause = EMPTY_PAUSE_MIN
-                continue
-            empty_pause = EMPTY_PAUSE_MIN
-            self.metrics.queue_seconds.labels("claim").observe(time.monotonic() - t0)
-            for task in tasks:
-                if self._claimed(task):
-                    await self.local.put(task)
-            await self.release_abandoned()
+            if tasks:
+                self.metrics.queue_seconds.labels("claim").observe(time.monotonic() - t0)
+                for task in tasks:
+                    if self._claimed(task):
+                        await self.local.put(task)
+                await self.release_abandoned()
+            if any(self._runnable(t) for t in tasks):
+                empty_pause = EMPTY_PAUSE_MIN
+            elif time.monotonic() - t0 < min(EMPTY_FAST_SECONDS, s.queue.poll_wait / 2):
+                # A long-poll answered at once with nothing this daemon can run (a queue shutting
+                # down, one that does not hold the poll, or one sending only tasks that do not
+                # check out): wait before asking again, longer each time, so it is no tight loop.
+                await asyncio.sleep(empty_pause)
+                empty_pause = min(empty_pause * 2, EMPTY_PAUSE_MAX)
+            else:
+                empty_pause = EMPTY_PAUSE_MIN
+
+    def _runnable(self, task: TaskJSON) -> bool:
+        """Whether every field of ``task`` checks out (the runner refuses the others)."""
+        try:
+            check_task(task, served=self.s.kube.namespaces)
+        except BadTask:
+            return False
+        return True
 
     def _claimed(self, task: TaskJSON) -> bool:
         """Audit the claim, then hold the task; False when it is not to be run.

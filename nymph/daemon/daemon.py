@@ -280,6 +280,7 @@ class Daemon:
         # Whatever we hold and will not complete (not started, skipped because we are stopping,
         # or cut off by the grace period) goes back now rather than when its lease lapses.
         await claimer.release(claimer.uncompleted())
+        await claimer.release_abandoned()  # handed back in an outage, or not saved
         flushed = await self.outbox.flush(timeout=min(10.0, s.shutdown_grace_seconds))
         if not flushed:
             self.log.warning(

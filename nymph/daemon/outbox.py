@@ -236,6 +236,12 @@ class Outbox:
             self.log_room.clear()
             await self.log_room.wait()
 
+    def reporting(self, instance_id: str) -> bool:
+        """Whether a report on ``instance_id`` waits to be sent (or may: some items wait on disk)."""
+        return self.backlog > 0 or any(
+            i["kind"] == "report" and i.get("instanceId") == instance_id for i in self.mem
+        )
+
     def _put(self, item: dict[str, Any]) -> None:
         item["_line"] = self._append(item)
         if self._fits(item):

@@ -83,12 +83,17 @@ class Reaper:
         #: Whether all a Pod's output was shipped (the live log follower is done with it).
         self.logs_settled = logs_settled or (lambda _name: True)
 
-    def due(self, track: Track, *, now: float) -> bool:
-        """Whether a finished Pod has waited long enough to be reaped."""
+    def due(self, name: str, track: Track, *, now: float) -> bool:
+        """Whether a finished Pod has waited long enough to be reaped, and the queue has every
+        report on it. A Pod reaped before the queue knows it ended would let a redelivery of its
+        launch (a lease lost while the queue was away) create it again: the Pod is the proof
+        that the launch ran, so it stays until its last report is sent."""
         return (
             track.finished_at is not None
             and not track.reaping
             and now - track.finished_at >= self.w.reap_after_seconds
+            and not self.outbox.reporting(name)
+            and not self.tracker.unsent(name)
         )
 
     async def run(self) -> None:
@@ -108,7 +113,7 @@ class Reaper:
         due = [
             (name, t)
             for name, t in list(self.tracker.tracks.items())
-            if self.due(t, now=now) and self.logs_settled(name)
+            if self.due(name, t, now=now) and self.logs_settled(name)
         ]
         for _, track in due:
             track.reaping = True

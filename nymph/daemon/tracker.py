@@ -182,6 +182,10 @@ class Tracker:
         """Report for an instance that is not pinned to a node and has no Pod to watch (dockyard)."""
         self._write(name, report, node=None)
 
+    def unsent(self, name: str) -> bool:
+        """Whether a report on ``name`` is not even in the outbox yet (the root cannot be written)."""
+        return any(n == name for n, _, _ in self.unsaved)
+
     def _write(self, name: str, report: Report, *, node: str | None) -> None:
         self.unsaved.append((name, report, node))
         self.write_unsaved()

@@ -231,10 +231,12 @@ def test_hostile_ids_in_paths(tenants: Tenants, http: Checked) -> None:
     assert not http.failures, http.failures
 
 
-@pytest.mark.open_fault
 def test_cross_namespace_and_cross_daemon_calls_are_refused(tenants: Tenants, http: Checked) -> None:
+    """Each daemon acts through a session of its own (registered with its tenant's bootstrap
+    token, bound to its daemon id, node and namespaces): no daemon can act on another's leases,
+    on another tenant's instances or namespaces, or take over another's session."""
     ua, ub = tenants.user["team-a"], tenants.user["team-b"]
-    da, db = tenants.daemon["team-a"], tenants.daemon["team-b"]
+    boot_a, boot_b = tenants.daemon["team-a"], tenants.daemon["team-b"]
     victim = http.send("POST", f"{B}/providers/local/launch", token=ub, bad=False, json_body=launch_body())
     assert victim.status_code == 202, victim.text
     vid = victim.json()["instanceId"]
@@ -242,6 +244,9 @@ def test_cross_namespace_and_cross_daemon_calls_are_refused(tenants: Tenants, ht
     def must_refuse(what: str, resp: Any) -> None:
         if resp.status_code < 400:
             http.failures.append(f"{what}: answered {resp.status_code} {resp.text[:160]!r}")
+
+    def dispatch(route: str, token: str, body: dict[str, Any], *, bad: bool = True) -> Any:
+        return http.send("POST", f"/v1/dispatch/{route}", token=token, bad=bad, json_body=body)
 
     # A tenant's user token on another tenant's routes.
     for method, path, body in (
@@ -258,93 +263,121 @@ def test_cross_namespace_and_cross_daemon_calls_are_refused(tenants: Tenants, ht
         ("GET", f"{A}/providers/local/instances/{vid}", None),  # the victim's id through A's provider
     ):
         must_refuse(f"team-a user: {method} {path}", http.send(method, path, token=ua, json_body=body))
-    # Daemon credentials may not read user routes at all.
-    for path in (f"{B}/providers", f"{B}/modes", f"{B}/providers/local/instances/{vid}", f"{A}/providers"):
-        must_refuse(f"daemon token: GET {path}", http.send("GET", path, token=db))
-    # team-a's daemon cannot claim team-b's work.
-    stolen = claim(http, da, daemon_id="da-1", namespaces=["jobs-team-b"])
-    if any(t["instanceId"] == vid for t in stolen):
-        http.failures.append("team-a daemon claimed a team-b task")
-    (task,) = [
-        t for t in claim(http, db, daemon_id="db-1", namespaces=["jobs-team-b"]) if t["instanceId"] == vid
-    ]
-    tid = task["taskId"]
-    # Dispatch calls on that lease from the other tenant's daemon, and from another daemon token
-    # of the same tenant declaring the owner's daemon id: none may act on the lease.
-    other_b = make_other_daemon_token(tenants)
-    for who, tok, did in (
-        ("team-a daemon", da, "db-1"),
-        ("team-a daemon", da, "da-1"),
-        ("another team-b daemon", other_b, "db-1"),
+
+    # The sessions: team-a's daemon, a team-a daemon registered for team-b's kube namespace (its
+    # token's scope still confines it to team-a), the victim (team-b) and another team-b daemon.
+    sa = session(http, boot_a, daemon_id="da-1", namespaces=["jobs-team-a"])
+    sa_wide = session(http, boot_a, daemon_id="da-2", namespaces=["jobs-team-b"])
+    other_b = session(http, make_other_daemon_token(tenants), daemon_id="db-2", namespaces=["jobs-team-b"])
+    # Daemon credentials, bootstrap or session, may not read user routes at all.
+    for tok in (boot_b, sa, other_b):
+        for path in (
+            f"{B}/providers",
+            f"{B}/modes",
+            f"{B}/providers/local/instances/{vid}",
+            f"{A}/providers",
+        ):
+            must_refuse(f"daemon credential: GET {path}", http.send("GET", path, token=tok))
+    # A bootstrap token alone does nothing but register.
+    for route, body in (
+        ("claim", {"capacity": 5, "wait": 0}),
+        ("renew", {"taskIds": ["task-0"]}),
+        ("complete", {"taskId": "task-0", "ok": True}),
+        ("report", {"stream": "s", "reports": [{"seq": 1, "instanceId": vid, "state": "stopped"}]}),
     ):
-        resp = http.send(
-            "POST",
-            "/v1/dispatch/renew",
-            token=tok,
-            json_body={"daemonId": did, "taskIds": [tid], "leaseSeconds": 3600},
+        must_refuse(f"bootstrap token: {route}", dispatch(route, boot_b, body))
+    # team-a's daemon cannot claim team-b's work.
+    must_refuse(
+        "team-a session claiming in jobs-team-b",
+        dispatch("claim", sa, {"namespaces": ["jobs-team-b"], "capacity": 50, "wait": 0}),
+    )
+    for who, tok in (("team-a session", sa), ("team-a session for jobs-team-b", sa_wide)):
+        got = dispatch("claim", tok, {"capacity": 50, "wait": 0}, bad=False)
+        if any(t["instanceId"] == vid for t in got.json().get("tasks", [])):
+            http.failures.append(f"{who} claimed a team-b task")
+    # The victim claims its task and says its Pod is starting.
+    sb = session(http, boot_b, daemon_id="db-1", namespaces=["jobs-team-b"])
+    got = dispatch("claim", sb, {"capacity": 50, "wait": 0}, bad=False)
+    assert got.status_code == 200, got.text
+    (task,) = [t for t in got.json()["tasks"] if t["instanceId"] == vid]
+    tid = task["taskId"]
+    starting = [{"seq": 1, "instanceId": vid, "state": "starting", "node": "n1"}]
+    dispatch("report", sb, {"stream": "db-1-stream", "reports": starting}, bad=False)
+
+    # No other session may act on the victim's lease, under its own id or the victim's.
+    for who, tok, own in (
+        ("team-a daemon", sa, "da-1"),
+        ("team-a daemon for jobs-team-b", sa_wide, "da-2"),
+        ("another team-b daemon", other_b, "db-2"),
+    ):
+        for did in (own, "db-1"):
+            resp = dispatch("renew", tok, {"daemonId": did, "taskIds": [tid], "leaseSeconds": 3600})
+            if resp.status_code == 200 and tid in resp.json().get("renewed", []):
+                http.failures.append(f"{who} as {did}: renewed another daemon's lease")
+            resp = dispatch("complete", tok, {"daemonId": did, "taskId": tid, "ok": True})
+            must_refuse(f"{who} as {did}: complete another daemon's task", resp)
+            resp = dispatch("release", tok, {"daemonId": did, "taskIds": [tid]})
+            if resp.status_code == 200 and tid in resp.json().get("released", []):
+                http.failures.append(f"{who} as {did}: released another daemon's lease")
+    # No team-a session may report on or upload logs for a team-b instance.
+    for who, tok in (("team-a daemon", sa), ("team-a daemon for jobs-team-b", sa_wide)):
+        forged = [{"seq": 1, "instanceId": vid, "state": "stopped", "reason": "Completed"}]
+        dispatch("report", tok, {"stream": f"{who}-s", "reports": forged})
+        must_refuse(
+            f"{who}: logs of a team-b instance", dispatch("logs", tok, {"instanceId": vid, "logs": "x"})
         )
-        if resp.status_code == 200 and tid in resp.json().get("renewed", []):
-            http.failures.append(f"{who} as {did}: renewed another daemon's lease")
-        resp = http.send(
-            "POST", "/v1/dispatch/complete", token=tok, json_body={"daemonId": did, "taskId": tid, "ok": True}
-        )
-        must_refuse(f"{who} as {did}: complete another daemon's task", resp)
-        resp = http.send(
-            "POST", "/v1/dispatch/release", token=tok, json_body={"daemonId": did, "taskIds": [tid]}
-        )
-        if resp.status_code == 200 and tid in resp.json().get("released", []):
-            http.failures.append(f"{who} as {did}: released another daemon's lease")
-        resp = http.send(
-            "POST",
-            "/v1/dispatch/report",
-            token=tok,
-            json_body={
-                "daemonId": did,
-                "stream": f"{did}-s",
-                "reports": [{"seq": 1, "instanceId": vid, "state": "stopped", "reason": "Completed"}],
-            },
-        )
-        http.send(
-            "POST",
-            "/v1/dispatch/logs",
-            token=tok,
-            json_body={"daemonId": did, "instanceId": vid, "logs": "forged"},
-        )
+    # Nor take the victim's session over: a daemon id live with a team-b token cannot be
+    # registered with a team-a token.
+    resp = http.send(
+        "POST",
+        "/v1/dispatch/register",
+        token=boot_a,
+        json_body={"daemonId": "db-1", "node": "n1", "namespaces": ["jobs-team-b"]},
+    )
+    must_refuse("team-a token registering the victim's daemon id", resp)
     status = http.send("GET", f"{B}/tasks/{tid}", token=ub, bad=False)
     assert status.status_code == 200, status.text
     if status.json()["status"] != "leased":
         http.failures.append(f"the victim's task is {status.json()['status']} after the foreign calls")
     inst = http.send("GET", f"{B}/providers/local/instances/{vid}", token=ub, bad=False).json()
-    if inst["state"] == "stopped":
-        http.failures.append("a foreign daemon's report stopped the victim's instance")
-    # Report stream marks: another daemon sets a huge mark on the victim daemon's stream name...
-    http.send(
-        "POST",
-        "/v1/dispatch/report",
-        token=da,
-        json_body={
-            "daemonId": "db-1",
-            "stream": "db-1-stream",
-            "reports": [{"seq": 2**62, "instanceId": "lakeshore-00000000", "state": "running"}],
-        },
-    )
-    # ...and the victim's next report must still be applied.
-    resp = http.send(
-        "POST",
-        "/v1/dispatch/report",
-        token=db,
-        bad=False,
-        json_body={
-            "daemonId": "db-1",
-            "stream": "db-1-stream",
-            "reports": [{"seq": 1, "instanceId": vid, "state": "starting"}],
-        },
-    )
+    if inst["state"] != "starting":
+        http.failures.append(f"foreign calls moved the victim's instance to {inst['state']}")
+
+    # Report stream marks are the session's: another daemon's huge mark on the victim's stream
+    # name does not drop the victim's next report.
+    big = [{"seq": 2**62, "instanceId": "lakeshore-00000000", "state": "running"}]
+    dispatch("report", sa, {"stream": "db-1-stream", "reports": big})
+    running = [{"seq": 2, "instanceId": vid, "state": "running"}]
+    resp = dispatch("report", sb, {"stream": "db-1-stream", "reports": running}, bad=False)
     after = http.send("GET", f"{B}/providers/local/instances/{vid}", token=ub, bad=False).json()
-    if after["state"] != "starting":
+    if after["state"] != "running":
         http.failures.append(
             f"the victim daemon's report was dropped after a foreign stream mark (state {after['state']}, ack {resp.text[:120]})"
         )
+
+    # The same tenant's bootstrap token may register the victim's id again (a restarted daemon
+    # must get back in), but gets none of its leases: they go back to the queue.
+    resp = http.send(
+        "POST",
+        "/v1/dispatch/register",
+        token=make_other_daemon_token(tenants),
+        bad=False,
+        json_body={"daemonId": "db-1", "node": "n1", "namespaces": ["jobs-team-b"]},
+    )
+    assert resp.status_code == 201, resp.text
+    usurper = resp.json()["sessionToken"]
+    must_refuse(
+        "a re-registered daemon id: complete the replaced session's task",
+        dispatch("complete", usurper, {"taskId": tid, "ok": True}),
+    )
+    resp = dispatch("renew", usurper, {"taskIds": [tid]})
+    if resp.status_code == 200 and tid in resp.json().get("renewed", []):
+        http.failures.append("a re-registered daemon id renewed the replaced session's lease")
+    must_refuse("the replaced session", dispatch("renew", sb, {"taskIds": [tid]}))
+    status = http.send("GET", f"{B}/tasks/{tid}", token=ub, bad=False).json()
+    if status["status"] != "pending":
+        http.failures.append(f"the replaced session's task is {status['status']}, not handed back")
+
     # A namespace-scoped user sees only its own namespace's daemons.
     listing = http.send("GET", f"{A}/daemons", token=ua, bad=False)
     if listing.status_code == 200:

@@ -208,3 +208,47 @@ async def test_finished_pods_are_reaped_several_at_once_and_not_while_disconnect
         job.cancel()
         await asyncio.gather(job, return_exceptions=True)
     assert sorted(deleted) == sorted(iid(n) for n in range(1, REAP_CONCURRENCY + 1))
+
+
+async def test_a_queue_sending_only_tasks_that_do_not_check_out_is_not_asked_in_a_tight_loop(
+    tmp_path: Path,
+) -> None:
+    r = rig(tmp_path)
+    junk = task("stop", 1, instanceId="--all")  # refused by the runner, for good
+    r.queue.offers = [[junk] for _ in range(20)]
+    reconciled, stopping = asyncio.Event(), asyncio.Event()
+    reconciled.set()
+    loop = asyncio.create_task(r.claimer.claim_loop(reconciled=reconciled, stopping=stopping))
+    try:
+        await asyncio.sleep(0.6)
+        # Paced like an empty answer (0.1 s, then doubling): a handful of claims, not 20 at once.
+        assert 20 - len(r.queue.offers) <= 4
+    finally:
+        stopping.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+def test_a_finished_pod_stays_until_the_queue_has_its_last_report(tmp_path: Path) -> None:
+    """The queue away, a lease lost, the launch redelivered: a Pod reaped before its ``stopped``
+    report reached the queue would be created again. It stays until the report is sent."""
+    import time
+
+    from nymph.daemon.tracker import Report
+    from nymph.launch.state import InstanceState, Reason
+
+    r = rig(tmp_path)
+    tracker = r.ctx.tracker
+    track = tracker.track(iid(1), namespace=NS)
+    tracker.report(iid(1), track, Report(InstanceState.STOPPED, Reason.COMPLETED))
+    track.finished_at = time.monotonic() - 60
+    rp = reaper(r)
+    now = time.monotonic()
+    assert not rp.due(iid(1), track, now=now)  # its report waits in the outbox
+    r.outbox.mem.clear()  # sent: the queue has it
+    assert rp.due(iid(1), track, now=now)
+    r.outbox.backlog = 3  # reports wait on disk, unread: any of them may be this Pod's
+    assert not rp.due(iid(1), track, now=now)
+    r.outbox.backlog = 0
+    tracker.unsaved.append((iid(1), Report(InstanceState.STOPPED), None))  # not even saved yet
+    assert not rp.due(iid(1), track, now=now)
