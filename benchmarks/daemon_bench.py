@@ -155,7 +155,11 @@ def parse(argv: list[str] | None = None) -> tuple[Params, Path]:
     )
     parser.add_argument("--only", help="configurations to run, comma-separated (default all)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
+    parser.add_argument("--markdown", type=Path, help="print the README tables of a results file and exit")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(report.markdown(json.loads(args.markdown.read_text())))
+        raise SystemExit(0)
     p = SMOKE if args.smoke else Params()
     changes: dict[str, Any] = {"soak": args.soak}
     if args.sizes:

@@ -23,7 +23,11 @@ async def _pollers(
             while not stop.is_set():
                 with contextlib.suppress(Exception):
                     tasks = await c.claim(
-                        daemon_id=f"poller-{k}", node=f"node-{k}", capacity=1, wait=30, lease_seconds=600
+                        daemon_id=f"poller-{d}-{k}",
+                        node=f"node-{d}-{k}",
+                        capacity=1,
+                        wait=30,
+                        lease_seconds=600,
                     )
                     now = time.monotonic()
                     for t in tasks:
@@ -88,17 +92,18 @@ async def one(q: QueueProc, *, daemons: int, launches: int, paced_seconds: float
 
 
 async def run(tmp: Path, *, daemon_counts: list[int], launches: int, paced_seconds: float) -> dict[str, Any]:
+    """One queue; for each count, that many pollers (fresh ones) and a fresh burst of launches."""
     out: dict[str, Any] = {}
-    for d in daemon_counts:
-        home = tmp / f"queue-{d}"
-        home.mkdir(parents=True, exist_ok=True)
-        q = new_queue(home / "queue.db")
-        try:
-            async with q.client() as c:
-                await c.create_provider(name="bench", kwargs={"namespace": "bench"}, dispatch="daemon")
-                await c.create_mode(name="tiny", provider="bench", fields={"image": "busybox"})
+    home = tmp / "queue-load"
+    home.mkdir(parents=True, exist_ok=True)
+    q = new_queue(home / "queue.db")
+    try:
+        async with q.client() as c:
+            await c.create_provider(name="bench", kwargs={"namespace": "bench"}, dispatch="daemon")
+            await c.create_mode(name="tiny", provider="bench", fields={"image": "busybox"})
+        for d in daemon_counts:
             out[str(d)] = await one(q, daemons=d, launches=launches, paced_seconds=paced_seconds)
             print(f"  queue: {d:>3} pollers  {out[str(d)]['claims_per_s']:>8} claims/s", flush=True)
-        finally:
-            q.kill()
+    finally:
+        q.kill()
     return out

@@ -149,3 +149,89 @@ def table(results: dict[str, Any]) -> str:
             mark = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
             lines.append(f"target {name:<32} {t['value']!s:>10} {t['goal']:<12} {mark}")
     return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The README's Performance tables, from one results document."""
+    m = results["machine"]
+    raw = results["raw"]
+    out = [
+        f"Machine: {m['cpu_model']}, {m['cpus']} CPUs, {m['memory_gb']} GB RAM, Linux {m['kernel']}, "
+        f"Python {m['python']}, kube-apiserver {m['kube_apiserver']} with kwok nodes; load average "
+        f"{m['load_average']} at the start, {m.get('load_average_end')} at the end (shared machine: "
+        f"compare ratios within the run). Run of {results['when']}, {results['seconds']} s.",
+        "",
+        "| launches/s (first POST to last Pod ADDED) | n | launches/s | ratio to raw | POST -> ADDED p50 ms |",
+        "|---|---:|---:|---:|---:|",
+        f"| raw create, concurrency {raw['concurrent']['concurrency']} | {raw['concurrent']['launches']} | "
+        f"{raw['concurrent']['per_s']} | 1.0 | (create p50 {raw['concurrent']['create_p50_ms']}) |",
+        f"| raw create, serial | {raw['serial']['launches']} | {raw['serial']['per_s']} | "
+        f"{round(raw['serial']['per_s'] / raw['concurrent']['per_s'], 3)} | (create p50 {raw['serial']['create_p50_ms']}) |",
+    ]
+    for name, res in results["nymph"].items():
+        for n, t in sorted(res["throughput"].items(), key=lambda kv: int(kv[0])):
+            out.append(
+                f"| {name} | {n} | {t['per_s']} | {results.get(f'{name}_n{n}_ratio')} | "
+                f"{t['posted_to_added']['p50_ms']} |"
+            )
+    out += [
+        "",
+        "| latency, one launch at a time | p50 ms | p95 ms | p99 ms |",
+        "|---|---:|---:|---:|",
+        "| raw create (request -> answer) | {p50_ms} | {p95_ms} | {p99_ms} |".format(
+            **raw["latency"]["create"]
+        ),
+    ]
+    for name, res in results["nymph"].items():
+        lat = res.get("latency", {}).get("post_returned_to_added")
+        if lat:
+            out.append(
+                f"| {name}: POST returned -> Pod ADDED | {lat['p50_ms']} | {lat['p95_ms']} | {lat['p99_ms']} |"
+            )
+    procs = ["queue", "daemon", "kubectl", "kube-apiserver", "etcd", "kwok"]
+    out += [
+        "",
+        "| CPU ms per launch (n = largest) | " + " | ".join(procs) + " |",
+        "|---" + "|---:" * len(procs) + "|",
+    ]
+    for name, res in results["nymph"].items():
+        top = res["throughput"][max(res["throughput"], key=int)]["cpu_ms_per_launch"]
+        out.append(f"| {name} | " + " | ".join(str(top.get(p, "-")) for p in procs) + " |")
+    idle = results.get("idle_daemon") or {}
+    kc = results.get("kubectl_invocation") or {}
+    out += ["", "| footprint | value |", "|---|---:|"]
+    if idle:
+        out += [
+            f"| idle daemon RSS (MB) | {idle['rss_mb']} |",
+            f"| idle daemon CPU (% of a core, over {idle['seconds']} s) | {idle['cpu_pct_of_core']} |",
+            f"| idle daemon queue requests per minute | {idle['queue_requests_per_min']} |",
+        ]
+    for name, res in results["nymph"].items():
+        if "daemon_peak_rss_mb" in res:
+            out.append(f"| daemon peak RSS after the {name} runs (MB) | {res['daemon_peak_rss_mb']} |")
+    if kc:
+        for label, what in (
+            ("read_only_home", "read-only home (as deployed before)"),
+            ("cache_dir", "with a cache dir"),
+        ):
+            x = kc[label]
+            out.append(
+                f"| one `kubectl apply`, {what}: p50 ms / CPU ms / API requests | "
+                f"{x['wall']['p50_ms']} / {x['cpu_ms_mean']} / {x['api_requests']} |"
+            )
+    soak = results.get("soak")
+    if soak:
+        out.append(f"| daemon RSS growth over {soak['launches']} launches (%) | {soak['rss_growth_pct']} |")
+    q = results.get("queue") or {}
+    if q:
+        out += [
+            "",
+            "| queue, long-polling daemons | claims/s | POST p50 ms | POST p95 ms | queue CPU ms per launch | queue CPU % at 5 launches/s |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for d, x in q.items():
+            out.append(
+                f"| {d} | {x['claims_per_s']} | {x['post']['p50_ms']} | {x['post']['p95_ms']} | "
+                f"{x['queue_cpu_ms_per_launch']} | {x.get('queue_cpu_pct_at_5_launches_per_s', '-')} |"
+            )
+    return "\n".join(out)
