@@ -147,3 +147,35 @@ class LineSplitter:
         piece = bytes(self.buf)
         self.buf.clear()
         return piece, self.continued
+
+
+@dataclass
+class Chunker:
+    """Lines in, chunks out: drops the overlap with what was shipped and keeps the cursor (pure)."""
+
+    cursor: Cursor
+    dedup: Dedup
+    buf: bytearray
+    skipping: bool = False  # the later pieces of a line that was shipped already
+
+    @staticmethod
+    def resume(cursor: Cursor) -> Chunker:
+        return Chunker(cursor=cursor, dedup=Dedup(cursor), buf=bytearray())
+
+    def line(self, raw: bytes, *, continued: bool) -> None:
+        if continued:
+            if not self.skipping:
+                self.buf += raw
+                self.cursor = self.cursor.after(None, len(raw))
+            return
+        stamp, text = parse_line(raw)
+        self.skipping = not self.dedup.fresh(stamp)
+        if not self.skipping:
+            self.buf += text
+            self.cursor = self.cursor.after(stamp, len(text))
+
+    def take(self) -> tuple[bytes, int, Cursor]:
+        """The buffered bytes, the offset they start at, and the cursor after them."""
+        data = bytes(self.buf)
+        self.buf.clear()
+        return data, self.cursor.offset - len(data), self.cursor

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nymph.daemon.logfollow import Chunker, container_started
-from nymph.launch.logcursor import PARTIAL_SIZE, Cursor, LineSplitter, parse_line, parse_stamp
+from nymph.launch.logcursor import PARTIAL_SIZE, Chunker, Cursor, LineSplitter, parse_line, parse_stamp
+from nymph.launch.state import container_started
 
 
 def _stamped(lines: list[tuple[str, bytes]]) -> bytes:
