@@ -26,6 +26,7 @@ from nymph.daemon.nodeinfo import NodeInfo
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.reaper import Reaper
 from nymph.daemon.reconcile import reconcile
+from nymph.daemon.results import ResultUploads
 from nymph.daemon.runner import HandlerRegistry, Runner
 from nymph.daemon.sender import QueueSender
 from nymph.daemon.settings import DaemonSettings
@@ -94,12 +95,15 @@ class Daemon:
             return ApiApplier(api), kubectl
         return kubectl, kubectl
 
-    def _on_pod_event(self, followers: LogFollowers) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
-        """The watch's callback: the log followers first (a finished Pod's follower must exist
-        before the tracker starts the reaper's clock), then the tracker."""
+    def _on_pod_event(
+        self, followers: LogFollowers, uploads: ResultUploads
+    ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        """The watch's callback: the log followers and result uploads first (a finished Pod's
+        must exist before the tracker starts the reaper's clock), then the tracker."""
 
         async def on_event(kind: str, pod: dict[str, Any]) -> None:
             await followers.on_pod_event(kind, pod)
+            await uploads.on_pod_event(kind, pod)
             await self.tracker.on_pod_event(kind, pod)
 
         return on_event
@@ -150,6 +154,13 @@ class Daemon:
             batch_max=s.batch_max,
         )
         followers = LogFollowers(api=api, outbox=self.outbox, tracker=self.tracker, state_dir=s.state_dir)
+        uploads = ResultUploads(
+            client=client,
+            daemon_id=s.daemon_id,
+            tracker=self.tracker,
+            workdirs=self.workdirs,
+            state_dir=s.state_dir,
+        )
         reaper = Reaper(
             settings=s.work,
             node=self.node,
@@ -160,7 +171,7 @@ class Daemon:
             audit=self.audit,
             metrics=self.metrics,
             disk=self.disk,
-            logs_settled=followers.settled,
+            logs_settled=lambda name: followers.settled(name) and uploads.settled(name),
         )
         sender = QueueSender(
             daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics
@@ -194,7 +205,7 @@ class Daemon:
                 api=api,
                 namespace=ns,
                 label_selector=f"{LABEL_MANAGED}=true",
-                on_event=self._on_pod_event(followers),
+                on_event=self._on_pod_event(followers, uploads),
                 on_restart=self._watch_restart_counter(ns),
             )
             self.watchers[ns] = w
@@ -228,6 +239,7 @@ class Daemon:
             await self._shutdown(claimer, runner)
         finally:
             await followers.close()
+            await uploads.close()
             await cancel_all(self.loops)
             await health.cleanup()
             await client.close()

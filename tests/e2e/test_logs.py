@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from nymph.client_logs import follow_log
+from nymph.client_results import download, list_results
 from nymph.localcluster import LocalCluster
 from tests.e2e.harness import (
     DaemonProc,
@@ -31,7 +32,13 @@ pytestmark = pytest.mark.e2e
 
 LINES = 500
 SCRIPT = f"""
-import sys, time
+import os, sys, time
+os.makedirs("out/sub", exist_ok=True)
+with open("out/result.txt", "w") as fh:
+    fh.write("the answer is 42\\n")
+with open("out/sub/data.bin", "wb") as fh:
+    fh.write(bytes(range(256)) * 1000)
+os.symlink("/etc/passwd", "out/passwd")
 for i in range({LINES}):
     sys.stdout.write("line %05d %s\\n" % (i, "z" * (i % 50)))
     if i == 100:
@@ -134,4 +141,17 @@ async def test_a_log_followed_live_survives_daemon_and_queue_restarts(real_stack
     async with s.queue.client() as client:
         logs = await client.get_logs(provider="local", instance_id=iid)
         assert logs is not None and logs.encode() == expected
-        assert (await client.get_instance(provider="local", instance_id=iid)).get("exitCode") == 3
+        inst = await client.get_instance(provider="local", instance_id=iid)
+        assert inst.get("exitCode") == 3
+        # results: the regular files the job wrote, the symlink refused and said so
+        listed = await list_results(client, provider="local", instance_id=iid)
+        assert listed["items"] == [
+            {"path": "result.txt", "size": 17},
+            {"path": "sub/data.bin", "size": 256000},
+        ]
+        assert "passwd: a symlink" in (listed["error"] or "") and "passwd" in inst.get("resultsError", "")
+        got_dir = s.root.parent / "downloaded"
+        for item in listed["items"]:
+            await download(client, provider="local", instance_id=iid, path=item["path"], directory=got_dir)
+        assert (got_dir / "result.txt").read_bytes() == b"the answer is 42\n"
+        assert (got_dir / "sub" / "data.bin").read_bytes() == bytes(range(256)) * 1000
