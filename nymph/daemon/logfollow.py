@@ -49,6 +49,7 @@ class LogFollowers:
         self.dir = state_dir / "logs"
         self.settings = settings or FollowSettings()
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.deleted: set[str] = set()
         self.log = get_logger("logs")
 
     # -- the watch's callback and the reaper's question -----------------------------------------
@@ -58,10 +59,15 @@ class LogFollowers:
             return
         meta = pod.get("metadata") or {}
         name = str(meta.get("name") or "")
-        if not name or name in self.tasks:
+        if not name:
             return
         if kind == "DELETED":
-            self._forget(name)
+            if name in self.tasks:
+                self.deleted.add(name)  # its cursor goes once the follower is done
+            else:
+                self._forget(name)
+            return
+        if name in self.tasks:
             return
         if container_started(pod) and not self._load(name)[1]:
             namespace = str(meta.get("namespace") or "default")
@@ -71,6 +77,9 @@ class LogFollowers:
 
     def _done(self, name: str, task: asyncio.Task[None]) -> None:
         self.tasks.pop(name, None)
+        if name in self.deleted:
+            self.deleted.discard(name)
+            self._forget(name)
         if not task.cancelled() and task.exception() is not None:
             self.log.warning("log follower failed", instance=name, error=repr(task.exception())[:300])
 

@@ -119,9 +119,14 @@ class ResultUploads:
         self.log = get_logger("results")
 
     async def on_pod_event(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind == "DELETED" or not self.tracker.mine(pod):
+        if not self.tracker.mine(pod):
             return
         name = str((pod.get("metadata") or {}).get("name") or "")
+        if kind == "DELETED":
+            if name and name not in self.tasks:
+                with contextlib.suppress(OSError):
+                    (self.dir / name).unlink()  # the done-marker: the Pod is gone for good
+            return
         if not name or name in self.tasks or container_termination(pod) is None:
             return
         if (self.dir / name).exists():

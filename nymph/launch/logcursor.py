@@ -123,22 +123,24 @@ class LineSplitter:
         self.buf = bytearray()
         self.continued = False
 
-    def feed(self, data: bytes) -> Iterator[tuple[bytes, bool]]:
-        """Yield ``(line, continued)``: ``continued`` means it goes on an earlier piece."""
+    def feed(self, data: bytes) -> list[tuple[bytes, bool]]:
+        """``(line, continued)`` pairs: ``continued`` means it goes on an earlier piece."""
         self.buf += data
+        out: list[tuple[bytes, bool]] = []
+        start = 0
         while True:
-            nl = self.buf.find(b"\n")
+            nl = self.buf.find(b"\n", start)
             if nl < 0:
-                if len(self.buf) >= self.max_line:
-                    piece = bytes(self.buf)
-                    self.buf.clear()
-                    yield piece, self.continued
-                    self.continued = True
-                return
-            line = bytes(self.buf[: nl + 1])
-            del self.buf[: nl + 1]
-            yield line, self.continued
+                break
+            out.append((bytes(self.buf[start : nl + 1]), self.continued))
             self.continued = False
+            start = nl + 1
+        del self.buf[:start]
+        if len(self.buf) >= self.max_line:
+            out.append((bytes(self.buf), self.continued))
+            self.buf.clear()
+            self.continued = True
+        return out
 
     def rest(self) -> tuple[bytes, bool] | None:
         """An unfinished last line (the stream ended without its newline)."""
