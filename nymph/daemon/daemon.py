@@ -9,6 +9,7 @@ flushes the outbox and exits 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -108,6 +109,12 @@ class Daemon:
 
         return on_event
 
+    def _audit_log_gap(self, name: str, namespace: str) -> None:
+        """The node rotated unread lines of ``name`` away: the log carries a marker, and the
+        audit log a record (best effort: the marker is already in the log)."""
+        with contextlib.suppress(Exception):
+            self.audit.append("log-gap", instance=name, node=self.node, namespace=namespace)
+
     def _watch_restart_counter(self, namespace: str) -> Callable[[str], None]:
         def count(why: str) -> None:
             self.metrics.watch_restarts.labels(namespace, why).inc()
@@ -153,7 +160,13 @@ class Daemon:
             concurrency=s.concurrency,
             batch_max=s.batch_max,
         )
-        followers = LogFollowers(api=api, outbox=self.outbox, tracker=self.tracker, state_dir=s.state_dir)
+        followers = LogFollowers(
+            api=api,
+            outbox=self.outbox,
+            tracker=self.tracker,
+            state_dir=s.state_dir,
+            on_gap=self._audit_log_gap,
+        )
         uploads = ResultUploads(
             client=client,
             daemon_id=s.daemon_id,

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,11 @@ class LogFollowers:
         tracker: Tracker,
         state_dir: Path,
         settings: FollowSettings | None = None,
+        on_gap: Callable[[str, str], None] | None = None,
     ) -> None:
         self.api = api
+        #: Told (instance, namespace) when the node rotated unread lines away (the audit log).
+        self.on_gap = on_gap or (lambda _name, _ns: None)
         self.outbox = outbox
         self.tracker = tracker
         self.dir = state_dir / "logs"
@@ -131,6 +135,7 @@ class LogFollowers:
             sink=_OutboxSink(self, name),
             ended=lambda: self._ended(namespace, name),
             settings=self.settings,
+            on_gap=lambda: self.on_gap(name, namespace),
         )
 
 

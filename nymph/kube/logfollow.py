@@ -58,16 +58,25 @@ async def follow_container_log(
     sink: LogSink,
     ended: Callable[[], bool],
     settings: FollowSettings | None = None,
+    on_gap: Callable[[], None] | None = None,
 ) -> None:
     """Follow the ``user`` container of Pod ``namespace/name`` until its log is complete;
-    ``ended()`` says whether the container has ended (or the Pod is gone)."""
+    ``ended()`` says whether the container has ended (or the Pod is gone); ``on_gap()`` is
+    called when a resumed read finds that the node rotated unread lines away (the log then
+    carries :data:`nymph.launch.logcursor.ROTATED` there)."""
     s = settings or FollowSettings()
-    chunker = Chunker.resume(cursor)
+    log = get_logger("logs", instance=name)
+
+    def gap() -> None:
+        log.warning("the node rotated the log before it was read: lines are missing")
+        if on_gap is not None:
+            on_gap()
+
+    chunker = Chunker.resume(cursor, on_gap=gap)
     failures = 0
     started = time.monotonic()
-    log = get_logger("logs", instance=name)
     while True:
-        chunker = Chunker.resume(chunker.cursor)
+        chunker = Chunker.resume(chunker.cursor, on_gap=gap)
         try:
             got, rest = await _read(api, namespace, name, chunker, sink, s)
         except LogNotReady:
