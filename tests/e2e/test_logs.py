@@ -155,3 +155,32 @@ async def test_a_log_followed_live_survives_daemon_and_queue_restarts(real_stack
             await download(client, provider="local", instance_id=iid, path=item["path"], directory=got_dir)
         assert (got_dir / "result.txt").read_bytes() == b"the answer is 42\n"
         assert (got_dir / "sub" / "data.bin").read_bytes() == bytes(range(256)) * 1000
+
+
+async def test_on_a_kwok_node_the_follower_stops_at_once(
+    kube: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """No kubelet, no container log: the follower notices on the first answer, ships a final
+    chunk with a note, and never asks again; a followed log ends at once."""
+    q = QueueProc(tmp_path / "queue.db")
+    d = DaemonProc(q, daemon_kubeconfig(kube, namespace, tmp_path), namespace, tmp_path / "root")
+    try:
+        q.tokens()
+        q.start()
+        await setup_provider(q, namespace)
+        d.start()
+        iid = await launch(q, tags={"sim.nymph.io/run": "1s"})
+        await wait_state(q, iid, {"stopped"}, timeout=60)
+        async with q.client() as client:
+            got: list[bytes] = []
+            await asyncio.wait_for(
+                follow_log(client, provider="local", instance_id=iid, write=got.append), 30
+            )
+            assert got == []
+        await asyncio.sleep(3)  # a looping follower would have asked again by now
+        lines = (tmp_path / "daemon-root.log").read_text().splitlines()
+        asked = [ln for ln in lines if iid in ln and "serves no container log" in ln]
+        assert len(asked) == 1, asked
+    finally:
+        d.kill()
+        q.kill()
