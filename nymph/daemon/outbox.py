@@ -53,6 +53,7 @@ class Outbox:
         memory_bytes: int = 2 * 1024 * 1024,
         log_budget: int = 4 * 1024 * 1024,
         compact_after: int = 2000,
+        compact_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -62,6 +63,8 @@ class Outbox:
         self.memory_bytes = memory_bytes
         self.log_budget = log_budget
         self.compact_after = compact_after
+        self.compact_bytes = compact_bytes
+        self.file_bytes = 0  # the file's length (sent lines included)
         self.mem_bytes = 0  # log data held in memory
         self.log_bytes = 0  # log data not yet sent (memory and disk)
         self.log_room = asyncio.Event()
@@ -98,6 +101,7 @@ class Outbox:
             keep = raw.rfind(b"\n") + 1
             truncate_to(self.file, keep)
             raw = raw[:keep]
+        self.file_bytes = len(raw)
         lines = raw.decode("utf-8", errors="replace").split("\n")[:-1]
         self.lines = len(lines)
         if self.acked >= self.lines:
@@ -135,6 +139,7 @@ class Outbox:
         replace_atomically(self.ack_file, b"0")
         self.acked = 0
         self.lines = 0
+        self.file_bytes = 0
 
     def _append(self, item: dict[str, Any]) -> int:
         """Append one item (fsynced); returns its line index in the file."""
@@ -149,6 +154,7 @@ class Outbox:
             raise
         index = self.lines
         self.lines += 1
+        self.file_bytes += len(data)
         return index
 
     def _ack(self, batch: list[dict[str, Any]]) -> None:
@@ -160,7 +166,8 @@ class Outbox:
             self._reset()
             self.idle.set()
             return
-        if self.acked >= self.compact_after:
+        big = self.file_bytes >= self.compact_bytes and self.acked * 2 >= self.lines
+        if self.acked >= self.compact_after or big:
             self._compact()
         else:
             replace_atomically(self.ack_file, str(self.acked).encode())
@@ -183,6 +190,7 @@ class Outbox:
             item["_line"] = int(item["_line"]) - shift
         self.lines -= shift
         self.acked = 0
+        self.file_bytes = len(rest)
 
     def _refill(self) -> None:
         with self.file.open(encoding="utf-8", errors="replace") as fh:
