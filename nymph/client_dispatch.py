@@ -243,6 +243,32 @@ class DispatchCalls:
         answer = await self._dispatch("POST", "/v1/dispatch/logchunks", identity=identity, json=body)
         return cast(dict[str, Any], answer)
 
+    async def upload_result(
+        self,
+        *,
+        daemon_id: str,
+        instance_id: str,
+        path: str | None = None,
+        offset: int = 0,
+        data: bytes = b"",
+        eof: bool = False,
+        error: str | None = None,
+    ) -> None:
+        """A chunk of result file ``path`` from ``offset`` (``eof`` completes it), and/or why
+        some results were not kept."""
+        body: dict[str, Any] = {"daemonId": daemon_id, "instanceId": instance_id}
+        if path is not None:
+            body |= {
+                "path": path,
+                "offset": offset,
+                "data": base64.b64encode(data).decode("ascii"),
+                "eof": eof,
+            }
+        if error is not None:
+            body["error"] = error[:2000]
+        identity = self._identity(daemon_id=daemon_id)
+        await self._dispatch("POST", "/v1/dispatch/results", identity=identity, json=body)
+
     async def active(self, *, node: str) -> list[ActiveJSON]:
         identity = self._identity(daemon_id=None, node=node)
         body = await self._dispatch("GET", "/v1/dispatch/active", identity=identity, params={"node": node})

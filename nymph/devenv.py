@@ -235,12 +235,20 @@ def _cluster(opts: DevOptions, state: Path) -> Iterator[Cluster]:
         local.stop()
 
 
-def _show_output(cluster: Cluster, instance_id: str) -> None:
-    """The launch's real output (kubectl logs through the API server), on stdout."""
-    if cluster.local is None or cluster.simulated:
+async def _show_output(client: QueueClient, *, cluster: Cluster, instance_id: str) -> None:
+    """The launch's real output, as the daemon shipped it to the queue, on stdout."""
+    if cluster.simulated:
         return
-    res = cluster.local.kubectl("logs", instance_id, "-n", "default", "-c", "user", check=False)
-    text = res.stdout if res.returncode == 0 else f"(no logs: {res.stderr.strip()})\n"
+    from nymph.client_logs import follow_log
+
+    got: list[bytes] = []
+    try:
+        await asyncio.wait_for(
+            follow_log(client, provider="dev", instance_id=instance_id, write=got.append), 30
+        )
+    except (TimeoutError, NymphError) as exc:
+        got.append(f"(the log did not arrive in full: {exc.__class__.__name__})\n".encode())
+    text = b"".join(got).decode("utf-8", errors="replace") or "(the job printed nothing)\n"
     print(f"      output of {instance_id}, printed in its container:", file=sys.stderr, flush=True)
     sys.stdout.write("".join(f"  | {line}\n" for line in text.splitlines()))
     sys.stdout.flush()
@@ -259,6 +267,7 @@ async def _demo(url: str, user_token: str, *, cluster: Cluster, script: str) -> 
         iid = str(accepted["instanceId"])
         print(f"      launched {iid}; following its state:", file=sys.stderr, flush=True)
         code = await asyncio.wait_for(follow(c, provider="dev", instance_id=iid, poll_wait=10), 180)
+        await _show_output(c, cluster=cluster, instance_id=iid)
         print(file=sys.stderr)
         print_instances([dict(i) for i in await c.list_instances(provider="dev")])
         return iid, code
@@ -351,8 +360,7 @@ def run_dev(opts: DevOptions) -> int:
             print(f"      daemon health on http://127.0.0.1:{hport}/healthz (log {dlog})", file=sys.stderr)
 
             step(5, total, "creating provider 'dev' and mode 'python', submitting a sample launch")
-            iid, code = asyncio.run(_demo(url, user_token, cluster=cluster, script=script))
-            _show_output(cluster, iid)
+            _iid, code = asyncio.run(_demo(url, user_token, cluster=cluster, script=script))
 
             step(6, total, "verifying the audit log")
             result = verify(root / "audit.jsonl")

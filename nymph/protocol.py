@@ -71,6 +71,8 @@ class InstanceJSON(TypedDict):
     exitCode: NotRequired[int]
     terminationReason: NotRequired[str]
     terminationMessage: NotRequired[str]
+    #: Why some result files were not kept (over the cap, refused paths).
+    resultsError: NotRequired[str]
 
 
 class LaunchAccepted(TypedDict):

@@ -105,9 +105,10 @@ async def follow(
     instance_id: str,
     poll_wait: float = 30.0,
     until_running: bool = False,
+    job_exit: bool = False,
 ) -> int:
     """Print each state change as it happens until the instance stops (or, with
-    ``until_running``, runs); 1 if it failed."""
+    ``until_running``, runs); 1 if it failed, or with ``job_exit`` :func:`exit_status`."""
     shown = 0
     version = -1
     while True:
@@ -123,4 +124,9 @@ async def follow(
         if until_running and inst["state"] == InstanceState.RUNNING.value:
             return 0
         if inst["state"] == InstanceState.STOPPED.value:
-            return exit_status(inst)
+            if job_exit:
+                return exit_status(inst)
+            if failed(inst["reason"]):
+                print(f"{instance_id} failed: {inst['reason']}", file=sys.stderr)
+                return 1
+            return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nymph.cli import usersecrets
+from nymph.cli import userresults, usersecrets
 from nymph.cli.userverbs import (
     cmd_instances,
     cmd_launch,
@@ -197,6 +197,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_launch_dockyard)
 
     usersecrets.register(sub, common)
+    userresults.register(sub, common)
 
     p = sub.add_parser("instances", parents=[common], help="list a provider's instances")
     p.add_argument("provider")

@@ -258,10 +258,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
             return 0
         iid = accepted["instanceId"]
         if args.quiet:
-            return await follow(client, provider=args.provider, instance_id=iid)
+            return await follow(client, provider=args.provider, instance_id=iid, job_exit=True)
         output = asyncio.create_task(_print_log(client, provider=args.provider, instance_id=iid))
         try:
-            code = await follow(client, provider=args.provider, instance_id=iid)
+            code = await follow(client, provider=args.provider, instance_id=iid, job_exit=True)
             # The log ends once all of it arrived (or soon after the stop when none comes).
             with contextlib.suppress(TimeoutError, QueueError):
                 await asyncio.wait_for(asyncio.shield(output), _LOG_TAIL_SECONDS)

@@ -28,7 +28,20 @@ from nymph.logs import redact_text
 GENESIS = "0" * 64
 GENESIS_SEQ = 0
 ACTIONS = frozenset(
-    {"claim", "apply", "adopt", "delete", "reap", "probe", "release", "start", "stop", "recover", "refuse"}
+    {
+        "claim",
+        "apply",
+        "adopt",
+        "delete",
+        "reap",
+        "probe",
+        "release",
+        "start",
+        "stop",
+        "recover",
+        "refuse",
+        "log-gap",
+    }
 )
 
 

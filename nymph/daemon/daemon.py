@@ -9,6 +9,7 @@ flushes the outbox and exits 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from nymph.daemon.nodeinfo import NodeInfo
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.reaper import Reaper
 from nymph.daemon.reconcile import reconcile
+from nymph.daemon.results import ResultUploads
 from nymph.daemon.rootlock import RootLock
 from nymph.daemon.runner import HandlerRegistry, Runner
 from nymph.daemon.sender import QueueSender
@@ -121,15 +123,24 @@ class Daemon:
             return ApiApplier(api), kubectl
         return kubectl, kubectl
 
-    def _on_pod_event(self, followers: LogFollowers) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
-        """The watch's callback: the log followers first (a finished Pod's follower must exist
-        before the tracker starts the reaper's clock), then the tracker."""
+    def _on_pod_event(
+        self, followers: LogFollowers, uploads: ResultUploads
+    ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        """The watch's callback: the log followers and result uploads first (a finished Pod's
+        must exist before the tracker starts the reaper's clock), then the tracker."""
 
         async def on_event(kind: str, pod: dict[str, Any]) -> None:
             await followers.on_pod_event(kind, pod)
+            await uploads.on_pod_event(kind, pod)
             await self.tracker.on_pod_event(kind, pod)
 
         return on_event
+
+    def _audit_log_gap(self, name: str, namespace: str) -> None:
+        """The node rotated unread lines of ``name`` away: the log carries a marker, and the
+        audit log a record (best effort: the marker is already in the log)."""
+        with contextlib.suppress(Exception):
+            self.audit.append("log-gap", instance=name, node=self.node, namespace=namespace)
 
     def _watch_restart_counter(self, namespace: str) -> Callable[[str], None]:
         def count(why: str) -> None:
@@ -179,7 +190,20 @@ class Daemon:
             concurrency=s.concurrency,
             batch_max=s.batch_max,
         )
-        followers = LogFollowers(api=api, outbox=self.outbox, tracker=self.tracker, state_dir=s.state_dir)
+        followers = LogFollowers(
+            api=api,
+            outbox=self.outbox,
+            tracker=self.tracker,
+            state_dir=s.state_dir,
+            on_gap=self._audit_log_gap,
+        )
+        uploads = ResultUploads(
+            client=client,
+            daemon_id=s.daemon_id,
+            tracker=self.tracker,
+            workdirs=self.workdirs,
+            state_dir=s.state_dir,
+        )
         reaper = Reaper(
             settings=s.work,
             node=self.node,
@@ -193,7 +217,7 @@ class Daemon:
             metrics=self.metrics,
             disk=self.disk,
             busy=claimer.held_instances,
-            logs_settled=followers.settled,
+            logs_settled=lambda name: followers.settled(name) and uploads.settled(name),
         )
         sender = QueueSender(
             daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics
@@ -227,7 +251,7 @@ class Daemon:
                 api=api,
                 namespace=ns,
                 label_selector=f"{LABEL_MANAGED}=true",
-                on_event=self._on_pod_event(followers),
+                on_event=self._on_pod_event(followers, uploads),
                 on_restart=self._watch_restart_counter(ns),
             )
             self.watchers[ns] = w
@@ -261,6 +285,7 @@ class Daemon:
             await self._shutdown(claimer, runner)
         finally:
             await followers.close()
+            await uploads.close()
             await cancel_all(self.loops)
             await health.cleanup()
             await client.close()

@@ -19,9 +19,7 @@ import asyncio
 import contextlib
 import functools
 import json
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,54 +28,10 @@ from kubernetes_asyncio import client
 from nymph.daemon.durable import replace_atomically
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.tracker import Tracker
-from nymph.kube.errors import KubeError, NotFound
-from nymph.kube.logstream import LogNotReady, NoContainerLog, open_log
-from nymph.launch.logcursor import Cursor, Dedup, LineSplitter, parse_line
-from nymph.launch.state import container_termination
+from nymph.kube.logfollow import FollowSettings, follow_container_log
+from nymph.launch.logcursor import Cursor
+from nymph.launch.state import container_started, container_termination
 from nymph.logs import get_logger
-
-
-def container_started(pod: Mapping[str, Any], *, container: str = "user") -> bool:
-    """Whether ``container`` has run (it is running or has ended after starting)."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if isinstance(cs, Mapping) and cs.get("name") == container:
-            state = cs.get("state") or {}
-            return state.get("running") is not None or bool(
-                (state.get("terminated") or {}).get("containerID")
-            )
-    return False
-
-
-@dataclass
-class Chunker:
-    """Lines in, chunks out: drops the overlap with what was shipped and keeps the cursor (pure)."""
-
-    cursor: Cursor
-    dedup: Dedup
-    buf: bytearray
-    skipping: bool = False  # the later pieces of a line that was shipped already
-
-    @staticmethod
-    def resume(cursor: Cursor) -> Chunker:
-        return Chunker(cursor=cursor, dedup=Dedup(cursor), buf=bytearray())
-
-    def line(self, raw: bytes, *, continued: bool) -> None:
-        if continued:
-            if not self.skipping:
-                self.buf += raw
-                self.cursor = self.cursor.after(None, len(raw))
-            return
-        stamp, text = parse_line(raw)
-        self.skipping = not self.dedup.fresh(stamp)
-        if not self.skipping:
-            self.buf += text
-            self.cursor = self.cursor.after(stamp, len(text))
-
-    def take(self) -> tuple[bytes, int, Cursor]:
-        """The buffered bytes, the offset they start at, and the cursor after them."""
-        data = bytes(self.buf)
-        self.buf.clear()
-        return data, self.cursor.offset - len(data), self.cursor
 
 
 class LogFollowers:
@@ -88,20 +42,18 @@ class LogFollowers:
         outbox: Outbox,
         tracker: Tracker,
         state_dir: Path,
-        chunk_bytes: int = 256 * 1024,
-        flush_seconds: float = 0.5,
-        max_failures: int = 5,
-        not_ready_seconds: float = 600.0,
+        settings: FollowSettings | None = None,
+        on_gap: Callable[[str, str], None] | None = None,
     ) -> None:
         self.api = api
+        #: Told (instance, namespace) when the node rotated unread lines away (the audit log).
+        self.on_gap = on_gap or (lambda _name, _ns: None)
         self.outbox = outbox
         self.tracker = tracker
         self.dir = state_dir / "logs"
-        self.chunk_bytes = chunk_bytes
-        self.flush_seconds = flush_seconds
-        self.max_failures = max_failures
-        self.not_ready_seconds = not_ready_seconds
+        self.settings = settings or FollowSettings()
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.deleted: set[str] = set()
         self.log = get_logger("logs")
 
     # -- the watch's callback and the reaper's question -----------------------------------------
@@ -111,10 +63,15 @@ class LogFollowers:
             return
         meta = pod.get("metadata") or {}
         name = str(meta.get("name") or "")
-        if not name or name in self.tasks:
+        if not name:
             return
         if kind == "DELETED":
-            self._forget(name)
+            if name in self.tasks:
+                self.deleted.add(name)  # its cursor goes once the follower is done
+            else:
+                self._forget(name)
+            return
+        if name in self.tasks:
             return
         if container_started(pod) and not self._load(name)[1]:
             namespace = str(meta.get("namespace") or "default")
@@ -124,6 +81,9 @@ class LogFollowers:
 
     def _done(self, name: str, task: asyncio.Task[None]) -> None:
         self.tasks.pop(name, None)
+        if name in self.deleted:
+            self.deleted.discard(name)
+            self._forget(name)
         if not task.cancelled() and task.exception() is not None:
             self.log.warning("log follower failed", instance=name, error=repr(task.exception())[:300])
 
@@ -151,7 +111,7 @@ class LogFollowers:
         except (OSError, ValueError, AttributeError):
             return Cursor(), False
 
-    def _save(self, name: str, cursor: Cursor, *, final: bool) -> None:
+    def save(self, name: str, cursor: Cursor, *, final: bool) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         replace_atomically(self._path(name), json.dumps({"cursor": cursor.dump(), "final": final}).encode())
 
@@ -161,95 +121,37 @@ class LogFollowers:
 
     # -- one follower ---------------------------------------------------------------------------
 
-    async def _ship(
-        self, name: str, chunker: Chunker, *, final: bool = False, note: str | None = None
-    ) -> None:
-        await self.outbox.wait_log_room()
-        data, offset, cursor = chunker.take()
-        if data or final:
-            self.outbox.log_chunk(
-                instance_id=name, offset=offset, data=data, cursor=cursor.dump(), final=final, note=note
-            )
-            self._save(name, cursor, final=final)
-
     def _ended(self, namespace: str, name: str) -> bool:
         pod = self.tracker.pod_in_cache(namespace, name)
         return pod is None or container_termination(pod) is not None
 
     async def _run(self, name: str, namespace: str) -> None:
         cursor, _ = self._load(name)
-        chunker = Chunker.resume(cursor)
-        failures = 0
-        started = time.monotonic()
-        log = self.log.bind(instance=name)
-        while True:
-            chunker = Chunker.resume(chunker.cursor)
-            try:
-                got, rest = await self._read(name, namespace, chunker)
-            except LogNotReady:
-                if time.monotonic() - started > self.not_ready_seconds:
-                    await self._ship(name, chunker, final=True, note="the container never started")
-                    return
-                await asyncio.sleep(1.0)
-                continue
-            except NoContainerLog as exc:
-                log.info("the node serves no container log; not following it", detail=exc.message[:200])
-                await self._ship(name, chunker, final=True, note=f"no container log: {exc.message[:300]}")
-                return
-            except NotFound:
-                await self._ship(name, chunker, final=True, note="the Pod was gone before its log was read")
-                return
-            except KubeError as exc:
-                failures += 1
-                if failures > self.max_failures:
-                    log.warning("giving up on the log", error=exc.message[:200])
-                    await self._ship(name, chunker, final=True, note=f"log unavailable: {exc.message[:300]}")
-                    return
-                await self._ship(name, chunker)
-                await asyncio.sleep(min(0.5 * 2**failures, 10.0))
-                continue
-            if self._ended(namespace, name):
-                if rest is not None:
-                    chunker.line(rest[0], continued=rest[1])
-                await self._ship(name, chunker, final=True)
-                return
-            # The stream ended but the container runs on (the connection was closed): resume.
-            failures = 0 if got else failures + 1
-            if failures > self.max_failures:
-                await self._ship(name, chunker, final=True, note="the log stream kept ending early")
-                return
-            await asyncio.sleep(0.2 if got else min(0.5 * 2**failures, 10.0))
+        await follow_container_log(
+            self.api,
+            namespace=namespace,
+            name=name,
+            cursor=cursor,
+            sink=_OutboxSink(self, name),
+            ended=lambda: self._ended(namespace, name),
+            settings=self.settings,
+            on_gap=lambda: self.on_gap(name, namespace),
+        )
 
-    async def _read(
-        self, name: str, namespace: str, chunker: Chunker
-    ) -> tuple[bool, tuple[bytes, bool] | None]:
-        """Read one stream to its end, shipping as it goes. Returns whether it brought anything
-        and an unfinished last line (kept back: shipped only once the container ended)."""
-        stamp = chunker.cursor.stamp
-        splitter = LineSplitter()
-        got = False
-        deadline: float | None = None
-        since = stamp.since_time if stamp else None
-        async with open_log(self.api, namespace=namespace, name=name, since_time=since) as stream:
-            while True:
-                data = await stream.read(
-                    timeout=None if deadline is None else max(0.0, deadline - time.monotonic())
-                )
-                if data is None:  # nothing came for a while: ship what is buffered
-                    await self._ship(name, chunker)
-                    deadline = None
-                    continue
-                if not data:
-                    break
-                got = True
-                for line, continued in splitter.feed(data):
-                    chunker.line(line, continued=continued)
-                if len(chunker.buf) >= self.chunk_bytes or (
-                    deadline is not None and time.monotonic() >= deadline
-                ):
-                    await self._ship(name, chunker)
-                    deadline = None
-                elif chunker.buf and deadline is None:
-                    deadline = time.monotonic() + self.flush_seconds
-        await self._ship(name, chunker)
-        return got, splitter.rest()
+
+class _OutboxSink:
+    """Chunks into the (durable) outbox, then the cursor file: a crash between the two ships
+    the same bytes again, which the queue drops by offset."""
+
+    def __init__(self, owner: LogFollowers, name: str) -> None:
+        self.owner = owner
+        self.name = name
+
+    async def room(self) -> None:
+        await self.owner.outbox.wait_log_room()
+
+    async def ship(self, *, offset: int, data: bytes, cursor: Cursor, final: bool, note: str | None) -> None:
+        self.owner.outbox.log_chunk(
+            instance_id=self.name, offset=offset, data=data, cursor=cursor.dump(), final=final, note=note
+        )
+        self.owner.save(self.name, cursor, final=final)

@@ -56,6 +56,7 @@ class Outbox:
         memory_bytes: int = 2 * 1024 * 1024,
         log_budget: int = 4 * 1024 * 1024,
         compact_after: int = 2000,
+        compact_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +66,8 @@ class Outbox:
         self.memory_bytes = memory_bytes
         self.log_budget = log_budget
         self.compact_after = compact_after
+        self.compact_bytes = compact_bytes
+        self.file_bytes = 0  # the file's length (sent lines included)
         self.mem_bytes = 0  # log data held in memory
         self.log_bytes = 0  # log data not yet sent (memory and disk)
         self.log_room = asyncio.Event()
@@ -101,6 +104,7 @@ class Outbox:
             keep = raw.rfind(b"\n") + 1
             truncate_to(self.file, keep)
             raw = raw[:keep]
+        self.file_bytes = len(raw)
         lines = raw.decode("utf-8", errors="replace").split("\n")[:-1]
         self.lines = len(lines)
         if self.acked >= self.lines:
@@ -138,6 +142,7 @@ class Outbox:
         replace_atomically(self.ack_file, b"0")
         self.acked = 0
         self.lines = 0
+        self.file_bytes = 0
 
     def _append(self, item: dict[str, Any]) -> int:
         """Append one item (fsynced); returns its line index in the file."""
@@ -152,6 +157,7 @@ class Outbox:
             raise
         index = self.lines
         self.lines += 1
+        self.file_bytes += len(data)
         return index
 
     def _ack(self, batch: list[dict[str, Any]]) -> None:
@@ -160,9 +166,10 @@ class Outbox:
         self.log_bytes -= sum(_size(item) for item in batch)
         self._update_room()
         drained = not self.mem and self.backlog == 0
-        if drained and self.lines >= RESET_LINES:
+        big = self.file_bytes >= self.compact_bytes and self.acked * 2 >= self.lines
+        if drained and (self.lines >= RESET_LINES or self.file_bytes >= self.compact_bytes):
             self._reset()  # durable: new lines must never sit below an old, larger ack
-        elif not drained and self.acked >= self.compact_after:
+        elif not drained and (self.acked >= self.compact_after or big):
             self._compact()  # durable too, for the same reason
         else:
             # The ack may lag what was sent (not fsynced): a lost write re-sends, which the
@@ -191,6 +198,7 @@ class Outbox:
             item["_line"] = int(item["_line"]) - shift
         self.lines -= shift
         self.acked = 0
+        self.file_bytes = len(rest)
 
     def _refill(self) -> None:
         with self.file.open(encoding="utf-8", errors="replace") as fh:

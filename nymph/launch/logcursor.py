@@ -15,9 +15,11 @@ out of a joined line so the shipped bytes are what the job printed.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 
+#: Put in the log where the node rotated lines away before they could be read.
+ROTATED = b"\n[nymph: the node rotated the log before it was read: lines are missing here]\n"
 #: containerd's default ``max_container_log_line_size``: where a long line is split.
 PARTIAL_SIZE = 16 * 1024
 _STAMP = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ")
@@ -100,11 +102,16 @@ class Dedup:
     def __init__(self, cursor: Cursor) -> None:
         self.mark = cursor.stamp
         self.skip_same = cursor.seen
+        #: The re-read began after the cursor's own line: the node no longer has it (rotated
+        #: away), so lines between it and this one may be lost.
+        self.gap = False
 
     def fresh(self, stamp: Stamp | None) -> bool:
         """Whether a line stamped ``stamp`` is new (lines come in stamp order)."""
         if self.mark is None or stamp is None:
             return True
+        if stamp > self.mark and self.skip_same > 0:
+            self.gap = True  # the first line of the re-read is past the last one shipped
         if stamp < self.mark:
             return False
         if stamp == self.mark and self.skip_same > 0:
@@ -123,22 +130,24 @@ class LineSplitter:
         self.buf = bytearray()
         self.continued = False
 
-    def feed(self, data: bytes) -> Iterator[tuple[bytes, bool]]:
-        """Yield ``(line, continued)``: ``continued`` means it goes on an earlier piece."""
+    def feed(self, data: bytes) -> list[tuple[bytes, bool]]:
+        """``(line, continued)`` pairs: ``continued`` means it goes on an earlier piece."""
         self.buf += data
+        out: list[tuple[bytes, bool]] = []
+        start = 0
         while True:
-            nl = self.buf.find(b"\n")
+            nl = self.buf.find(b"\n", start)
             if nl < 0:
-                if len(self.buf) >= self.max_line:
-                    piece = bytes(self.buf)
-                    self.buf.clear()
-                    yield piece, self.continued
-                    self.continued = True
-                return
-            line = bytes(self.buf[: nl + 1])
-            del self.buf[: nl + 1]
-            yield line, self.continued
+                break
+            out.append((bytes(self.buf[start : nl + 1]), self.continued))
             self.continued = False
+            start = nl + 1
+        del self.buf[:start]
+        if len(self.buf) >= self.max_line:
+            out.append((bytes(self.buf), self.continued))
+            self.buf.clear()
+            self.continued = True
+        return out
 
     def rest(self) -> tuple[bytes, bool] | None:
         """An unfinished last line (the stream ended without its newline)."""
@@ -147,3 +156,45 @@ class LineSplitter:
         piece = bytes(self.buf)
         self.buf.clear()
         return piece, self.continued
+
+
+@dataclass
+class Chunker:
+    """Lines in, chunks out: drops the overlap with what was shipped and keeps the cursor (pure)."""
+
+    cursor: Cursor
+    dedup: Dedup
+    buf: bytearray
+    skipping: bool = False  # the later pieces of a line that was shipped already
+    gaps: int = 0  # how many times the node had rotated lines away before they were read
+    #: Told of each such gap (the follower logs and audits it).
+    on_gap: Callable[[], None] | None = field(default=None, compare=False)
+
+    @staticmethod
+    def resume(cursor: Cursor, *, on_gap: Callable[[], None] | None = None) -> Chunker:
+        return Chunker(cursor=cursor, dedup=Dedup(cursor), buf=bytearray(), on_gap=on_gap)
+
+    def line(self, raw: bytes, *, continued: bool) -> None:
+        if continued:
+            if not self.skipping:
+                self.buf += raw
+                self.cursor = self.cursor.after(None, len(raw))
+            return
+        stamp, text = parse_line(raw)
+        self.skipping = not self.dedup.fresh(stamp)
+        if self.dedup.gap:
+            self.dedup.gap = False
+            self.gaps += 1
+            self.buf += ROTATED
+            self.cursor = self.cursor.after(None, len(ROTATED))
+            if self.on_gap is not None:
+                self.on_gap()
+        if not self.skipping:
+            self.buf += text
+            self.cursor = self.cursor.after(stamp, len(text))
+
+    def take(self) -> tuple[bytes, int, Cursor]:
+        """The buffered bytes, the offset they start at, and the cursor after them."""
+        data = bytes(self.buf)
+        self.buf.clear()
+        return data, self.cursor.offset - len(data), self.cursor

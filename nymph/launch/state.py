@@ -77,6 +77,17 @@ def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return out
 
 
+def container_started(pod: Mapping[str, Any], *, container: str = "user") -> bool:
+    """Whether ``container`` has run (it is running or has ended after starting)."""
+    for cs in _container_statuses(pod):
+        if cs.get("name") == container:
+            state = cs.get("state") or {}
+            return state.get("running") is not None or bool(
+                (state.get("terminated") or {}).get("containerID")
+            )
+    return False
+
+
 def container_termination(pod: Mapping[str, Any], *, container: str = "user") -> tuple[int, str, str] | None:
     """How ``container`` of a Pod ended: (exit code, termination reason, termination message),
     or None while it has not ended."""

@@ -26,6 +26,7 @@ from nymph.queue.middlewares import auth_middleware, error_middleware
 from nymph.queue.models import QueueSettings
 from nymph.queue.routes import daemon as daemon_routes
 from nymph.queue.routes import output as output_routes
+from nymph.queue.routes import results as result_routes
 from nymph.queue.routes import secrets as secret_routes
 from nymph.queue.routes import user as user_routes
 from nymph.queue.sessions import SessionStore
@@ -98,4 +99,5 @@ def create_app(*, db_path: Path, settings: QueueSettings | None = None) -> web.A
     app.add_routes(daemon_routes.routes)
     app.add_routes(secret_routes.routes)
     app.add_routes(output_routes.routes)
+    app.add_routes(result_routes.routes)
     return app

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from nymph.protocol import now
 from nymph.queue.db import Database
+from nymph.queue.errors import Conflict
 from nymph.queue.models import DaemonSession, OutputSettings
 from nymph.queue.notify import KeyedSignal
 from nymph.queue.sql import logchunks
+from nymph.queue.sql import results as sql_results
 from nymph.queue.sql.launches import instance_row
 from nymph.queue.sql.logchunks import LogRead, LogStatus
 
@@ -163,6 +166,55 @@ class OutputStore:
             )
 
         return await self.db.read(read)
+
+    # -- result files ---------------------------------------------------------------------------
+
+    async def put_result(
+        self,
+        *,
+        session: DaemonSession,
+        instance_id: str,
+        path: str | None,
+        offset: int,
+        data: bytes,
+        eof: bool,
+        error: str | None,
+    ) -> int:
+        cap = self.settings.results_cap_bytes
+        size, refused = await self.db.write(
+            lambda conn: sql_results.put_chunk(
+                conn,
+                session=session,
+                instance_id=instance_id,
+                path=path,
+                offset=offset,
+                data=data,
+                eof=eof,
+                error=error,
+                cap=cap,
+                now=now(),
+            )
+        )
+        if refused is not None:
+            raise Conflict(refused, code="results_too_large")
+        return size
+
+    async def results(self, *, ns: str, provider: str, instance_id: str) -> dict[str, Any]:
+        return await self.db.read(
+            lambda conn: sql_results.listing(conn, ns=ns, provider=provider, instance_id=instance_id)
+        )
+
+    async def result_size(self, *, ns: str, provider: str, instance_id: str, path: str) -> int:
+        return await self.db.read(
+            lambda conn: sql_results.file_size(
+                conn, ns=ns, provider=provider, instance_id=instance_id, path=path
+            )
+        )
+
+    async def result_chunks(self, *, instance_id: str, path: str, since: int) -> list[bytes]:
+        return await self.db.read(
+            lambda conn: sql_results.chunks(conn, instance_id=instance_id, path=path, since=since)
+        )
 
     async def purge_due(self) -> int:
         """Remove expired output, at most once per ``purge_interval``; returns how many

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from nymph.client_logs import follow_log
+from nymph.client_results import download, list_results
 from nymph.localcluster import LocalCluster
 from tests.e2e.harness import (
     DaemonProc,
@@ -31,7 +32,13 @@ pytestmark = pytest.mark.e2e
 
 LINES = 500
 SCRIPT = f"""
-import sys, time
+import os, sys, time
+os.makedirs("out/sub", exist_ok=True)
+with open("out/result.txt", "w") as fh:
+    fh.write("the answer is 42\\n")
+with open("out/sub/data.bin", "wb") as fh:
+    fh.write(bytes(range(256)) * 1000)
+os.symlink("/etc/passwd", "out/passwd")
 for i in range({LINES}):
     sys.stdout.write("line %05d %s\\n" % (i, "z" * (i % 50)))
     if i == 100:
@@ -134,4 +141,46 @@ async def test_a_log_followed_live_survives_daemon_and_queue_restarts(real_stack
     async with s.queue.client() as client:
         logs = await client.get_logs(provider="local", instance_id=iid)
         assert logs is not None and logs.encode() == expected
-        assert (await client.get_instance(provider="local", instance_id=iid)).get("exitCode") == 3
+        inst = await client.get_instance(provider="local", instance_id=iid)
+        assert inst.get("exitCode") == 3
+        # results: the regular files the job wrote, the symlink refused and said so
+        listed = await list_results(client, provider="local", instance_id=iid)
+        assert listed["items"] == [
+            {"path": "result.txt", "size": 17},
+            {"path": "sub/data.bin", "size": 256000},
+        ]
+        assert "passwd: a symlink" in (listed["error"] or "") and "passwd" in inst.get("resultsError", "")
+        got_dir = s.root.parent / "downloaded"
+        for item in listed["items"]:
+            await download(client, provider="local", instance_id=iid, path=item["path"], directory=got_dir)
+        assert (got_dir / "result.txt").read_bytes() == b"the answer is 42\n"
+        assert (got_dir / "sub" / "data.bin").read_bytes() == bytes(range(256)) * 1000
+
+
+async def test_on_a_kwok_node_the_follower_stops_at_once(
+    kube: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """No kubelet, no container log: the follower notices on the first answer, ships a final
+    chunk with a note, and never asks again; a followed log ends at once."""
+    q = QueueProc(tmp_path / "queue.db")
+    d = DaemonProc(q, daemon_kubeconfig(kube, namespace, tmp_path), namespace, tmp_path / "root")
+    try:
+        q.tokens()
+        q.start()
+        await setup_provider(q, namespace)
+        d.start()
+        iid = await launch(q, tags={"sim.nymph.io/run": "1s"})
+        await wait_state(q, iid, {"stopped"}, timeout=60)
+        async with q.client() as client:
+            got: list[bytes] = []
+            await asyncio.wait_for(
+                follow_log(client, provider="local", instance_id=iid, write=got.append), 30
+            )
+            assert got == []
+        await asyncio.sleep(3)  # a looping follower would have asked again by now
+        lines = (tmp_path / "daemon-root.log").read_text().splitlines()
+        asked = [ln for ln in lines if iid in ln and "serves no container log" in ln]
+        assert len(asked) == 1, asked
+    finally:
+        d.kill()
+        q.kill()

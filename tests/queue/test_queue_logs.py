@@ -27,7 +27,11 @@ async def small(tmp_path: Path) -> AsyncIterator[Queue]:
     settings = dataclasses.replace(
         FAST,
         output=OutputSettings(
-            log_cap_bytes=CAP, retention_seconds=0.0, purge_interval=0.0, follow_grace_seconds=1.0
+            log_cap_bytes=CAP,
+            results_cap_bytes=CAP,
+            retention_seconds=0.0,
+            purge_interval=0.0,
+            follow_grace_seconds=1.0,
         ),
     )
     q, runner = await open_queue(tmp_path, settings)
@@ -155,3 +159,17 @@ async def test_the_instance_keeps_how_its_container_ended(small: Queue) -> None:
     again = {**report, "seq": 2, "exitCode": 0}
     await small.daemon().report(daemon_id="d1", stream="s", reports=[again])
     assert (await small.user().get_instance(provider="kind", instance_id=iid)).get("exitCode") == 3
+
+
+async def test_results_over_the_cap_are_dropped_and_said(small: Queue) -> None:
+    iid = await _launch(small)
+    d = small.daemon()
+    await d.upload_result(daemon_id="d1", instance_id=iid, path="ok.txt", data=b"fine", eof=True)
+    await d.upload_result(daemon_id="d1", instance_id=iid, path="huge.bin", data=b"x" * 4000)
+    with pytest.raises(QueueConflict):
+        await d.upload_result(daemon_id="d1", instance_id=iid, path="huge.bin", offset=4000, data=b"x" * 100)
+    listed = await small.call("GET", f"{INSTANCES}/{iid}/results")
+    assert listed.body["items"] == [{"path": "ok.txt", "size": 4}]
+    assert "exceed the cap" in listed.body["error"]
+    inst = await small.user().get_instance(provider="kind", instance_id=iid)
+    assert "huge.bin" in inst.get("resultsError", "")

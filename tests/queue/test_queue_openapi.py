@@ -223,6 +223,23 @@ def test_every_operation_conforms(served: Served) -> None:
     call("POST", "/v1/dispatch/logchunks", body=done_chunk, token="daemon", expect=200)
     followed = call("GET", inst + "/logs?follow=true", expect=200)
     assert followed.text == "hello\n" and followed.headers["X-Nymph-Log-Complete"] == "true"
+    result = {"daemonId": "d1", "instanceId": iid, "path": "a/b.txt", "offset": 0, "data": chunk["data"]}
+    call("POST", "/v1/dispatch/results", body={**result, "eof": True}, token="daemon", expect=200)
+    call("POST", "/v1/dispatch/results", body={**result, "offset": 99}, token="daemon", expect=200)
+    call("POST", "/v1/dispatch/results", body={**result, "path": "../x"}, token="daemon", expect=422)
+    call(
+        "POST",
+        "/v1/dispatch/results",
+        body={**result, "instanceId": "lakeshore-00000000"},
+        token="daemon",
+        expect=404,
+    )
+    listed = call("GET", inst + "/results", expect=200).json()
+    assert listed["items"] == [{"path": "a/b.txt", "size": 6}]
+    assert call("GET", inst + "/results/a%2Fb.txt", expect=200).content == b"hello\n"
+    call("GET", inst + "/results/a%2Fnope", expect=404)
+    call("GET", inst + "/results/a%2F..%2Fb", expect=400)
+    call("GET", NS + "/providers/kind/instances/lakeshore-00000000/results", expect=404)
     call("DELETE", inst, expect=204)
     full = call("GET", inst, expect=200).json()
     assert full["state"] == "stopping" and [h["state"] for h in full["history"]] == [

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from nymph.daemon.logfollow import Chunker, container_started
-from nymph.launch.logcursor import PARTIAL_SIZE, Cursor, LineSplitter, parse_line, parse_stamp
+from nymph.launch.logcursor import (
+    PARTIAL_SIZE,
+    ROTATED,
+    Chunker,
+    Cursor,
+    LineSplitter,
+    parse_line,
+    parse_stamp,
+)
+from nymph.launch.state import container_started
 
 
 def _stamped(lines: list[tuple[str, bytes]]) -> bytes:
@@ -84,3 +92,20 @@ def test_container_started() -> None:
     never = {"status": {"containerStatuses": [{"name": "user", "state": {"terminated": {"exitCode": 1}}}]}}
     assert container_started(running) and container_started(ended)
     assert not container_started(waiting) and not container_started(never) and not container_started({})
+
+
+def test_a_resume_past_lines_the_node_rotated_away_says_so() -> None:
+    first = Chunker.resume(Cursor())
+    _feed(first, _stamped(LINES[:2]))
+    shipped, _, cursor = first.take()
+    gaps: list[int] = []
+    second = Chunker.resume(cursor, on_gap=lambda: gaps.append(1))
+    # the node no longer has "b" (the cursor's line) nor what followed it up to "d"
+    _feed(second, _stamped(LINES[4:]))
+    rest, offset, end = second.take()
+    assert gaps == [1] and offset == len(shipped)
+    assert rest == ROTATED + b"d\ne\n" and end.offset == len(shipped) + len(rest)
+    # a plain resume (the cursor's line still there) says nothing
+    third = Chunker.resume(cursor, on_gap=lambda: gaps.append(2))
+    _feed(third, _stamped(LINES[1:]))
+    assert gaps == [1] and shipped + third.take()[0] == PRINTED

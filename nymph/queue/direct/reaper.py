@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -30,10 +31,19 @@ log = structlog.get_logger(__name__, component="queue.direct.reaper")
 
 
 class Reaper:
-    def __init__(self, *, store: Store, connector: Connector, settings: DirectSettings) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        connector: Connector,
+        settings: DirectSettings,
+        busy: Callable[[str], bool] | None = None,
+    ) -> None:
         self.store = store
         self.connector = connector
         self.settings = settings
+        #: Whether a Pod's log is still being followed (its reap waits for that).
+        self.busy = busy or (lambda _iid: False)
 
     def _notify(self, instance_id: str | None) -> None:
         if instance_id:
@@ -94,6 +104,8 @@ class Reaper:
         done = 0
         for r in rows:
             iid, ns = r["instance_id"], r["namespace"]
+            if self.busy(iid):
+                continue
             conn = Connection.from_json(json.loads(r["connection"]))
             try:
                 async with self.connector.api(ns=ns, conn=conn, what=f"reaping Pod {iid}") as api:

@@ -9,7 +9,7 @@ import contextlib
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -27,6 +27,10 @@ log = structlog.get_logger(__name__, component="queue.direct.watches")
 WatchKey = tuple[str, str]
 
 
+class OnPod(Protocol):
+    async def __call__(self, *, ns: str, conn: Connection, kind: str, pod: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class _Watch:
     task: asyncio.Task[None]
@@ -35,11 +39,20 @@ class _Watch:
 
 
 class WatchManager:
-    def __init__(self, *, store: Store, connector: Connector, settings: DirectSettings) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        connector: Connector,
+        settings: DirectSettings,
+        on_pod: OnPod | None = None,
+    ) -> None:
         self.store = store
         self.connector = connector
         self.settings = settings
         self.watches: dict[WatchKey, _Watch] = {}
+        #: Also told of every Pod event (the live log followers).
+        self.on_pod = on_pod
 
     @staticmethod
     def key(*, ns: str, connection: dict[str, Any]) -> WatchKey:
@@ -67,6 +80,8 @@ class WatchManager:
             )
             if changed:
                 self.store.instance_changed.notify(changed)
+            if self.on_pod is not None:
+                await self.on_pod(ns=ns, conn=conn, kind=kind, pod=pod)
 
         backoff = 0.5
         while True:

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.launcher import DirectDispatch
+from nymph.queue.direct.logs import DirectLogs
 from nymph.queue.direct.reaper import Reaper
 from nymph.queue.direct.watches import WatchManager
 from nymph.queue.secrets import KeySource, SecretBox, default_key_file
@@ -51,8 +52,9 @@ def install(app: web.Application, *, store: Store, db_path: Path) -> None:
     )
     secrets = SecretStore(db=store.db, box=SecretBox(source=source))
     connector = Connector(secrets=secrets, settings=settings)
-    watches = WatchManager(store=store, connector=connector, settings=settings)
-    reaper = Reaper(store=store, connector=connector, settings=settings)
+    followers = DirectLogs(store=store, connector=connector)
+    watches = WatchManager(store=store, connector=connector, settings=settings, on_pod=followers.on_pod)
+    reaper = Reaper(store=store, connector=connector, settings=settings, busy=followers.busy)
     app[SECRETS] = secrets
     app[CONNECTOR] = connector
     app[DIRECT] = DirectDispatch(store=store, connector=connector, watches=watches)
@@ -70,5 +72,6 @@ def install(app: web.Application, *, store: Store, db_path: Path) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await watches.close()
+        await followers.close()
 
     app.cleanup_ctx.append(ctx)

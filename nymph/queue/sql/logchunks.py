@@ -192,7 +192,7 @@ def daemon_append(
     )
 
 
-_OUTPUT_TABLES = ("log_chunks", "log_streams", "instance_logs", "result_files")
+_OUTPUT_TABLES = ("log_chunks", "log_streams", "instance_logs", "result_files", "result_chunks")
 
 
 def purge(conn: sqlite3.Connection, *, stopped_before: float, limit: int = 200) -> list[str]:

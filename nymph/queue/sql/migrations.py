@@ -206,10 +206,16 @@ MIGRATIONS: tuple[str, ...] = (
         instance_id TEXT NOT NULL,
         path TEXT NOT NULL,
         size INTEGER NOT NULL,
-        sha256 TEXT NOT NULL,
-        data BLOB NOT NULL,
+        complete INTEGER NOT NULL DEFAULT 0,
         created_at REAL NOT NULL,
         PRIMARY KEY (instance_id, path)
+    ) WITHOUT ROWID;
+    CREATE TABLE result_chunks (
+        instance_id TEXT NOT NULL,
+        path TEXT NOT NULL,
+        start INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (instance_id, path, start)
     ) WITHOUT ROWID;
     ALTER TABLE instances ADD COLUMN exit_code INTEGER;
     ALTER TABLE instances ADD COLUMN termination_reason TEXT;

@@ -30,7 +30,7 @@ KEEP = Keep.KEEP
 INSTANCE_COLUMNS = (
     "instance_id, namespace, provider, kube_namespace, state, reason, message, node, "
     "launched_at, updated_at, version, requester, stop_requested_at, waiting, exit_code, "
-    "termination_reason, termination_message"
+    "termination_reason, termination_message, results_error"
 )
 
 
@@ -77,6 +77,8 @@ def instances_json(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> lis
             item["exitCode"] = int(r["exit_code"])
             item["terminationReason"] = r["termination_reason"] or ""
             item["terminationMessage"] = r["termination_message"] or ""
+        if r["results_error"]:
+            item["resultsError"] = r["results_error"]
     return out
 
 

@@ -1,0 +1,91 @@
+"""``nymph results list|get PROVIDER ID``: the files a job wrote under ``/workdir/out/``,
+uploaded by its daemon when it finished and kept with the log's retention."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from nymph.cli.userverbs import _run
+from nymph.client import QueueClient
+from nymph.client_results import download, list_results
+from nymph.errors import ConfigError
+from nymph.launch.results import BadResultPath
+from nymph.userview import table
+
+_HELP = (
+    "Results are the regular files a job writes under /workdir/out/ (symlinks and anything "
+    "resolving outside the workdir are refused), uploaded when it finishes, at most "
+    "--results-cap (64MiB) per instance, kept --retention-days (7) after it stopped. They exist "
+    "on the daemon path only: a dispatch: direct launch has no workdir."
+)
+
+
+def cmd_results_list(args: argparse.Namespace) -> int:
+    async def body(client: QueueClient) -> int:
+        got = await list_results(client, provider=args.provider, instance_id=args.instance_id)
+        items = got.get("items") or []
+        if items:
+            print(table(("PATH", "SIZE"), [(i["path"], i["size"]) for i in items]))
+        else:
+            print(f"no results for {args.instance_id}")
+        if got.get("error"):
+            print(f"not kept: {got['error']}", file=sys.stderr)
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_results_get(args: argparse.Namespace) -> int:
+    directory = Path(args.output).expanduser()
+
+    async def body(client: QueueClient) -> int:
+        if args.path:
+            paths = [args.path]
+        else:
+            got = await list_results(client, provider=args.provider, instance_id=args.instance_id)
+            paths = [str(i["path"]) for i in got.get("items") or []]
+            if not paths:
+                print(f"no results for {args.instance_id}", file=sys.stderr)
+                return 1
+        for path in paths:
+            try:
+                dest = await download(
+                    client,
+                    provider=args.provider,
+                    instance_id=args.instance_id,
+                    path=path,
+                    directory=directory,
+                )
+            except BadResultPath as exc:
+                raise ConfigError(str(exc)) from None
+            print(dest)
+        return 0
+
+    return _run(args, body)
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    results = sub.add_parser(
+        "results", help="list and download an instance's result files", description=_HELP
+    )
+    rsub = results.add_subparsers(dest="results_command", metavar="COMMAND", required=True)
+    p = rsub.add_parser("list", parents=[common], help="list an instance's result files", description=_HELP)
+    p.add_argument("provider")
+    p.add_argument("instance_id", metavar="ID")
+    p.set_defaults(func=cmd_results_list)
+    p = rsub.add_parser(
+        "get",
+        parents=[common],
+        help="download result files (all, or PATH) under -o DIR",
+        description=_HELP,
+    )
+    p.add_argument("provider")
+    p.add_argument("instance_id", metavar="ID")
+    p.add_argument(
+        "path", nargs="?", metavar="PATH", help="one file (relative to /workdir/out/); default: all"
+    )
+    p.add_argument("-o", "--output", default=".", metavar="DIR", help="where to write them (default .)")
+    p.set_defaults(func=cmd_results_get)

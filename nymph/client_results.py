@@ -1,0 +1,57 @@
+"""Result files through the queue (for the CLI): list them, download one or all under a
+directory, refusing any path that would land outside it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import quote
+
+from nymph.client import QueueClient
+from nymph.launch.results import BadResultPath, check_result_path
+
+
+def _base(client: QueueClient, *, provider: str, instance_id: str) -> str:
+    ns, prov, iid = (quote(v, safe="") for v in (client.namespace, provider, instance_id))
+    return f"/v1/namespaces/{ns}/providers/{prov}/instances/{iid}/results"
+
+
+async def list_results(client: QueueClient, *, provider: str, instance_id: str) -> dict[str, Any]:
+    """``{instanceId, items: [{path, size}], error}``."""
+    return cast(
+        dict[str, Any], await client.request("GET", _base(client, provider=provider, instance_id=instance_id))
+    )
+
+
+def target(directory: Path, path: str) -> Path:
+    """Where result ``path`` goes under ``directory`` (never outside it)."""
+    check_result_path(path)
+    root = directory.resolve()
+    dest = (root / path).resolve()
+    if root not in dest.parents:
+        raise BadResultPath(f"result path {path[:80]!r} leads outside {directory}")
+    return dest
+
+
+async def download(
+    client: QueueClient, *, provider: str, instance_id: str, path: str, directory: Path
+) -> Path:
+    """Write result ``path`` under ``directory`` (its subdirectories created); returns the file."""
+    dest = target(directory, path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    url = (
+        _base(client, provider=provider, instance_id=instance_id)
+        + "/"
+        + "/".join(quote(p, safe="") for p in path.split("/"))
+    )
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        with tmp.open("wb") as fh:
+            async with client.stream(url) as resp:
+                async for data in resp.content.iter_any():
+                    fh.write(data)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
