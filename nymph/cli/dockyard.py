@@ -1,5 +1,7 @@
-"""``nymph dockyard``: ``render`` and ``check`` need no cluster; the live verbs (``run``,
-``cluster``, ``status``, ``logs``, ``job``, ``doctor``) are wired in :mod:`nymph.cli.dockyard_live`."""
+"""``nymph dockyard``: ``render`` and ``check`` need no cluster (``render --dry-run`` asks the API
+server); the live verbs (``run``, ``cluster``, ``status``, ``logs``, ``job``, ``dev``, ``doctor``)
+are wired in :mod:`nymph.cli.dockyard_live` (``job``: :mod:`nymph.cli.dockyard_jobs`; ``dev``
+and ``cluster dashboard``: :mod:`nymph.cli.dockyard_dev`)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ def _load(
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return dockyard_live.render_dry_run(args, load=_load)
     _, manifests = _load(args)
     sys.stdout.write(to_yaml(manifests))
     return 0
@@ -88,7 +92,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "dockyard",
-        help="dockyard RL training on KubeRay: render, check, run, cluster, status, logs, job, doctor",
+        help="dockyard RL training on KubeRay: render, check, run, cluster, status, logs, job, dev, doctor",
         description=(
             "Turn a dockyard recipe plus an infra spec (dockyard-k8s InfraConfig) into the "
             "manifests of one training run: sandbox executor pool, then a RayJob or RayCluster."
@@ -104,6 +108,14 @@ def register(sub: Any) -> None:
         "nymph dockyard render recipe.yaml --infra run.infra.yaml | kubectl apply --dry-run=server -f -",
     )
     _common(r)
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="send everything rendered through a server-side dry run (kubectl apply --dry-run=server) "
+        "instead of printing it; nothing changes",
+    )
+    r.add_argument("--kubeconfig", metavar="FILE", help="with --dry-run: kubeconfig")
+    r.add_argument("--context", help="with --dry-run: kube context")
     r.set_defaults(func=cmd_render)
 
     c = verbs.add_parser(

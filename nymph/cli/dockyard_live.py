@@ -16,11 +16,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from nymph.cli import dockyard_dev, dockyard_jobs
 from nymph.dockyard.errors import DockyardLiveError
 from nymph.dockyard.live import doctor, observe, run
 from nymph.dockyard.live.kubectl import Kube, say
 from nymph.dockyard.render.plan import LogSource
+from nymph.dockyard.render.runopts import RunFlags
 from nymph.dockyard.spec import kubecontext
+from nymph.dockyard.spec.enums import CodeSource, RunMode, SubmitterMode
 from nymph.dockyard.spec.load import Environment, LoadedConfig
 
 Loader = Callable[..., tuple[LoadedConfig, list[Any]]]
@@ -53,15 +56,36 @@ def _namespace(args: argparse.Namespace) -> str:
 
 
 def _options(args: argparse.Namespace) -> run.LiveOptions:
+    wait = getattr(args, "wait", None)
+    flags = RunFlags(
+        mode=_enum(RunMode, getattr(args, "mode", None)),
+        submitter=_enum(SubmitterMode, getattr(args, "submitter", None)),
+        code_source=_enum(CodeSource, getattr(args, "code_source", None)),
+        code_path=getattr(args, "code_path", None),
+        wait=wait,
+        run_id=getattr(args, "run_id", None),
+    )
     return run.LiveOptions(
         kubeconfig=args.kubeconfig,
         context=args.context,
         ray_address=getattr(args, "ray_address", None),
-        no_wait=bool(getattr(args, "no_wait", False)),
+        no_wait=bool(getattr(args, "no_wait", False)) or wait is False,
         dry_run=bool(getattr(args, "dry_run", False)),
         timeout=getattr(args, "timeout", None),
         poll=float(getattr(args, "poll", 2.0)),
+        flags=flags,
+        replace=bool(getattr(args, "replace", False)),
+        recreate=bool(getattr(args, "recreate", False)),
+        repo_root=Path(getattr(args, "repo_root", None) or Path.cwd()),
+        user=Environment.from_process().user,
+        rayjob_name=getattr(args, "rayjob_name", None),
+        shutdown=bool(getattr(args, "shutdown", True)),
+        ttl=getattr(args, "ttl", None),
     )
+
+
+def _enum(cls: Any, value: str | None) -> Any:
+    return cls(value) if value else None
 
 
 def _go(coro: Coroutine[Any, Any, int]) -> int:
@@ -109,27 +133,6 @@ def register(
         )
         return _go(observe.logs(_kube(args), cfg, manifests, opts=opts, say=_stderr_say))
 
-    def target(args: argparse.Namespace) -> observe.JobTarget:
-        return observe.JobTarget(
-            namespace=_namespace(args),
-            cluster=args.cluster,
-            ray_address=args.ray_address,
-            kubeconfig=args.kubeconfig,
-            timeout=args.timeout or 120.0,
-            poll=args.poll,
-        )
-
-    def cmd_job_list(args: argparse.Namespace) -> int:
-        return _go(observe.job_list(_kube(args), target(args), say=_stderr_say))
-
-    def cmd_job_logs(args: argparse.Namespace) -> int:
-        return _go(
-            observe.job_logs(_kube(args), target(args), args.job_id, follow=args.follow, say=_stderr_say)
-        )
-
-    def cmd_job_stop(args: argparse.Namespace) -> int:
-        return _go(observe.job_stop(_kube(args), target(args), args.job_id, wait=not args.no_wait, say=say))
-
     def cmd_doctor(args: argparse.Namespace) -> int:
         infra = None
         if args.recipe:
@@ -162,6 +165,7 @@ def register(
     r.add_argument(
         "--dry-run", action="store_true", help="server-side dry run of every manifest; change nothing"
     )
+    _run_args(r)
     r.set_defaults(func=cmd_run)
 
     c = verbs.add_parser("cluster", help="bring a RayCluster and its sandbox pool up or down; list clusters")
@@ -178,6 +182,11 @@ def register(
     _kube_args(up)
     _wait_args(up)
     up.add_argument("--dry-run", action="store_true", help="server-side dry run; change nothing")
+    up.add_argument(
+        "--recreate",
+        action="store_true",
+        help="delete and re-create a RayCluster that differs from the infra",
+    )
     up.set_defaults(func=cmd_cluster_up)
     down = cverbs.add_parser(
         "down",
@@ -218,28 +227,25 @@ def register(
     lg.add_argument("-c", "--container", help="container (default: the pod's first)")
     lg.set_defaults(func=cmd_logs)
 
-    j = verbs.add_parser("job", help="Ray jobs on a head: list, logs, stop (Ray Jobs REST API)")
-    jverbs = j.add_subparsers(dest="job_command", metavar="VERB", parser_class=parser_class)
-    j.set_defaults(func=lambda _a: _usage(j))
-    jl = jverbs.add_parser("list", help="the jobs of a Ray head")
-    jg = jverbs.add_parser("logs", help="the driver log of a job")
-    jg.add_argument("job_id", metavar="SUBMISSION_ID")
-    jg.add_argument("-f", "--follow", action="store_true", help="stream until the job ends")
-    js = jverbs.add_parser("stop", help="stop a job")
-    js.add_argument("job_id", metavar="SUBMISSION_ID")
-    js.add_argument("--no-wait", action="store_true", help="do not wait until it has stopped")
-    jl.set_defaults(func=cmd_job_list)
-    jg.set_defaults(func=cmd_job_logs)
-    js.set_defaults(func=cmd_job_stop)
-    for sub in (jl, jg, js):
-        _kube_args(sub)
-        _namespace_arg(sub)
-        sub.add_argument("--cluster", metavar="NAME", help="the RayCluster whose head to use")
-        _ray_address(sub)
-        sub.add_argument(
-            "--timeout", type=float, metavar="SECONDS", help="how long to wait for the head (default 120)"
-        )
-        sub.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
+    dockyard_jobs.register(
+        verbs,
+        load=lambda a, outer: load(a, extra_overrides=(), environment=_environment(outer)),
+        kube=_kube,
+        namespace=_namespace,
+        parser_class=parser_class,
+        go=_go,
+        stderr_say=_stderr_say,
+    )
+    dockyard_dev.register(
+        verbs,
+        cverbs,
+        kube=_kube,
+        namespace=_namespace,
+        user=lambda: Environment.from_process().user,
+        parser_class=parser_class,
+        go=_go,
+        kube_args=_kube_args,
+    )
 
     d = verbs.add_parser(
         "doctor",
@@ -255,6 +261,12 @@ def register(
     _kube_args(d)
     _namespace_arg(d)
     d.set_defaults(func=cmd_doctor)
+
+
+def render_dry_run(args: argparse.Namespace, *, load: Loader) -> int:
+    """``render --dry-run``: every rendered object through a server-side dry run."""
+    cfg, manifests = load(args, extra_overrides=(), environment=_environment(args))
+    return _go(run.dry_run_all(_kube(args), manifests, namespace=cfg.infra.namespace, say=say))
 
 
 def _stderr_say(line: str) -> None:
@@ -273,18 +285,59 @@ def _namespace_arg(p: argparse.ArgumentParser) -> None:
 
 def _wait_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="return once applied / submitted: do not wait for the pool or follow the job",
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--no-wait: return once applied / submitted, do not wait for the pool or follow the job "
+        "(default: wait, except 'run' in batch mode)",
     )
     p.add_argument(
         "--timeout",
         type=float,
         metavar="SECONDS",
         help="give up waiting after this long (default: sandbox.healthCheckTimeoutS for the pool, "
-        "900 for 'cluster up', 1800 for the head of 'run', no limit when following a job)",
+        "900 for 'cluster up', 1800 for the head of 'run', 86400 when following a RayJob, no limit "
+        "when following a Ray job)",
     )
     p.add_argument("--poll", type=float, default=2.0, help=argparse.SUPPRESS)
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        choices=[m.value for m in RunMode],
+        help="interactive: port-forward + upload + follow; batch: exec + code in the image + no wait "
+        "(default: infra.launch.runMode)",
+    )
+    p.add_argument(
+        "--submitter", choices=[m.value for m in SubmitterMode], help="how the entrypoint is started"
+    )
+    p.add_argument("--code-source", choices=[m.value for m in CodeSource], help="where the code comes from")
+    p.add_argument("--code-path", metavar="PATH", help="the code's directory in the pod (image / lustre)")
+    p.add_argument(
+        "--run-id", metavar="ID", help="the run's id (the Ray submission id; default <user>-<recipe>-<time>)"
+    )
+    p.add_argument(
+        "--repo-root", metavar="DIR", help="the working dir uploaded with --code-source upload (default .)"
+    )
+    p.add_argument("--replace", action="store_true", help="stop the cluster's unfinished jobs first")
+    p.add_argument(
+        "--recreate",
+        action="store_true",
+        help="delete and re-create a RayCluster that differs from the infra",
+    )
+    p.add_argument(
+        "--rayjob-name", metavar="NAME", help="rayjob mode: the RayJob's name (default kuberay.name)"
+    )
+    p.add_argument(
+        "--shutdown",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rayjob mode: delete the RayJob's cluster when the job ends (default: yes)",
+    )
+    p.add_argument(
+        "--ttl", type=int, metavar="SECONDS", help="rayjob mode: keep the finished RayJob this long (3600)"
+    )
 
 
 def _ray_address(p: argparse.ArgumentParser) -> None:

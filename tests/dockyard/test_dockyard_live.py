@@ -357,13 +357,14 @@ def test_run_no_wait_creates_the_rayjob_and_the_sandbox(
 
 
 def _drive_rayjob(kube: LocalCluster, namespace: str, steps: list[dict[str, Any]]) -> threading.Thread:
-    """Write the RayJob statuses the operator would, one step every 0.4 s."""
+    """Write the RayJob statuses the operator would, one step a second (slow enough for a
+    follower polling every 0.1 s to see each, on a loaded machine too)."""
 
     def drive() -> None:
         path = f"{RAY}/{namespace}/rayjobs/grpo"
         wait_for(lambda: exists(kube, path), what="the RayJob")
         for step in steps:
-            time.sleep(0.4)
+            time.sleep(1.0)
             kube.api("PATCH", f"{path}/status", {"status": step}, content_type="application/merge-patch+json")
 
     thread = threading.Thread(target=drive, daemon=True)
@@ -576,7 +577,15 @@ def test_cluster_up_waits_for_the_pool_and_the_cluster(
     def operator() -> None:  # what KubeRay would report once the head and workers run
         path = f"{RAY}/{namespace}/rayclusters/grpo"
         wait_for(lambda: exists(kube, path), what="the RayCluster")
-        time.sleep(0.5)
+        # ready only a while after the pool is (the command follows the pool first, then
+        # reports the cluster pending, then ready; slow enough for a loaded machine)
+        pool = f"/apis/apps/v1/namespaces/{namespace}/deployments/sbx"
+        wait_for(
+            lambda: (kube.api("GET", pool).get("status") or {}).get("readyReplicas") == 2,
+            timeout=60,
+            what="the pool",
+        )
+        time.sleep(2.0)
         status = {"state": "ready", "desiredWorkerReplicas": 2, "availableWorkerReplicas": 2}
         kube.api("PATCH", f"{path}/status", {"status": status}, content_type="application/merge-patch+json")
 
@@ -585,7 +594,7 @@ def test_cluster_up_waits_for_the_pool_and_the_cluster(
     code, out, err = dockyard(
         "cluster", "up", *recipe_args(pair, namespace), "--poll", "0.1", "--timeout", "60"
     )
-    thread.join(5)
+    thread.join(10)
     assert (code, err) == (0, "")
     lines = [ln.split("] ", 1)[-1] for ln in out.splitlines()]
     assert lines.index("sandbox pool sbx: 2/2 ready") < lines.index(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,12 +27,14 @@ _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) ->")
 
 @contextlib.asynccontextmanager
 async def port_forward(
-    kube: Kube, *, namespace: str, service: str, port: int, timeout: float = 30.0
+    kube: Kube, *, namespace: str, service: str, port: int, timeout: float = 30.0, local_port: int = 0
 ) -> AsyncIterator[str]:
-    """``kubectl port-forward service/NAME :PORT`` on 127.0.0.1; yields ``http://127.0.0.1:N``."""
+    """``kubectl port-forward service/NAME LOCAL:PORT`` on 127.0.0.1 (a free local port when
+    ``local_port`` is 0); yields ``http://127.0.0.1:N``."""
+    local_spec = f"{local_port}:{port}" if local_port else f":{port}"
     proc = await asyncio.create_subprocess_exec(
         *kube.argv(
-            ["port-forward", "-n", namespace, f"service/{service}", f":{port}", "--address", "127.0.0.1"]
+            ["port-forward", "-n", namespace, f"service/{service}", local_spec, "--address", "127.0.0.1"]
         ),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -81,6 +84,15 @@ async def port_forward(
             drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await drain
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 async def _sink(stream: asyncio.StreamReader) -> None:
@@ -159,10 +171,12 @@ async def dashboard(
     ray_address: str | None,
     kubeconfig: str | None,
     say: Say,
+    local_port: int = 0,
 ) -> AsyncIterator[str]:
     """The dashboard URL of the head of ``target`` (or ``ray_address``), usable inside the
     ``async with`` block. With a ``target`` its head Service must exist first, whatever the
-    address; ``ray_address`` only changes how the dashboard is reached."""
+    address; ``ray_address`` only changes how the dashboard is reached. A port-forward listens
+    on ``local_port`` (``submit.localDashboardPort``) when it is free, else on any free port."""
     if target is None and not ray_address:
         raise DockyardLiveError("no Ray head to talk to: pass --cluster NAME or --ray-address URL")
     svc = await wait_head_service(kube, target, say=say) if target is not None else None
@@ -176,6 +190,11 @@ async def dashboard(
         yield plan.in_cluster_url(name, namespace=target.namespace, port=port)
         return
     await wait_head_pod(kube, target, say=say)
-    async with port_forward(kube, namespace=target.namespace, service=name, port=port) as url:
+    if local_port and not port_free(local_port):
+        say(f"local port {local_port} is taken: forwarding from a free one")
+        local_port = 0
+    async with port_forward(
+        kube, namespace=target.namespace, service=name, port=port, local_port=local_port
+    ) as url:
         say(f"reaching the Ray dashboard through kubectl port-forward service/{name} ({url})")
         yield url

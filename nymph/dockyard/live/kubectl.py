@@ -217,6 +217,45 @@ class Kube:
             raise DockyardLiveError(f"{err}{others}")
         return [dict(o.obj or {}) for o in outcomes]
 
+    async def create(self, manifest: Mapping[str, Any], *, namespace: str | None = None) -> None:
+        """``kubectl create -f -`` of one object (its content on stdin only)."""
+        await self._run(
+            ["create", "-f", "-", "-o", "name"],
+            stdin=to_yaml_stream([dict(manifest)]),
+            doing=f"create {ref(manifest)}",
+            namespace=namespace,
+        )
+
+    async def patch_stdin(self, resource: str, name: str, patch: str, *, namespace: str) -> None:
+        """A JSON merge patch read from stdin (so its content is never on a command line)."""
+        await self._run(
+            [
+                "patch",
+                resource,
+                name,
+                "-n",
+                namespace,
+                "--type=merge",
+                "--patch-file=/dev/stdin",
+                "-o",
+                "name",
+            ],
+            stdin=patch,
+            doing=f"patch {resource}/{name}",
+            namespace=namespace,
+        )
+
+    async def differs(self, manifest: Mapping[str, Any], *, namespace: str | None = None) -> bool:
+        """Whether applying ``manifest`` would change the live object (``kubectl diff
+        --server-side``: exit 0 same, 1 different)."""
+        res = await self.kubectl.run(
+            ["diff", "--server-side", "--field-manager=nymph", "--force-conflicts", "-f", "-"],
+            stdin=to_yaml_stream([dict(manifest)]),
+        )
+        if res.code in (0, 1):
+            return res.code == 1
+        raise explain(res.stderr or res.stdout, doing=f"diff {ref(manifest)}", namespace=namespace)
+
     async def delete(
         self, manifests: Sequence[Mapping[str, Any]], *, wait: bool, timeout: float = 120.0
     ) -> list[str]:

@@ -34,11 +34,44 @@ async def show_status(kube: Kube, loaded: LoadedConfig, manifests: list[Any], *,
         say(f"  {ref(m):<{width}}  {status.object_line(obj) if obj is not None else 'absent'}")
     for m in p.render_only:
         say(f"  {ref(m):<{width}}  render-only (never applied by nymph)")
+    cluster: str | None = None
     if infra.launch.mode is LaunchMode.ATTACH and infra.launch.attach:
         rc = await kube.get("rayclusters.ray.io", infra.launch.attach, namespace=infra.namespace)
         line = status.raycluster_line(rc) if rc is not None else "absent"
         say(f"  attach RayCluster/{infra.launch.attach}  {line}")
+        cluster = infra.launch.attach if rc is not None else None
+    elif p.ray is not None and ref(p.ray) in live:
+        obj = live[ref(p.ray)]
+        cluster = (
+            str(p.ray["metadata"]["name"])
+            if p.ray["kind"] == "RayCluster"
+            else status.rayjob_phase(obj).cluster
+        )
+    await _pod_phases(kube, infra.namespace, cluster=cluster or None, plan_=p, live=live, say=say)
     return 0 if all(ref(m) in live for m in p.applied) else 1
+
+
+async def _pod_phases(
+    kube: Kube,
+    namespace: str,
+    *,
+    cluster: str | None,
+    plan_: planning.Plan,
+    live: dict[str, dict[str, Any]],
+    say: Say,
+) -> None:
+    """The head and worker pods' phases, and the sandbox pool's pods (of what exists)."""
+    if cluster:
+        selector = planning.selector_text({planning.CLUSTER_LABEL: cluster})
+        pods = await kube.list_objects("pods", namespace=namespace, selector=selector)
+        for line in status.ray_pod_lines(cluster, pods):
+            say(line)
+    deployment = plan_.sandbox_deployment()
+    if deployment is not None and ref(deployment) in live:
+        pods = await kube.list_objects(
+            "pods", namespace=namespace, selector=planning.sandbox_selector(deployment)
+        )
+        say(status.sandbox_pod_line(deployment["metadata"]["name"], pods))
 
 
 # -- cluster list --------------------------------------------------------------------------

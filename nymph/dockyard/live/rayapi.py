@@ -2,7 +2,8 @@
 
 ``POST /api/jobs/`` submits, ``GET /api/jobs/`` lists, ``GET /api/jobs/{id}`` reads one,
 ``GET /api/jobs/{id}/logs`` returns the driver log, ``GET /api/jobs/{id}/logs/tail`` streams
-it over a websocket, ``POST /api/jobs/{id}/stop`` stops. Every failure becomes one
+it over a websocket, ``POST /api/jobs/{id}/stop`` stops; ``GET|PUT /api/packages/gcs/NAME``
+checks for / uploads a working-dir package. Every failure becomes one
 :class:`DockyardLiveError` line naming the address.
 """
 
@@ -76,11 +77,17 @@ class RayJobsClient:
         return self._session
 
     async def _request(
-        self, method: str, path: str, *, body: Mapping[str, Any] | None = None, what: str
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        data: bytes | None = None,
+        what: str,
     ) -> tuple[int, str]:
         url = f"{self.address}{path}"
         try:
-            async with self.session.request(method, url, json=body) as resp:
+            async with self.session.request(method, url, json=body, data=data) as resp:
                 return resp.status, await resp.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise DockyardLiveError(
@@ -165,6 +172,29 @@ class RayJobsClient:
             "POST", f"/api/jobs/{job_id}/stop", what="stop job", not_found=self._missing(job_id)
         )
         return bool((doc or {}).get("stopped"))
+
+    async def upload_package(self, uri: str, data: bytes) -> bool:
+        """Upload a ``gcs://_ray_pkg_*.zip`` package unless the head has it; True if uploaded."""
+        protocol, _, name = uri.partition("://")
+        path = f"/api/packages/{protocol}/{name}"
+        status, text = await self._request("GET", path, what="check the working-dir package")
+        if status == 200:
+            return False
+        if status != 404:
+            raise DockyardLiveError(
+                f"check the working-dir package: {self.address} answered HTTP {status}: {_last_line(text)}"
+            )
+        status, text = await self._request("PUT", path, data=data, what="upload the working dir")
+        if status != 200:
+            raise DockyardLiveError(
+                f"upload the working dir: {self.address} answered HTTP {status}: "
+                f"{_last_line(text) or 'no detail'}"
+            )
+        return True
+
+    async def running(self) -> list[JobInfo]:
+        """The jobs that are not finished (PENDING, RUNNING)."""
+        return [j for j in await self.jobs() if str(j.get("status") or "") not in TERMINAL_JOB]
 
     async def tail(self, job_id: str) -> AsyncIterator[str]:
         """The driver log as it grows, until the job ends (the dashboard closes the socket)."""

@@ -11,26 +11,28 @@ range) are never applied.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nymph.dockyard.errors import DockyardLiveError
 from nymph.dockyard.live import status
-from nymph.dockyard.live.endpoint import HeadTarget, dashboard
 from nymph.dockyard.live.kubectl import Kube, Say
-from nymph.dockyard.live.rayapi import JobInfo, RayJobsClient
+from nymph.dockyard.live.submit import Submission, submit
 from nymph.dockyard.render import plan as planning
+from nymph.dockyard.render import runopts
 from nymph.dockyard.render.plan import Plan, ref
+from nymph.dockyard.render.runopts import RunFlags
 from nymph.dockyard.spec.enums import LaunchMode
 from nymph.dockyard.spec.load import LoadedConfig
 from nymph.dockyard.spec.schema import InfraConfig
 
-HEAD_TIMEOUT_S = 1800.0
 #: how long ``cluster up`` waits for the cluster to be ready by default (as dockyard-k8s)
 CLUSTER_UP_TIMEOUT_S = 900.0
-LOG_TAIL_LINES = 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +44,15 @@ class LiveOptions:
     dry_run: bool = False
     timeout: float | None = None  # seconds; None: per-step defaults
     poll: float = 2.0
+    # run (see nymph.dockyard.render.runopts)
+    flags: RunFlags = field(default_factory=RunFlags)
+    replace: bool = False
+    recreate: bool = False
+    repo_root: Path = field(default_factory=Path.cwd)
+    user: str = "unknown"
+    rayjob_name: str | None = None
+    shutdown: bool = True
+    ttl: int | None = None
 
 
 class Clock:
@@ -82,6 +93,18 @@ async def dry_run(kube: Kube, p: Plan, *, namespace: str, say: Say) -> None:
     )
 
 
+async def dry_run_all(kube: Kube, manifests: list[Any], *, namespace: str, say: Say) -> int:
+    """Every rendered object (render-only kinds too) through a server-side dry run."""
+    if not manifests:
+        say("nothing rendered")
+        return 0
+    await kube.apply(manifests, dry_run=True, namespace=namespace)
+    for m in manifests:
+        say(f"{ref(m)}: accepted (server dry run)")
+    say(f"dry run: all {len(manifests)} rendered objects accepted in namespace {namespace}; nothing changed")
+    return 0
+
+
 async def apply_pieces(kube: Kube, pieces: list[dict[str, Any]], *, namespace: str, say: Say) -> None:
     if not pieces:
         return
@@ -120,7 +143,8 @@ async def wait_sandbox(kube: Kube, p: Plan, infra: InfraConfig, *, opts: LiveOpt
 async def follow_rayjob(
     kube: Kube, *, name: str, namespace: str, opts: LiveOptions, clock: Clock
 ) -> status.RayJobPhase:
-    deadline = clock.deadline(opts.timeout) if opts.timeout is not None else None
+    limit = opts.timeout if opts.timeout is not None else runopts.RAYJOB_TIMEOUT_S
+    deadline = clock.deadline(limit)
     last: tuple[str, str] | None = None
     clock(f"following RayJob {name} (Ctrl-C stops following; the job keeps running)")
     while True:
@@ -133,7 +157,7 @@ async def follow_rayjob(
             last = phase.key()
         if phase.terminal:
             return phase
-        if deadline is not None and time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:
             raise DockyardLiveError(
                 f"RayJob {name} not finished at the --timeout ({phase.line()}); it keeps running "
                 "(see: nymph dockyard status)"
@@ -169,54 +193,6 @@ async def run_rayjob(kube: Kube, p: Plan, loaded: LoadedConfig, *, opts: LiveOpt
     return 1
 
 
-def runtime_env(infra: InfraConfig) -> dict[str, Any]:
-    return {"env_vars": dict(infra.launch.env)} if infra.launch.env else {}
-
-
-def job_metadata(cluster: str, loaded: LoadedConfig) -> dict[str, str]:
-    return {"submitted-by": "nymph-dockyard", "dockyard-cluster": cluster, "recipe": loaded.recipe_path.name}
-
-
-async def submit_and_follow(
-    kube: Kube, loaded: LoadedConfig, *, cluster: str, opts: LiveOptions, clock: Clock
-) -> int:
-    infra = loaded.infra
-    entrypoint = infra.launch.entrypoint
-    assert entrypoint
-    limit = opts.timeout if opts.timeout is not None else HEAD_TIMEOUT_S
-    target = HeadTarget(
-        namespace=_ns(infra), cluster=cluster, deadline=clock.deadline(limit), interval=opts.poll
-    )
-    async with (
-        dashboard(kube, target, ray_address=opts.ray_address, kubeconfig=opts.kubeconfig, say=clock) as url,
-        RayJobsClient(url) as ray,
-    ):
-        version = await ray.wait_ready(deadline=target.deadline, interval=min(opts.poll, 1.0))
-        clock(f"Ray {version.get('ray_version', '?')} dashboard at {url} is up")
-        job_id = await ray.submit(
-            entrypoint=entrypoint, runtime_env=runtime_env(infra), metadata=job_metadata(cluster, loaded)
-        )
-        clock(f"submitted Ray job {job_id} to {cluster}")
-        if opts.no_wait:
-            clock(f"not following (--no-wait): nymph dockyard job logs {job_id} --cluster {cluster} -f")
-            return 0
-
-        def changed(info: JobInfo) -> None:
-            message = f" ({info['message']})" if info.get("message") else ""
-            clock(f"Ray job {job_id}: {info.get('status')}{message}")
-
-        deadline = clock.deadline(opts.timeout) if opts.timeout is not None else None
-        info = await ray.follow(job_id, on_change=changed, interval=opts.poll, deadline=deadline)
-        if info.get("status") == "SUCCEEDED":
-            return 0
-        tail = (await ray.logs(job_id)).rstrip().splitlines()[-LOG_TAIL_LINES:]
-        if tail:
-            clock(f"last {len(tail)} log lines of {job_id}:")
-            for line in tail:
-                clock(f"  {line}")
-        return 1
-
-
 def _need_entrypoint(loaded: LoadedConfig) -> None:
     infra = loaded.infra
     if not infra.launch.entrypoint:
@@ -229,10 +205,14 @@ def _need_entrypoint(loaded: LoadedConfig) -> None:
 
 async def run(kube: Kube, loaded: LoadedConfig, manifests: list[Any], *, opts: LiveOptions, say: Say) -> int:
     infra = loaded.infra
+    mode = infra.launch.mode
+    if mode is LaunchMode.RAYJOB:
+        manifests = runopts.rayjob_options(
+            manifests, name=opts.rayjob_name, shutdown=opts.shutdown, ttl=opts.ttl
+        )
     p = planning.plan(manifests)
     clock = Clock(say)
     report_render_only(p, say=say)
-    mode = infra.launch.mode
     if mode is not LaunchMode.RAYJOB:
         _need_entrypoint(loaded)
     if opts.dry_run:
@@ -241,7 +221,12 @@ async def run(kube: Kube, loaded: LoadedConfig, manifests: list[Any], *, opts: L
             say(f"would submit the entrypoint to RayCluster {infra.launch.attach}")
         return 0
     if mode is LaunchMode.RAYJOB:
-        return await run_rayjob(kube, p, loaded, opts=opts, clock=clock)
+        wait = opts.flags.wait if opts.flags.wait is not None else not opts.no_wait
+        return await run_rayjob(kube, p, loaded, opts=_with_wait(opts, wait), clock=clock)
+    choice = runopts.resolve(infra, opts.flags)
+    if opts.no_wait and opts.flags.wait is None:
+        choice = dataclasses.replace(choice, wait=False)
+    clock(f"launch mode {mode.value}: {choice.line()}")
     if mode is LaunchMode.ATTACH:
         cluster = str(infra.launch.attach)
         if await kube.get("rayclusters.ray.io", cluster, namespace=_ns(infra)) is None:
@@ -254,10 +239,51 @@ async def run(kube: Kube, loaded: LoadedConfig, manifests: list[Any], *, opts: L
         assert p.ray is not None
         cluster = p.ray["metadata"]["name"]
         await apply_pieces(kube, list(p.first), namespace=_ns(infra), say=clock)
-        if not opts.no_wait:
+        if choice.wait:
             await wait_sandbox(kube, p, infra, opts=opts, clock=clock)
-        await apply_pieces(kube, [p.ray], namespace=_ns(infra), say=clock)
-    return await submit_and_follow(kube, loaded, cluster=cluster, opts=opts, clock=clock)
+        await ensure_raycluster(kube, p.ray, namespace=_ns(infra), recreate=opts.recreate, clock=clock)
+    run_id = opts.flags.run_id or runopts.default_run_id(
+        user=opts.user, recipe=loaded.recipe_path.stem, salt=secrets.token_hex(2)
+    )
+    sub = Submission(
+        cluster=cluster,
+        run_id=runopts.check_run_id(run_id),
+        explicit_id=opts.flags.run_id is not None,
+        choice=choice,
+        ray_address=opts.ray_address,
+        kubeconfig=opts.kubeconfig,
+        timeout=opts.timeout,
+        poll=opts.poll,
+        replace=opts.replace,
+        repo_root=opts.repo_root,
+    )
+    return await submit(kube, loaded, sub, say=clock)
+
+
+def _with_wait(opts: LiveOptions, wait: bool) -> LiveOptions:
+    return dataclasses.replace(opts, no_wait=not wait)
+
+
+async def ensure_raycluster(
+    kube: Kube, cluster: dict[str, Any], *, namespace: str, recreate: bool, clock: Clock
+) -> None:
+    """Apply the RayCluster, unless one exists that differs from the render (``kubectl diff``):
+    that one is reused as it is (a live cluster is never patched behind its back: KubeRay
+    does not roll running pods for every change), or with ``--recreate`` deleted and created
+    again."""
+    name = cluster["metadata"]["name"]
+    exists = await kube.get("rayclusters.ray.io", name, namespace=namespace) is not None
+    if exists and await kube.differs(cluster, namespace=namespace):
+        if not recreate:
+            clock(
+                f"warning: RayCluster {name} differs from the infra; reusing it as it is "
+                "(pass --recreate to delete and re-create it)"
+            )
+            return
+        clock(f"--recreate: RayCluster {name} differs from the infra; deleting it")
+        await kube.delete([cluster], wait=True)
+        clock(f"RayCluster/{name}: deleted")
+    await apply_pieces(kube, [cluster], namespace=namespace, say=clock)
 
 
 # -- cluster up / down -----------------------------------------------------------------------
@@ -301,7 +327,7 @@ async def cluster_up(
     assert p.ray is not None and p.ray["kind"] == "RayCluster"
     name = p.ray["metadata"]["name"]
     await apply_pieces(kube, list(p.first), namespace=_ns(infra), say=clock)
-    await apply_pieces(kube, [p.ray], namespace=_ns(infra), say=clock)
+    await ensure_raycluster(kube, p.ray, namespace=_ns(infra), recreate=opts.recreate, clock=clock)
     if opts.no_wait:
         clock(
             f"RayCluster {name} applied in {_ns(infra)}; not waiting (--no-wait): see 'nymph dockyard cluster list'"

@@ -175,3 +175,52 @@ def ray_job_row(job: Mapping[str, Any]) -> list[str]:
 
 
 RAY_JOB_HEADERS = ("SUBMISSION ID", "STATUS", "START (UTC)", "END (UTC)", "ENTRYPOINT")
+
+
+def pod_phase(pod: Mapping[str, Any]) -> str:
+    """``Running``, ``Pending``, ... with ``not ready`` for a Running pod that is not Ready, and
+    the waiting reason of a container that has one (``Pending ImagePullBackOff``)."""
+    st = pod.get("status") or {}
+    phase = str(st.get("phase") or "Unknown")
+    reasons = [
+        str((c.get("state") or {}).get("waiting", {}).get("reason"))
+        for c in st.get("containerStatuses") or []
+        if (c.get("state") or {}).get("waiting", {}).get("reason")
+    ]
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+    if phase == "Running" and not ready:
+        phase = "Running, not ready"
+    return f"{phase} {reasons[0]}" if reasons else phase
+
+
+def ray_pod_lines(cluster: str, pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The head and worker pods of a RayCluster and their phases, as ``status`` prints them."""
+
+    def name(p: Mapping[str, Any]) -> str:
+        return str((p.get("metadata") or {}).get("name"))
+
+    def labels(p: Mapping[str, Any]) -> Mapping[str, str]:
+        return (p.get("metadata") or {}).get("labels") or {}
+
+    heads = [p for p in pods if labels(p).get("ray.io/node-type") == "head"]
+    workers = sorted(
+        (p for p in pods if labels(p).get("ray.io/node-type") == "worker"),
+        key=lambda p: (labels(p).get("ray.io/group", ""), name(p)),
+    )
+    out = [f"RayCluster {cluster} pods:"]
+    out += [f"  head    {name(p)}  {pod_phase(p)}" for p in heads] or ["  head    -  (no pod yet)"]
+    out += [
+        f"  worker  {name(p)}  {pod_phase(p)}  group={labels(p).get('ray.io/group', '?')}" for p in workers
+    ]
+    if not workers:
+        out.append("  worker  -  (no pod yet)")
+    return out
+
+
+def sandbox_pod_line(pool: str, pods: Sequence[Mapping[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for p in pods:
+        phase = pod_phase(p)
+        counts[phase] = counts.get(phase, 0) + 1
+    summary = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) or "no pods"
+    return f"sandbox pool {pool} pods: {summary}"
