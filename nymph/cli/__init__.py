@@ -15,6 +15,12 @@ from collections.abc import Sequence
 
 from nymph import __version__
 from nymph.errors import NymphError
+from nymph.kube import slim as _slim
+
+# The command loads the generated Kubernetes client one class at a time (see nymph.kube.slim):
+# a daemon or queue process then holds the few dozen classes it uses, not about 850. Library
+# users importing nymph's modules get the package as its authors ship it.
+_slim.install()
 
 #: Modules that contribute subcommands, in ``--help`` order. Missing ones are skipped so a
 #: partial install still runs.

@@ -8,8 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-from nymph.kube import slim
-
 PROBE = textwrap.dedent(
     """
     import asyncio, json, sys
@@ -71,8 +69,24 @@ def test_daemon_start_loads_only_what_it_uses_and_every_name_resolves() -> None:
     )
 
 
-def test_install_is_idempotent_and_reports_the_light_packages() -> None:
-    # nymph installed them when it was imported; installing again changes nothing.
-    before = {name: sys.modules[name] for name in slim.PACKAGES}
-    assert slim.install() is True
-    assert all(sys.modules[name] is before[name] for name in slim.PACKAGES)
+def test_only_the_command_installs_them_and_installing_again_changes_nothing() -> None:
+    probe = textwrap.dedent(
+        """
+        import json, sys
+        import nymph.launch.render, nymph.dockyard.render  # a library user: no Kubernetes client
+        library = [m for m in sys.modules if m.startswith("kubernetes_asyncio")]
+        import nymph.cli
+        from nymph.kube import slim
+        before = {name: sys.modules[name] for name in slim.PACKAGES}
+        again = slim.install()
+        print(json.dumps({
+            "library": library, "again": again,
+            "same": all(sys.modules[name] is before[name] for name in slim.PACKAGES),
+        }))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"library": [], "again": True, "same": True}
