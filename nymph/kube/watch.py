@@ -45,6 +45,7 @@ class PodWatcher:
         on_event: OnEvent,
         on_restart: Callable[[str], None] | None = None,
         watch_timeout: int = 240,
+        stall_margin: float = 30.0,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -52,6 +53,9 @@ class PodWatcher:
         self.on_event = on_event
         self.on_restart = on_restart
         self.watch_timeout = watch_timeout
+        #: A watch the API server has not ended ``stall_margin`` seconds after it should have is
+        #: taken for a dead connection (a half-open TCP stream says nothing): relist.
+        self.stall_margin = stall_margin
         self.cache: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self.connected = False
@@ -118,6 +122,7 @@ class PodWatcher:
                     resource_version=rv,
                     allow_watch_bookmarks=True,
                     timeout_seconds=self.watch_timeout,
+                    _request_timeout=self.watch_timeout + self.stall_margin,
                 ):
                     kind = ev.get("type")
                     obj = ev.get("raw_object") or {}

@@ -35,6 +35,8 @@ class ThrottlingProxy:
     kube: LocalCluster
     port: int = field(default_factory=free_port)
     throttling: bool = False
+    #: While set, a new watch gets its headers and then nothing (a half-open connection).
+    stalling: bool = False
     times: list[tuple[float, bool]] = field(default_factory=list)  # (when, answered 429)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -76,6 +78,12 @@ class ThrottlingProxy:
                 status=429,
                 headers={"Retry-After": "1"},
             )  # fmt: skip
+        if self.stalling and request.query.get("watch", "").lower() in ("1", "true"):
+            resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            while self.stalling:  # noqa: ASYNC110 - the flag is set from another thread
+                await asyncio.sleep(0.1)
+            return resp
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         body = await request.read()
