@@ -15,6 +15,10 @@ from collections.abc import Sequence
 
 from nymph import __version__
 from nymph.errors import NymphError
+from nymph.kube import slim
+
+# Before any command imports the Kubernetes client: it is then loaded one class at a time.
+slim.install()
 
 #: Modules that contribute subcommands, in ``--help`` order. Missing ones are skipped so a
 #: partial install still runs.
