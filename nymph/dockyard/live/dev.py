@@ -90,7 +90,9 @@ def interactive_shell(kube: Kube, *, namespace: str, pod: str, shell: str) -> in
 async def dev_stop(kube: Kube, *, user: str, namespace: str, say: Say) -> int:
     name = devpod.pod_name(user)
     manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
-    deleted = await kube.delete([manifest], wait=False)
+    # Waits until the Pod is gone (as `kubectl delete` does): a `dev connect` right after then
+    # creates a new Pod instead of finding the one still terminating.
+    deleted = await kube.delete([manifest], wait=True)
     say(f"deleted dev pod {name} in {namespace}" if deleted else f"no dev pod {name} in {namespace}")
     return 0
 
