@@ -530,6 +530,53 @@ def test_doctor_names_what_a_restricted_account_may_not_do(
     assert "ok    KubeRay CRDs installed" in out  # discovery needs no grant
 
 
+def test_doctor_names_what_dev_and_exec_may_not_do(
+    kube: LocalCluster,
+    kuberay_crds: Path,
+    namespace: str,
+    sa_kubeconfig: SaKubeconfig,
+    capsys: pytest.CaptureFixture[str],
+    cli_env: None,
+) -> None:
+    # Everything `run` / `job` need, and the dev Pod itself, but no exec and no Secrets.
+    rules = [
+        *DOCKYARD_ROLE_RULES,
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]},
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list"]},
+    ]
+    restricted = sa_kubeconfig(namespace=namespace, rules=rules, name="noexec")
+    code = main(["dockyard", "doctor", "--kubeconfig", str(restricted), "-n", namespace])
+    out = capsys.readouterr().out
+    assert code == 1
+    lines = out.splitlines()
+    assert any(
+        ln.startswith(f"ok    authorised in namespace {namespace} for everything the live") for ln in lines
+    ), out
+    assert (
+        f"FAIL  not authorised in namespace {namespace} for dev and the exec submitter to: "
+        "create pods/exec, get secrets, create secrets, patch secrets "
+        "(ask an administrator for a Role with these verbs)"
+    ) in lines
+
+    # Granting them clears the line.
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/noexec"
+    role = kube.api("GET", rbac)
+    role["rules"] += [
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]},
+    ]
+    kube.api("PUT", rbac, role)
+    main(["dockyard", "doctor", "--kubeconfig", str(restricted), "-n", namespace])
+    out = capsys.readouterr().out
+    assert (
+        f"ok    authorised in namespace {namespace} for everything dev and the exec submitter do (8 checks)"
+        in out
+    )
+    assert "not authorised" not in out
+
+
 # -- the daemon's Role is enough to apply and delete a dockyard task ----------------------------------
 
 
