@@ -4,6 +4,7 @@ needs operator behaviour it writes the status the operator would write."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import subprocess
@@ -18,8 +19,12 @@ import yaml
 from live_helpers import live_infra
 
 from nymph.cli import main
+from nymph.dockyard.errors import DockyardLiveError
+from nymph.dockyard.live.endpoint import HeadTarget, dashboard
+from nymph.dockyard.live.kubectl import Kube
 from nymph.dockyard.render.manifests import render_manifests
 from nymph.dockyard.render.task import DOCKYARD_ROLE_RULES, dockyard_task_manifests
+from nymph.dockyard.spec.enums import PortForwardMode
 from nymph.dockyard.spec.parse import parse_infra
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
@@ -473,6 +478,62 @@ def test_job_list_port_forwards_to_the_head_service(
         .splitlines()[-1]
         .startswith(f"nymph: error: kubectl port-forward to service/grpo-head-svc in {namespace} failed: ")
     )
+
+
+def _fake_head(kube: LocalCluster, namespace: str) -> None:
+    labels = {"ray.io/cluster": "grpo", "ray.io/node-type": "head", "sim.nymph.io/run": "1h"}
+    kube.api(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {"metadata": {"name": "grpo-head", "labels": labels}, "spec": {"containers": [{"name": "ray-head", "image": "x"}]}},
+    )  # fmt: skip
+    kube.api(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/services",
+        {
+            "metadata": {"name": "grpo-head-svc"},
+            "spec": {
+                "selector": {"ray.io/cluster": "grpo", "ray.io/node-type": "head"},
+                "ports": [{"name": "dashboard", "port": 8265}],
+            },
+        },
+    )
+
+
+@pytest.mark.parametrize("mode", list(PortForwardMode))
+def test_submit_port_forward_inside_the_cluster(
+    mode: PortForwardMode,
+    dockyard: Run,
+    kube: LocalCluster,
+    namespace: str,
+    pair: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As if in a Pod (no kubeconfig named): ``auto`` uses the head Service's address, the
+    explicit modes forward anyway; kwok has no kubelet, so that forward is refused, and said
+    in one error."""
+    assert dockyard("cluster", "up", *recipe_args(pair, namespace), "--no-wait")[0] == 0
+    _fake_head(kube, namespace)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    client = Kube.connect(kubeconfig=str(kube.kubeconfig), context=None)
+    said: list[str] = []
+
+    async def reach() -> str:
+        target = HeadTarget(namespace=namespace, cluster="grpo", deadline=time.monotonic() + 60, interval=0.2)
+        async with dashboard(
+            client, target, ray_address=None, kubeconfig=None, say=said.append, forward=mode
+        ) as url:
+            return url
+
+    if mode is PortForwardMode.AUTO:
+        assert asyncio.run(reach()) == f"http://grpo-head-svc.{namespace}.svc.cluster.local:8265"
+        assert not any("port-forward" in line for line in said)
+    else:
+        with pytest.raises(
+            DockyardLiveError, match=f"kubectl port-forward to service/grpo-head-svc in {namespace} failed: "
+        ):
+            asyncio.run(reach())
 
 
 # -- doctor --------------------------------------------------------------------------------------

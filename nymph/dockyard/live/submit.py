@@ -3,7 +3,8 @@
 The transport is the run's submitter (:mod:`nymph.dockyard.render.runopts`):
 
 * ``portForward``: a Ray job through the head dashboard's Jobs REST API (``--ray-address``,
-  the head Service inside the cluster, else ``kubectl port-forward``). ``codeSource: upload``
+  else as ``submit.portForward`` says: with ``auto`` the head Service inside the cluster, else
+  ``kubectl port-forward``; the explicit modes always forward). ``codeSource: upload``
   packages the working dir (:mod:`nymph.dockyard.live.workdir`) and uploads it first; with
   ``image`` / ``lustre`` the job starts in ``codePath``.
 * ``exec``: the entrypoint runs on the head pod (:mod:`nymph.dockyard.live.execrun`).
@@ -131,6 +132,7 @@ async def _submit_rest(kube: Kube, loaded: LoadedConfig, sub: Submission, *, say
             kubeconfig=sub.kubeconfig,
             say=say,
             local_port=infra.submit.localDashboardPort,
+            forward=infra.submit.portForward,
         ) as url,
         RayJobsClient(url) as ray,
     ):
