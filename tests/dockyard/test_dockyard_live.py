@@ -480,6 +480,30 @@ def test_job_list_port_forwards_to_the_head_service(
     )
 
 
+def test_submit_kind_rayjob_hands_the_run_to_kuberay(
+    dockyard: Run, kube: LocalCluster, namespace: str, pair: tuple[Path, Path]
+) -> None:
+    args = recipe_args(pair, namespace, "infra.launch.mode=bringup", "infra.submit.kind=rayjob")
+    # The working dir cannot travel in a RayJob: refused before anything is applied.
+    code, _, err = dockyard("run", *args, "--no-wait")
+    assert code == 2 and "submit.kind: rayjob cannot upload the working dir" in err
+    assert not exists(kube, f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/grpo")
+
+    image = ["--code-source", "image", "--code-path", "/opt/code", "--run-id", "Run.One", "--no-wait"]
+    code, out, err = dockyard("run", *args, *image)
+    assert (code, err) == (0, "")
+    assert "submitted RayJob run-one to RayCluster grpo (submit.kind: rayjob)" in out
+    job = kube.api("GET", f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/run-one")
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": "grpo"}
+    assert job["spec"]["entrypoint"] == "cd /opt/code && python -c \"print('dockyard-ok')\""
+    assert yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]["DOCKYARD_K8S_RUN_ID"] == "Run.One"
+    assert "rayClusterSpec" not in job["spec"]
+    assert exists(kube, f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/grpo")
+
+    code, _, err = dockyard("run", *args, *image)
+    assert code == 2 and f"RayJob run-one exists already in {namespace}: pass another --run-id" in err
+
+
 def _fake_head(kube: LocalCluster, namespace: str) -> None:
     labels = {"ray.io/cluster": "grpo", "ray.io/node-type": "head", "sim.nymph.io/run": "1h"}
     kube.api(
