@@ -4,6 +4,7 @@ needs operator behaviour it writes the status the operator would write."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import subprocess
@@ -18,8 +19,12 @@ import yaml
 from live_helpers import live_infra
 
 from nymph.cli import main
+from nymph.dockyard.errors import DockyardLiveError
+from nymph.dockyard.live.endpoint import HeadTarget, dashboard
+from nymph.dockyard.live.kubectl import Kube
 from nymph.dockyard.render.manifests import render_manifests
 from nymph.dockyard.render.task import DOCKYARD_ROLE_RULES, dockyard_task_manifests
+from nymph.dockyard.spec.enums import PortForwardMode
 from nymph.dockyard.spec.parse import parse_infra
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
@@ -475,6 +480,86 @@ def test_job_list_port_forwards_to_the_head_service(
     )
 
 
+def test_submit_kind_rayjob_hands_the_run_to_kuberay(
+    dockyard: Run, kube: LocalCluster, namespace: str, pair: tuple[Path, Path]
+) -> None:
+    args = recipe_args(pair, namespace, "infra.launch.mode=bringup", "infra.submit.kind=rayjob")
+    # The working dir cannot travel in a RayJob: refused before anything is applied.
+    code, _, err = dockyard("run", *args, "--no-wait")
+    assert code == 2 and "submit.kind: rayjob cannot upload the working dir" in err
+    assert not exists(kube, f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/grpo")
+
+    image = ["--code-source", "image", "--code-path", "/opt/code", "--run-id", "Run.One", "--no-wait"]
+    code, out, err = dockyard("run", *args, *image)
+    assert (code, err) == (0, "")
+    assert "submitted RayJob run-one to RayCluster grpo (submit.kind: rayjob)" in out
+    job = kube.api("GET", f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/run-one")
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": "grpo"}
+    assert job["spec"]["entrypoint"] == "cd /opt/code && python -c \"print('dockyard-ok')\""
+    assert yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]["DOCKYARD_K8S_RUN_ID"] == "Run.One"
+    assert "rayClusterSpec" not in job["spec"]
+    assert exists(kube, f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/grpo")
+
+    code, _, err = dockyard("run", *args, *image)
+    assert code == 2 and f"RayJob run-one exists already in {namespace}: pass another --run-id" in err
+
+
+def _fake_head(kube: LocalCluster, namespace: str) -> None:
+    labels = {"ray.io/cluster": "grpo", "ray.io/node-type": "head", "sim.nymph.io/run": "1h"}
+    kube.api(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {"metadata": {"name": "grpo-head", "labels": labels}, "spec": {"containers": [{"name": "ray-head", "image": "x"}]}},
+    )  # fmt: skip
+    kube.api(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/services",
+        {
+            "metadata": {"name": "grpo-head-svc"},
+            "spec": {
+                "selector": {"ray.io/cluster": "grpo", "ray.io/node-type": "head"},
+                "ports": [{"name": "dashboard", "port": 8265}],
+            },
+        },
+    )
+
+
+@pytest.mark.parametrize("mode", list(PortForwardMode))
+def test_submit_port_forward_inside_the_cluster(
+    mode: PortForwardMode,
+    dockyard: Run,
+    kube: LocalCluster,
+    namespace: str,
+    pair: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As if in a Pod (no kubeconfig named): ``auto`` uses the head Service's address, the
+    explicit modes forward anyway; kwok has no kubelet, so that forward is refused, and said
+    in one error."""
+    assert dockyard("cluster", "up", *recipe_args(pair, namespace), "--no-wait")[0] == 0
+    _fake_head(kube, namespace)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    client = Kube.connect(kubeconfig=str(kube.kubeconfig), context=None)
+    said: list[str] = []
+
+    async def reach() -> str:
+        target = HeadTarget(namespace=namespace, cluster="grpo", deadline=time.monotonic() + 60, interval=0.2)
+        async with dashboard(
+            client, target, ray_address=None, kubeconfig=None, say=said.append, forward=mode
+        ) as url:
+            return url
+
+    if mode is PortForwardMode.AUTO:
+        assert asyncio.run(reach()) == f"http://grpo-head-svc.{namespace}.svc.cluster.local:8265"
+        assert not any("port-forward" in line for line in said)
+    else:
+        with pytest.raises(
+            DockyardLiveError, match=f"kubectl port-forward to service/grpo-head-svc in {namespace} failed: "
+        ):
+            asyncio.run(reach())
+
+
 # -- doctor --------------------------------------------------------------------------------------
 
 
@@ -528,6 +613,53 @@ def test_doctor_names_what_a_restricted_account_may_not_do(
         "(ask an administrator for a Role with these verbs)"
     )
     assert "ok    KubeRay CRDs installed" in out  # discovery needs no grant
+
+
+def test_doctor_names_what_dev_and_exec_may_not_do(
+    kube: LocalCluster,
+    kuberay_crds: Path,
+    namespace: str,
+    sa_kubeconfig: SaKubeconfig,
+    capsys: pytest.CaptureFixture[str],
+    cli_env: None,
+) -> None:
+    # Everything `run` / `job` need, and the dev Pod itself, but no exec and no Secrets.
+    rules = [
+        *DOCKYARD_ROLE_RULES,
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]},
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list"]},
+    ]
+    restricted = sa_kubeconfig(namespace=namespace, rules=rules, name="noexec")
+    code = main(["dockyard", "doctor", "--kubeconfig", str(restricted), "-n", namespace])
+    out = capsys.readouterr().out
+    assert code == 1
+    lines = out.splitlines()
+    assert any(
+        ln.startswith(f"ok    authorised in namespace {namespace} for everything the live") for ln in lines
+    ), out
+    assert (
+        f"FAIL  not authorised in namespace {namespace} for dev and the exec submitter to: "
+        "create pods/exec, get secrets, create secrets, patch secrets "
+        "(ask an administrator for a Role with these verbs)"
+    ) in lines
+
+    # Granting them clears the line.
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/noexec"
+    role = kube.api("GET", rbac)
+    role["rules"] += [
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]},
+    ]
+    kube.api("PUT", rbac, role)
+    main(["dockyard", "doctor", "--kubeconfig", str(restricted), "-n", namespace])
+    out = capsys.readouterr().out
+    assert (
+        f"ok    authorised in namespace {namespace} for everything dev and the exec submitter do (8 checks)"
+        in out
+    )
+    assert "not authorised" not in out
 
 
 # -- the daemon's Role is enough to apply and delete a dockyard task ----------------------------------

@@ -12,7 +12,7 @@ import pytest
 from nymph.cli import main
 from nymph.dockyard.errors import DockyardConfigError, DockyardLiveError
 from nymph.dockyard.live import status
-from nymph.dockyard.live.endpoint import _FORWARDING
+from nymph.dockyard.live.endpoint import _FORWARDING, route
 from nymph.dockyard.live.kubectl import explain, in_cluster, json_items
 from nymph.dockyard.live.rayapi import normalize_address
 from nymph.dockyard.live.run import teardown_order
@@ -20,6 +20,7 @@ from nymph.dockyard.render import plan
 from nymph.dockyard.render.k8s import MANAGED_BY_KEY
 from nymph.dockyard.render.manifests import render_manifests
 from nymph.dockyard.render.task import DOCKYARD_ROLE_RULES, dockyard_task_manifests
+from nymph.dockyard.spec.enums import PortForwardMode
 from nymph.dockyard.spec.parse import parse_infra
 
 
@@ -268,6 +269,24 @@ def test_in_cluster_only_without_a_kubeconfig() -> None:
     assert not in_cluster("/k", pod)
     assert not in_cluster(None, {**pod, "KUBECONFIG": "/k"})
     assert not in_cluster(None, {})
+
+
+@pytest.mark.parametrize(
+    ("mode", "ray_address", "inside", "expected"),
+    [
+        (PortForwardMode.AUTO, None, False, "forward"),
+        (PortForwardMode.AUTO, None, True, "service"),
+        (PortForwardMode.KUBECTL_PORT_FORWARD, None, True, "forward"),
+        (PortForwardMode.KUBECTL_PORT_FORWARD, None, False, "forward"),
+        (PortForwardMode.KUBECTL_RAY_PLUGIN, None, True, "forward"),
+        (PortForwardMode.KUBECTL_PORT_FORWARD, "http://head:8265", True, "address"),
+        (PortForwardMode.AUTO, "head:8265", False, "address"),
+    ],
+)
+def test_submit_port_forward_chooses_the_route(
+    mode: PortForwardMode, ray_address: str | None, inside: bool, expected: str
+) -> None:
+    assert route(mode=mode, ray_address=ray_address, inside=inside) == expected
 
 
 # -- daemon dispatch -----------------------------------------------------------------------

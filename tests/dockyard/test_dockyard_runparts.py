@@ -174,3 +174,42 @@ def test_a_taken_local_port_is_seen() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         assert port_free(taken.getsockname()[1]) is False
+
+
+# -- submit.kind: rayjob ------------------------------------------------------------------------
+
+
+def test_submit_kind_rayjob_excludes_upload_exec_and_replace(infra_dict: dict[str, Any]) -> None:
+    with pytest.raises(DockyardLiveError, match="cannot upload the working dir"):
+        runopts.check_rayjob_kind(runopts.resolve(infra(infra_dict), RunFlags()), replace=False)
+    image = runopts.resolve(infra(infra_dict, codeSource="image", codePath="/c"), RunFlags())
+    runopts.check_rayjob_kind(image, replace=False)  # KubeRay can start it
+    batch = runopts.resolve(infra(infra_dict, codePath="/c"), RunFlags(mode=RunMode.BATCH))
+    with pytest.raises(DockyardLiveError, match="does not combine with the exec submitter"):
+        runopts.check_rayjob_kind(batch, replace=False)
+    with pytest.raises(DockyardLiveError, match="--replace .* needs submit.kind: sdk"):
+        runopts.check_rayjob_kind(image, replace=True)
+
+
+def test_cluster_rayjob_selects_the_existing_cluster() -> None:
+    job = runopts.cluster_rayjob(
+        run_id="Alice_GRPO.run-20260101",
+        cluster="grpo",
+        namespace="ns",
+        entrypoint="cd /c && go",
+        env={"A": "1"},
+    )
+    assert job["metadata"]["name"] == "alice-grpo-run-20260101"
+    assert job["metadata"]["namespace"] == "ns"
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": "grpo"}
+    assert "rayClusterSpec" not in job["spec"] and "shutdownAfterJobFinishes" not in job["spec"]
+    assert job["spec"]["entrypoint"] == "cd /c && go"
+    assert job["spec"]["runtimeEnvYAML"] == "env_vars:\n  A: '1'\n"
+
+
+@pytest.mark.parametrize(
+    ("run_id", "name"),
+    [("9lives", "r9lives"), ("a" * 80, "a" * runopts.RAYJOB_NAME_MAX), ("x." + "-" * 60 + "y", "x")],
+)
+def test_rayjob_name_is_a_short_dns_label(run_id: str, name: str) -> None:
+    assert runopts.rayjob_name(run_id) == name

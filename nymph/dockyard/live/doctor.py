@@ -1,8 +1,9 @@
 """``nymph dockyard doctor``: can this kube context run dockyard?
 
 Checks, each one line (``ok`` / ``FAIL`` / ``warn`` / ``note``): the API server answers
-through kubectl; the caller may do what the live commands do in the namespace (one batch
-of SelfSubjectAccessReviews); the KubeRay CRDs are served (API discovery, which every
+through kubectl; the caller may do what the live commands do in the namespace, and
+separately what ``dev`` and the exec submitter do (pods, ``pods/exec``, the user's Secret),
+in one batch of SelfSubjectAccessReviews; the KubeRay CRDs are served (API discovery, which every
 authenticated user may read); with a recipe, the PriorityClass and ServiceAccount it names
 exist. Then the NetworkPolicy caveat. Exit 0 when nothing failed, 1 otherwise.
 """
@@ -35,6 +36,14 @@ ACCESS_CHECKS: tuple[tuple[str, str, str], ...] = (
     ("get", "", "pods/log"),
     ("create", "", "pods/portforward"),
 )
+#: (verb, group, resource) of ``dev connect|stop|setup-secrets`` and ``submit.submitter: exec``:
+#: the dev Pod is server-side applied, exec'd into and deleted; the user's Secret is read,
+#: created, then merge-patched.
+DEV_ACCESS_CHECKS: tuple[tuple[str, str, str], ...] = (
+    *(("get", "", "pods"), ("create", "", "pods"), ("patch", "", "pods"), ("delete", "", "pods")),
+    ("create", "", "pods/exec"),
+    *((verb, "", "secrets") for verb in ("get", "create", "patch")),
+)
 
 NETWORK_POLICY_NOTE = (
     "NetworkPolicy objects are accepted by every API server but enforced only by a network "
@@ -66,22 +75,41 @@ def _label(group: str, resource: str) -> str:
     return f"{resource}.{group}" if group else resource
 
 
-async def check_access(kube: Kube, report: Report, *, namespace: str) -> None:
-    allowed = await kube.access_reviews(ACCESS_CHECKS, namespace=namespace)
+def _access_line(
+    report: Report,
+    checks: tuple[tuple[str, str, str], ...],
+    allowed: list[bool],
+    *,
+    namespace: str,
+    what: str,
+    scope: str,
+) -> None:
     denied = [
         f"{verb} {_label(group, res)}"
-        for (verb, group, res), ok in zip(ACCESS_CHECKS, allowed, strict=True)
+        for (verb, group, res), ok in zip(checks, allowed, strict=True)
         if not ok
     ]
     if not denied:
-        report.ok(
-            f"authorised in namespace {namespace} for everything the live commands do ({len(ACCESS_CHECKS)} checks)"
-        )
+        report.ok(f"authorised in namespace {namespace} for everything {what} ({len(checks)} checks)")
     else:
         report.fail(
-            f"not authorised in namespace {namespace} to: {', '.join(denied)} "
+            f"not authorised in namespace {namespace}{scope} to: {', '.join(denied)} "
             "(ask an administrator for a Role with these verbs)"
         )
+
+
+async def check_access(kube: Kube, report: Report, *, namespace: str) -> None:
+    allowed = await kube.access_reviews((*ACCESS_CHECKS, *DEV_ACCESS_CHECKS), namespace=namespace)
+    live, dev = allowed[: len(ACCESS_CHECKS)], allowed[len(ACCESS_CHECKS) :]
+    _access_line(report, ACCESS_CHECKS, live, namespace=namespace, what="the live commands do", scope="")
+    _access_line(
+        report,
+        DEV_ACCESS_CHECKS,
+        dev,
+        namespace=namespace,
+        what="dev and the exec submitter do",
+        scope=" for dev and the exec submitter",
+    )
 
 
 async def check_crds(kube: Kube, report: Report) -> None:

@@ -2,7 +2,10 @@
 
 In order: an explicit ``--ray-address``; inside the cluster, the head Service's DNS name;
 otherwise ``kubectl port-forward`` to the head Service's dashboard port for the duration of
-the call (a free local port, released on exit).
+the call (a free local port, released on exit). ``submit.portForward`` (:func:`route`)
+chooses for ``run``: ``auto`` as above; ``kubectl-port-forward`` and ``kubectl-ray-plugin``
+forward even inside the cluster (the plugin's ``session`` is itself a port-forward of the head
+Service; nymph runs kubectl's own, so the plugin need not be installed).
 """
 
 from __future__ import annotations
@@ -14,13 +17,30 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from nymph.dockyard.errors import DockyardLiveError
 from nymph.dockyard.live import status
 from nymph.dockyard.live.kubectl import Kube, Say, in_cluster
 from nymph.dockyard.live.rayapi import normalize_address
 from nymph.dockyard.render import plan
+from nymph.dockyard.spec.enums import PortForwardMode
+
+#: how :func:`dashboard` reaches the head: ``--ray-address``, the head Service's cluster DNS
+#: name, or a kubectl port-forward
+Route = Literal["address", "service", "forward"]
+
+
+def route(*, mode: PortForwardMode, ray_address: str | None, inside: bool) -> Route:
+    """How the dashboard is reached: an explicit address always wins; then ``auto`` uses the
+    Service address inside the cluster and a forward outside; the explicit forward modes
+    always forward."""
+    if ray_address:
+        return "address"
+    if mode is PortForwardMode.AUTO and inside:
+        return "service"
+    return "forward"
+
 
 _FORWARDING = re.compile(rb"Forwarding from 127\.0\.0\.1:(\d+) ->")
 
@@ -172,21 +192,25 @@ async def dashboard(
     kubeconfig: str | None,
     say: Say,
     local_port: int = 0,
+    forward: PortForwardMode = PortForwardMode.AUTO,
 ) -> AsyncIterator[str]:
     """The dashboard URL of the head of ``target`` (or ``ray_address``), usable inside the
     ``async with`` block. With a ``target`` its head Service must exist first, whatever the
-    address; ``ray_address`` only changes how the dashboard is reached. A port-forward listens
+    address; ``ray_address`` only changes how the dashboard is reached, ``forward``
+    (``submit.portForward``) whether it is forwarded (:func:`route`). A port-forward listens
     on ``local_port`` (``submit.localDashboardPort``) when it is free, else on any free port."""
     if target is None and not ray_address:
         raise DockyardLiveError("no Ray head to talk to: pass --cluster NAME or --ray-address URL")
     svc = await wait_head_service(kube, target, say=say) if target is not None else None
-    if ray_address:
+    how = route(mode=forward, ray_address=ray_address, inside=in_cluster(kubeconfig))
+    if how == "address":
+        assert ray_address
         yield normalize_address(ray_address)
         return
     assert target is not None and svc is not None
     port = plan.dashboard_port(svc)
     name = str((svc.get("metadata") or {}).get("name"))
-    if in_cluster(kubeconfig):
+    if how == "service":
         yield plan.in_cluster_url(name, namespace=target.namespace, port=port)
         return
     await wait_head_pod(kube, target, say=say)

@@ -22,12 +22,12 @@ from typing import Any
 from nymph.dockyard.errors import DockyardLiveError
 from nymph.dockyard.live import status
 from nymph.dockyard.live.kubectl import Kube, Say
-from nymph.dockyard.live.submit import Submission, submit
+from nymph.dockyard.live.submit import Submission, submit, submit_rayjob
 from nymph.dockyard.render import plan as planning
 from nymph.dockyard.render import runopts
 from nymph.dockyard.render.plan import Plan, ref
 from nymph.dockyard.render.runopts import RunFlags
-from nymph.dockyard.spec.enums import LaunchMode
+from nymph.dockyard.spec.enums import LaunchMode, SubmitKind
 from nymph.dockyard.spec.load import LoadedConfig
 from nymph.dockyard.spec.schema import InfraConfig
 
@@ -226,6 +226,9 @@ async def run(kube: Kube, loaded: LoadedConfig, manifests: list[Any], *, opts: L
     choice = runopts.resolve(infra, opts.flags)
     if opts.no_wait and opts.flags.wait is None:
         choice = dataclasses.replace(choice, wait=False)
+    by_rayjob = infra.submit.kind is SubmitKind.RAYJOB
+    if by_rayjob:
+        runopts.check_rayjob_kind(choice, replace=opts.replace)
     clock(f"launch mode {mode.value}: {choice.line()}")
     if mode is LaunchMode.ATTACH:
         cluster = str(infra.launch.attach)
@@ -257,7 +260,15 @@ async def run(kube: Kube, loaded: LoadedConfig, manifests: list[Any], *, opts: L
         replace=opts.replace,
         repo_root=opts.repo_root,
     )
-    return await submit(kube, loaded, sub, say=clock)
+    if not by_rayjob:
+        return await submit(kube, loaded, sub, say=clock)
+    name = await submit_rayjob(kube, loaded, sub, say=clock)
+    if not choice.wait:
+        clock(f"not following (--no-wait): see 'nymph dockyard status' (RayJob {name})")
+        return 0
+    phase = await follow_rayjob(kube, name=name, namespace=_ns(infra), opts=opts, clock=clock)
+    clock(f"RayJob {name} {'succeeded' if phase.succeeded else 'did not succeed: ' + phase.line()}")
+    return 0 if phase.succeeded else 1
 
 
 def _with_wait(opts: LiveOptions, wait: bool) -> LiveOptions:

@@ -3,10 +3,14 @@
 The transport is the run's submitter (:mod:`nymph.dockyard.render.runopts`):
 
 * ``portForward``: a Ray job through the head dashboard's Jobs REST API (``--ray-address``,
-  the head Service inside the cluster, else ``kubectl port-forward``). ``codeSource: upload``
+  else as ``submit.portForward`` says: with ``auto`` the head Service inside the cluster, else
+  ``kubectl port-forward``; the explicit modes always forward). ``codeSource: upload``
   packages the working dir (:mod:`nymph.dockyard.live.workdir`) and uploads it first; with
   ``image`` / ``lustre`` the job starts in ``codePath``.
 * ``exec``: the entrypoint runs on the head pod (:mod:`nymph.dockyard.live.execrun`).
+
+With ``submit.kind: rayjob`` neither: :func:`submit_rayjob` applies a RayJob that KubeRay
+submits to the cluster.
 
 ``--replace`` stops the cluster's unfinished jobs first. ``--run-id`` is the Ray submission id
 and is exported as ``DOCKYARD_K8S_RUN_ID`` (without it Ray names the job); an exec run always
@@ -29,6 +33,7 @@ from nymph.dockyard.live import execrun, handles, workdir
 from nymph.dockyard.live.endpoint import HeadTarget, dashboard
 from nymph.dockyard.live.kubectl import Kube, Say
 from nymph.dockyard.live.rayapi import JobInfo, RayJobsClient
+from nymph.dockyard.render import runopts
 from nymph.dockyard.render.runopts import RunChoice
 from nymph.dockyard.spec.enums import CodeSource, SubmitterMode
 from nymph.dockyard.spec.load import LoadedConfig
@@ -74,6 +79,24 @@ async def submit(kube: Kube, loaded: LoadedConfig, sub: Submission, *, say: Say)
     if sub.choice.submitter is SubmitterMode.EXEC:
         return await _submit_exec(kube, loaded, sub, say=say)
     return await _submit_rest(kube, loaded, sub, say=say)
+
+
+async def submit_rayjob(kube: Kube, loaded: LoadedConfig, sub: Submission, *, say: Say) -> str:
+    """``submit.kind: rayjob``: apply the run's RayJob on ``sub.cluster``; its name."""
+    infra = loaded.infra
+    manifest = runopts.cluster_rayjob(
+        run_id=sub.run_id,
+        cluster=sub.cluster,
+        namespace=infra.namespace,
+        entrypoint=entrypoint_in(sub.choice.code_path, str(infra.launch.entrypoint)),
+        env=_env(loaded, sub.run_id),
+    )
+    name = str(manifest["metadata"]["name"])
+    if await kube.get("rayjobs.ray.io", name, namespace=infra.namespace) is not None:
+        raise DockyardLiveError(f"RayJob {name} exists already in {infra.namespace}: pass another --run-id")
+    await kube.apply([manifest], namespace=infra.namespace)
+    say(f"submitted RayJob {name} to RayCluster {sub.cluster} (submit.kind: rayjob)")
+    return name
 
 
 async def _stop_running(ray: RayJobsClient, *, poll: float, say: Say) -> None:
@@ -131,6 +154,7 @@ async def _submit_rest(kube: Kube, loaded: LoadedConfig, sub: Submission, *, say
             kubeconfig=sub.kubeconfig,
             say=say,
             local_port=infra.submit.localDashboardPort,
+            forward=infra.submit.portForward,
         ) as url,
         RayJobsClient(url) as ray,
     ):

@@ -16,6 +16,11 @@ default; then the default of ``launch.runMode``.
 
 For rayjob mode the RayJob itself takes ``--rayjob-name``, ``--shutdown/--no-shutdown`` and
 ``--ttl`` (:func:`rayjob_options`).
+
+``submit.kind`` picks the submission path to a RayCluster (bringup and attach): ``sdk`` is the
+Ray Jobs API (the submitter above); ``rayjob`` hands the entrypoint to KubeRay as a RayJob
+that selects the existing cluster (:func:`cluster_rayjob`), so nothing is uploaded and the
+exec submitter does not apply (:func:`check_rayjob_kind`).
 """
 
 from __future__ import annotations
@@ -23,11 +28,14 @@ from __future__ import annotations
 import copy
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from nymph.dockyard.errors import DockyardLiveError
+from nymph.dockyard.render import k8s
 from nymph.dockyard.spec import names
 from nymph.dockyard.spec.enums import CodeSource, RunMode, SubmitterMode
 from nymph.dockyard.spec.schema import InfraConfig, LaunchSpec, SubmitSpec
@@ -134,3 +142,51 @@ def rayjob_options(
                 raise DockyardLiveError("--ttl must be 0 or more seconds")
             m["spec"]["ttlSecondsAfterFinished"] = ttl
     return out
+
+
+#: KubeRay derives names from a RayJob's; it refuses longer ones
+RAYJOB_NAME_MAX = 47
+CLUSTER_LABEL = "ray.io/cluster"
+
+
+def check_rayjob_kind(choice: RunChoice, *, replace: bool) -> None:
+    """``submit.kind: rayjob`` goes through KubeRay, not the Jobs API: no upload, no exec, no
+    --replace."""
+    if choice.submitter is SubmitterMode.EXEC:
+        raise DockyardLiveError(
+            "submit.kind: rayjob hands the job to KubeRay and does not combine with the exec submitter "
+            "(--submitter portForward, or submit.kind: sdk)"
+        )
+    if choice.code_source is CodeSource.UPLOAD:
+        raise DockyardLiveError(
+            "submit.kind: rayjob cannot upload the working dir: use --code-source image|lustre "
+            "(launch.codeSource), or submit.kind: sdk"
+        )
+    if replace:
+        raise DockyardLiveError("--replace stops jobs through the Ray Jobs API: it needs submit.kind: sdk")
+
+
+def rayjob_name(run_id: str) -> str:
+    """A RayJob name from a run id: lower case, DNS-1123, at most :data:`RAYJOB_NAME_MAX`."""
+    name = _NOT_ID.sub("-", run_id.lower())[:RAYJOB_NAME_MAX].strip("-")
+    return name if name and name[0].isalpha() else f"r{name}"[:RAYJOB_NAME_MAX].rstrip("-")
+
+
+def cluster_rayjob(
+    *, run_id: str, cluster: str, namespace: str, entrypoint: str, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """The RayJob of ``submit.kind: rayjob``: KubeRay submits ``entrypoint`` to the existing
+    RayCluster ``cluster`` (``clusterSelector``) and neither creates nor deletes a cluster."""
+    spec: dict[str, Any] = {
+        "entrypoint": entrypoint,
+        "submissionMode": "HTTPMode",
+        "clusterSelector": {CLUSTER_LABEL: cluster},
+    }
+    if env:
+        spec["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": dict(env)}, sort_keys=False)
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": rayjob_name(run_id), "namespace": namespace, "labels": k8s.labels({})},
+        "spec": spec,
+    }
