@@ -8,19 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 
 class Signal:
     """One broadcast signal: :meth:`notify` wakes everyone waiting on :meth:`current`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, relay: Callable[[], None] | None = None) -> None:
         self._event = asyncio.Event()
         self.closed = False
+        #: Passes each notify on to other replicas (``wake`` is how theirs arrive here).
+        self._relay = relay
 
     def current(self) -> asyncio.Event:
         return self._event
 
     def notify(self) -> None:
+        self.wake()
+        if self._relay is not None:
+            self._relay()
+
+    def wake(self) -> None:
+        """Wake the waiters of this process only."""
         event, self._event = self._event, asyncio.Event()
         event.set()
 
@@ -33,9 +42,10 @@ class Signal:
 class KeyedSignal:
     """A signal per key (an instance id); entries are dropped when notified or abandoned."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, relay: Callable[[str], None] | None = None) -> None:
         self._events: dict[str, tuple[asyncio.Event, int]] = {}
         self.closed = False
+        self._relay = relay
 
     def current(self, key: str) -> asyncio.Event:
         event, waiters = self._events.get(key, (None, 0))
@@ -57,6 +67,12 @@ class KeyedSignal:
             self._events[key] = (event, entry[1] - 1)
 
     def notify(self, key: str) -> None:
+        self.wake(key)
+        if self._relay is not None:
+            self._relay(key)
+
+    def wake(self, key: str) -> None:
+        """Wake the waiters on ``key`` in this process only."""
         entry = self._events.pop(key, None)
         if entry is not None:
             entry[0].set()

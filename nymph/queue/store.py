@@ -23,7 +23,7 @@ from nymph.protocol import (
     TaskStatusJSON,
     now,
 )
-from nymph.queue.db import Database
+from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, Signal
 from nymph.queue.sql import catalog, dispatch, launches
@@ -33,13 +33,21 @@ log = structlog.get_logger(__name__, component="queue.store")
 
 
 class Store:
-    def __init__(self, *, db: Database, settings: QueueSettings) -> None:
+    def __init__(self, *, db: Backend, settings: QueueSettings) -> None:
         self.db = db
         self.settings = settings
-        #: Woken whenever a task may have become claimable.
-        self.tasks_changed = Signal()
+        #: Woken whenever a task may have become claimable (here and, told through the
+        #: database, on every other replica).
+        self.tasks_changed = Signal(relay=lambda: db.broadcast(""))
         #: Woken per instance id whenever an instance changed.
-        self.instance_changed = KeyedSignal()
+        self.instance_changed = KeyedSignal(relay=db.broadcast)
+
+    def woken_elsewhere(self, key: str) -> None:
+        """Another replica changed something: wake the long-polls it concerns here."""
+        if key:
+            self.instance_changed.wake(key)
+        else:
+            self.tasks_changed.wake()
 
     def close_waiters(self) -> None:
         """Release every held long-poll (shutdown)."""
@@ -206,7 +214,7 @@ class Store:
     async def claim(self, *, req: ClaimRequest, scope: str | None) -> ClaimResult:
         lease = self.settings.lease
         result = await self.db.write(
-            lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease)
+            lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease), concurrent=True
         )
         self._changed(result.settled)
         return result
@@ -290,7 +298,10 @@ class Store:
         return await self.db.read(lambda conn: sql_reports.active(conn, session=session))
 
     async def sweep(self) -> int:
-        count, settled = await self.db.write(lambda conn: dispatch.sweep(conn, now=now()))
+        ran, swept = await self.db.try_singleton(SWEEP_LOCK, lambda conn: dispatch.sweep(conn, now=now()))
+        if not ran or swept is None:
+            return 0  # another replica is sweeping right now
+        count, settled = swept
         self._changed(settled)
         if count or settled:
             self.tasks_changed.notify()

@@ -183,7 +183,7 @@ async def test_register_rules(queue: Queue) -> None:
     assert r.status == 401 and r.body["error"] == "unknown_session"
     # Only the hash is kept.
     assert r.body["detail"] and session not in r.text
-    raw = b"".join(p.read_bytes() for p in queue.db_path.parent.glob("queue.db*"))
+    raw = await queue.raw_state()
     assert session.encode() not in raw
 
 

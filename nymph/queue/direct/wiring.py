@@ -41,14 +41,16 @@ async def guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
             await asyncio.sleep(1.0)
 
 
-def install(app: web.Application, *, store: Store, db_path: Path) -> None:
+def install(app: web.Application, *, store: Store, db_path: Path | None) -> None:
+    """``db_path``: the SQLite file (its default key file sits beside it); None on PostgreSQL."""
     settings = store.settings.direct
     key_file = settings.secret_key_file
-    source = (
-        KeySource(path=key_file, create=False)
-        if key_file
-        else KeySource(path=default_key_file(db_path), create=True)
-    )
+    if key_file:
+        source = KeySource(path=key_file, create=False)
+    elif db_path is not None:
+        source = KeySource(path=default_key_file(db_path), create=True)
+    else:
+        source = KeySource(path=None, create=False)
     secrets = SecretStore(db=store.db, box=SecretBox(source=source))
     connector = Connector(secrets=secrets, settings=settings)
     watches = WatchManager(store=store, connector=connector, settings=settings)
