@@ -112,7 +112,7 @@ def create_app(*, db_path: Path | str, settings: QueueSettings | None = None) ->
     app[SETTINGS] = settings
     app[STORE] = Store(db=db, settings=settings)
     app[AUTH] = Authenticator(db=db, cache_seconds=settings.limits.token_cache_seconds)
-    app[SESSIONS] = SessionStore(settings=settings.sessions)
+    app[SESSIONS] = SessionStore(settings=settings.sessions, db=db)
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sweeper_ctx)
     direct.install(app, store=app[STORE], db_path=sqlite_path)

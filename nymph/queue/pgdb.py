@@ -108,7 +108,7 @@ def _broken(exc: BaseException) -> bool:
 class PgDatabase:
     """The service's PostgreSQL connections; same interface as :class:`nymph.queue.db.Database`."""
 
-    def __init__(self, *, url: str, pool_size: int = 8, timeout: float = 5.0) -> None:
+    def __init__(self, *, url: str, pool_size: int = 8, timeout: float = 3.0) -> None:
         self.url = url
         self.pool_size = pool_size
         self.timeout = timeout

@@ -245,6 +245,7 @@ class Store:
         error: str | None,
         retryable: bool,
         result: dict[str, Any] | None,
+        attempt: int = 0,
     ) -> CompleteAnswer:
         retry = self.settings.retry
         body, changed = await self.db.write(
@@ -258,6 +259,7 @@ class Store:
                 result=result,
                 now=now(),
                 retry=retry,
+                attempt=attempt,
             )
         )
         self.tasks_changed.notify()

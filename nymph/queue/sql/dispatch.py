@@ -259,10 +259,12 @@ def complete(
     result: dict[str, Any] | None,
     now: float,
     retry: RetrySettings,
+    attempt: int = 0,
 ) -> tuple[CompleteAnswer, str | None]:
     """Finish a task leased to the session's daemon. Returns the response body and the instance
     id that changed. A task outside the session's namespaces is not found; one leased to
-    another daemon is a 409."""
+    another daemon is a 409, and so is one from an expired lease or, when the daemon sends the
+    ``attempt`` it claimed (the lease's epoch), from an earlier lease of the same daemon."""
     daemon_id = session.daemon_id
     lock = for_update(conn)  # a constant fragment
     row = conn.execute("SELECT * FROM tasks WHERE task_id = ?" + lock, (task_id,)).fetchone()  # noqa: S608
@@ -272,7 +274,12 @@ def complete(
         )
     if row["status"] in FINISHED_STATUSES and row["lease_owner"] == daemon_id:
         return CompleteAnswer(status=row["status"], duplicate=True), None
-    if row["status"] != "leased" or row["lease_owner"] != daemon_id:
+    if (
+        row["status"] != "leased"
+        or row["lease_owner"] != daemon_id
+        or (row["lease_expires"] is not None and row["lease_expires"] <= now)
+        or (attempt and attempt != row["attempts"])
+    ):
         raise Conflict(
             f"daemon {daemon_id!r} no longer holds the lease on task {task_id!r} (it expired, was "
             "released or went to another daemon): drop this result",

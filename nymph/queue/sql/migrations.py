@@ -180,4 +180,17 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE daemons ADD COLUMN node_info TEXT;
     ALTER TABLE instances ADD COLUMN waiting TEXT;
     """,
+    # 5: daemon sessions in the database (every replica on PostgreSQL accepts every session).
+    """
+    CREATE TABLE daemon_sessions (
+        digest TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        daemon_id TEXT NOT NULL,
+        node TEXT NOT NULL,
+        namespaces TEXT NOT NULL,
+        token_id TEXT NOT NULL,
+        scope TEXT,
+        expires_at REAL NOT NULL
+    );
+    """,
 )

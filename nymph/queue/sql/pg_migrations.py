@@ -135,4 +135,17 @@ PG_MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (namespace, name)
     );
     """,
+    # 2: daemon sessions (SQLite migration 5).
+    f"""
+    CREATE TABLE daemon_sessions (
+        digest {_T} PRIMARY KEY,
+        session_id {_T} NOT NULL,
+        daemon_id {_T} NOT NULL,
+        node {_T} NOT NULL,
+        namespaces {_T} NOT NULL,
+        token_id {_T} NOT NULL,
+        scope {_T},
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    """,
 )
