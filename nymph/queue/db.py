@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -62,6 +62,8 @@ class Backend(Protocol):
     async def try_singleton(self, key: int, fn: Callable[[Conn], T]) -> tuple[bool, T | None]: ...
 
     def broadcast(self, key: str) -> None: ...
+
+    async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -154,6 +156,10 @@ class Database:
 
     def broadcast(self, key: str) -> None:
         """No other replicas to tell."""
+
+    async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """One process owns the file: it is always the one to run ``run``."""
+        await run()
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
         if self._executor is None or self._conn is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -42,6 +42,9 @@ log = structlog.get_logger(__name__, component="queue.pgdb")
 WRITE_LOCK = 0x6E796D7068_01
 MIGRATE_LOCK = 0x6E796D7068_02
 CHANNEL = "nymph_queue"
+#: How often a replica that does not hold a singleton lock tries for it (and the holder checks
+#: its connection).
+LOCK_POLL = 2.0
 UNREACHABLE = "the queue database cannot be reached right now: nothing was changed; retry shortly"
 
 
@@ -219,6 +222,42 @@ class PgDatabase:
         fut = self._executor.submit(send)
         self._pending.add(fut)
         fut.add_done_callback(self._pending.discard)
+
+    async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``run`` only while this replica holds the session advisory lock ``key`` (wait for
+        it otherwise). The lock lives with one connection: when the holder dies, or loses the
+        database, the lock is released and another replica takes over; a holder that loses its
+        connection stops ``run`` and waits for the lock again."""
+        while True:
+            try:
+                await self._exclusive_once(key, run)
+                return
+            except (psycopg.Error, OSError) as exc:
+                log.warning("lost the singleton lock's connection; waiting for it again", error=str(exc))
+                await asyncio.sleep(LOCK_POLL)
+
+    async def _exclusive_once(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=5)
+        async with conn:
+            while True:
+                cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    break
+                await asyncio.sleep(LOCK_POLL)
+            log.info("singleton lock taken", lock=key)
+            task = asyncio.create_task(run())
+            try:
+                while not task.done():
+                    await asyncio.wait({task}, timeout=LOCK_POLL)
+                    if not task.done():
+                        await conn.execute("SELECT 1")  # still connected, so still holding it
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            await task
 
     async def listen(self, on_wake: Callable[[str], None], *, ready: asyncio.Event | None = None) -> None:
         """Deliver other replicas' broadcasts to ``on_wake`` until cancelled, reconnecting after

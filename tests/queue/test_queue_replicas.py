@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import secrets
 import subprocess
@@ -23,7 +24,7 @@ import aiohttp
 import pytest
 
 from nymph.client import QueueClient
-from nymph.client_errors import QueueError
+from nymph.client_errors import QueueConflict, QueueError
 from tests.hygiene_plugin import stop_process, track
 from tests.pg_server import PgServer
 
@@ -154,29 +155,50 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
                     await asyncio.sleep(0.1)  # that replica is gone: another takes it
 
     async def daemon(k: int) -> None:
+        """A fake daemon: claims, reports and completes; when its replica dies it goes on with
+        another and finishes the tasks it holds there (as a real daemon's outbox does)."""
         seq = itertools.count(1)
+        held: list[dict[str, Any]] = []
+        marks: dict[str, tuple[int, int]] = {}
         while not done.is_set():
             urls = cluster.urls()
             url = urls[k % len(urls)]
             try:
                 async with client(url, cluster.daemon_token) as d:
                     while not done.is_set():
-                        tasks = await d.claim(
-                            daemon_id=f"d{k}",
-                            node=f"n{k}",
-                            namespaces=["jobs"],
-                            capacity=5,
-                            wait=1,
-                            lease_seconds=20,
-                        )
-                        for t in tasks:
-                            delivered[t["taskId"]] += 1
+                        if not held:
+                            held = await d.claim(
+                                daemon_id=f"d{k}",
+                                node=f"n{k}",
+                                namespaces=["jobs"],
+                                capacity=5,
+                                wait=1,
+                                lease_seconds=20,
+                            )
+                            for t in held:
+                                delivered[t["taskId"]] += 1
+                                marks[t["taskId"]] = (next(seq), next(seq))
+                        while held:
+                            t = held[0]
+                            running, stopped = marks[t["taskId"]]
                             reports = [
-                                {"seq": next(seq), "instanceId": t["instanceId"], "state": s, "node": f"n{k}"}
-                                for s in ("running", "stopped")
+                                {
+                                    "seq": running,
+                                    "instanceId": t["instanceId"],
+                                    "state": "running",
+                                    "node": f"n{k}",
+                                },
+                                {
+                                    "seq": stopped,
+                                    "instanceId": t["instanceId"],
+                                    "state": "stopped",
+                                    "node": f"n{k}",
+                                },
                             ]
                             await d.report(daemon_id=f"d{k}", stream=f"s{k}", reports=reports)
-                            await d.complete(daemon_id=f"d{k}", task_id=t["taskId"], ok=True)
+                            with contextlib.suppress(QueueConflict):  # lease lost: drop it
+                                await d.complete(daemon_id=f"d{k}", task_id=t["taskId"], ok=True)
+                            held.pop(0)
             except FAILURES:
                 await asyncio.sleep(0.2)  # its replica died: go on with another
 
@@ -258,3 +280,38 @@ async def test_a_database_restart_answers_503_meanwhile_and_loses_nothing(
         assert after is not None
         ids = {i["instanceId"] for i in await user.list_instances(provider="kind")}
         assert ids == {*before, after}
+
+
+async def test_the_direct_watches_and_reaper_run_on_one_replica_and_move_when_it_goes(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    from queue_helpers import FAST, open_queue
+
+    from nymph.queue.direct.wiring import DIRECT
+
+    db = pg_server.fresh_database()
+    opened = [await open_queue(tmp_path, FAST, db=db) for _ in range(2)]
+    try:
+
+        def running() -> list[bool]:
+            return [q.app[DIRECT].watches.active for q, _ in opened]
+
+        for _ in range(50):
+            if any(running()):
+                break
+            await asyncio.sleep(0.1)
+        assert sorted(running()) == [False, True]  # exactly one
+        leader = running().index(True)
+        q, runner = opened.pop(leader)
+        await q.close()
+        await runner.cleanup()  # its connection closes: the lock is free
+        for _ in range(100):
+            if running() == [True]:
+                break
+            await asyncio.sleep(0.1)
+        assert running() == [True]  # taken over
+    finally:
+        for q, runner in opened:
+            await q.close()
+            await runner.cleanup()
+        pg_server.drop_database(db)

@@ -11,6 +11,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from nymph.queue.db import DIRECT_LOCK
 from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.launcher import DirectDispatch
 from nymph.queue.direct.reaper import Reaper
@@ -26,6 +27,7 @@ SECRETS = web.AppKey("nymph.secrets", SecretStore)
 CONNECTOR = web.AppKey("nymph.connector", Connector)
 WATCHES_TASK = "nymph-queue-direct-watches"
 REAPER_TASK = "nymph-queue-direct-reaper"
+DIRECT_TASK = "nymph-queue-direct"
 
 
 async def guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -59,12 +61,19 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
     app[CONNECTOR] = connector
     app[DIRECT] = DirectDispatch(store=store, connector=connector, watches=watches)
 
+    async def singleton() -> None:
+        """The watches and the reaper, on one replica at a time (all of them on SQLite)."""
+        watches.active = True
+        try:
+            await asyncio.gather(guarded(WATCHES_TASK, watches.run), guarded(REAPER_TASK, reaper.run))
+        finally:
+            watches.active = False
+            await watches.close()
+
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         await secrets.check()
-        tasks = [
-            asyncio.create_task(guarded(WATCHES_TASK, watches.run), name=WATCHES_TASK),
-            asyncio.create_task(guarded(REAPER_TASK, reaper.run), name=REAPER_TASK),
-        ]
+        watches.active = False
+        tasks = [asyncio.create_task(store.db.exclusive(DIRECT_LOCK, singleton), name=DIRECT_TASK)]
         yield
         for t in tasks:
             t.cancel()
