@@ -18,6 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,7 +193,7 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def running_server() -> object:
+def running_server() -> Iterator[PgServer]:
     """Start a server in a new temp directory; stop it and remove the directory at the end."""
     bin_dir = find_bin()
     root = Path(tempfile.mkdtemp(prefix="nymph-pg-"))
