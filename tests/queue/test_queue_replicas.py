@@ -315,3 +315,32 @@ async def test_the_direct_watches_and_reaper_run_on_one_replica_and_move_when_it
             await q.close()
             await runner.cleanup()
         pg_server.drop_database(db)
+
+
+async def test_an_instance_long_poll_on_one_replica_wakes_for_a_change_made_on_another(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    from queue_helpers import FAST, add_kind, open_queue
+
+    db = pg_server.fresh_database()
+    (a, ra), (b, rb) = [await open_queue(tmp_path, FAST, db=db) for _ in range(2)]
+    try:
+        b.user_token = a.user_token  # one database: every replica knows every token
+        await add_kind(a)
+        r = await a.call(
+            "POST", "/v1/namespaces/default/providers/kind/launch", json_body={"mode": "small", "script": "x"}
+        )
+        iid = r.body["instanceId"]
+        path = f"/v1/namespaces/default/providers/kind/instances/{iid}"
+        poll = asyncio.create_task(a.call("GET", f"{path}?after=1&wait=20"))
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        assert (await b.call("DELETE", path)).status == 204  # the change, on the other replica
+        got = await asyncio.wait_for(poll, 10)
+        assert got.status == 200 and got.body["version"] > 1 and got.body["state"] in ("stopping", "stopped")
+        assert time.monotonic() - t0 < 2  # woken by NOTIFY, not by the 20 s wait
+    finally:
+        for q, runner in ((a, ra), (b, rb)):
+            await q.close()
+            await runner.cleanup()
+        pg_server.drop_database(db)
