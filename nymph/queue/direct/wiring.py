@@ -64,9 +64,18 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
     async def singleton() -> None:
         """The watches and the reaper, on one replica at a time (all of them on SQLite)."""
         watches.active = True
+        tasks = [
+            asyncio.create_task(guarded(WATCHES_TASK, watches.run), name=WATCHES_TASK),
+            asyncio.create_task(guarded(REAPER_TASK, reaper.run), name=REAPER_TASK),
+        ]
         try:
-            await asyncio.gather(guarded(WATCHES_TASK, watches.run), guarded(REAPER_TASK, reaper.run))
+            await asyncio.gather(*tasks)
         finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
             watches.active = False
             await watches.close()
 
