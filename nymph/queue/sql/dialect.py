@@ -71,8 +71,8 @@ _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|:[A-Za-z_][A-Za-z0-9
 
 @functools.lru_cache(maxsize=2048)
 def translate(sql: str) -> str:
-    """SQLite placeholders -> psycopg ones: ``?`` -> ``%s``, ``:name`` -> ``%(name)s``, a literal
-    ``%`` doubled; quoted strings and identifiers are left alone."""
+    """SQLite placeholders -> psycopg ones: ``?`` -> ``%s``, ``:name`` -> ``%(name)s``, every
+    ``%`` doubled; ``?`` and ``:name`` inside quoted strings and identifiers are left alone."""
 
     def sub(m: re.Match[str]) -> str:
         tok = m.group(0)
@@ -82,7 +82,7 @@ def translate(sql: str) -> str:
             return "%%"
         if tok.startswith(":") and tok != "::":
             return f"%({tok[1:]})s"
-        return tok
+        return tok.replace("%", "%%")  # a quoted string or identifier: psycopg still reads its %
 
     return _TOKEN.sub(sub, sql)
 
