@@ -111,6 +111,22 @@ def deployed(kube: LocalCluster, kuberay_crds: Path) -> list[dict[str, Any]]:
     return docs
 
 
+def test_ha_overlay_is_accepted_by_the_api_server(kube: LocalCluster, deployed: list[dict[str, Any]]) -> None:
+    workloads = [d for d in kustomize("overlays/ha") if d["kind"] not in RBAC_KINDS]
+    res = kube.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=nymph-tests",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(workloads),
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "poddisruptionbudget.policy/nymph-queue serverside-applied (server dry run)" in res.stdout
+
+
 def can_i(kube: LocalCluster, verb: str, resource: str, namespace: str | None) -> bool:
     res_name, _, sub = resource.partition("/")
     args = ["auth", "can-i", verb, res_name, f"--as={SA}"] + ([f"--subresource={sub}"] if sub else [])
