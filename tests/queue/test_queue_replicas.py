@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import itertools
 import secrets
 import subprocess
@@ -31,6 +30,9 @@ from tests.pg_server import PgServer
 pytestmark = pytest.mark.slow
 LAUNCHES = 200
 DAEMONS = 6
+#: Long enough that no lease runs out while a daemon works on a loaded machine; a claim whose
+#: answer was lost with its replica is handed out again after it.
+LEASE = 60
 FAILURES = (QueueError, aiohttp.ClientError, OSError, TimeoutError)
 
 
@@ -109,7 +111,7 @@ def cluster(pg_server: PgServer, tmp_path: Path) -> Iterator[Cluster]:
 
 @asynccontextmanager
 async def client(url: str, token: str) -> AsyncIterator[QueueClient]:
-    async with QueueClient(base_url=url, token=token, timeout=10) as c:
+    async with QueueClient(base_url=url, token=token, timeout=30) as c:
         yield c
 
 
@@ -134,6 +136,7 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
         await asyncio.to_thread(cluster.start)
     await _setup(cluster)
     delivered: Counter[str] = Counter()
+    refused: list[str] = []
     accepted: list[str] = []
     done, third = asyncio.Event(), asyncio.Event()
 
@@ -173,7 +176,7 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
                                 namespaces=["jobs"],
                                 capacity=5,
                                 wait=1,
-                                lease_seconds=20,
+                                lease_seconds=LEASE,
                             )
                             for t in held:
                                 delivered[t["taskId"]] += 1
@@ -196,8 +199,10 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
                                 },
                             ]
                             await d.report(daemon_id=f"d{k}", stream=f"s{k}", reports=reports)
-                            with contextlib.suppress(QueueConflict):  # lease lost: drop it
+                            try:
                                 await d.complete(daemon_id=f"d{k}", task_id=t["taskId"], ok=True)
+                            except QueueConflict:  # lease lost (expired under load): drop it
+                                refused.append(t["taskId"])
                             held.pop(0)
             except FAILURES:
                 await asyncio.sleep(0.2)  # its replica died: go on with another
@@ -210,7 +215,7 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
     workers = [asyncio.create_task(daemon(k)) for k in range(DAEMONS)]
     try:
         await asyncio.wait_for(asyncio.gather(launcher(), chaos()), 120)
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + LEASE + 90
         while True:
             instances = await _history(cluster)
             if sum(i["state"] == "stopped" for i in instances) == LAUNCHES or time.monotonic() > deadline:
@@ -222,7 +227,8 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
     assert len(set(accepted)) == LAUNCHES and len(instances) == LAUNCHES  # lost 0, duplicated 0
     assert {i["instanceId"] for i in instances} == set(accepted)
     assert all(i["state"] == "stopped" for i in instances), Counter(i["state"] for i in instances)
-    assert len(delivered) == LAUNCHES and set(delivered.values()) == {1}  # each claimed exactly once
+    twice = sorted(t for t, n in delivered.items() if n > 1)
+    assert len(delivered) == LAUNCHES and not twice, (twice, refused)  # each claimed exactly once
     for inst in instances:
         states = [h["state"] for h in inst["history"]]
         assert states == ["queued", "running", "stopped"], (inst["instanceId"], states)
