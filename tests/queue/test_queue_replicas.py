@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from nymph.client import QueueClient
+from nymph.client import DaemonIdentity, QueueClient
 from nymph.client_errors import QueueConflict, QueueError
 from tests.hygiene_plugin import stop_process, track
 from tests.pg_server import PgServer
@@ -137,6 +137,7 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
     await _setup(cluster)
     delivered: Counter[str] = Counter()
     refused: list[str] = []
+    errors: list[str] = []
     deliveries: dict[str, list[tuple[int, int, str]]] = {}
     accepted: list[str] = []
     done, third = asyncio.Event(), asyncio.Event()
@@ -169,6 +170,8 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
             url = urls[k % len(urls)]
             try:
                 async with client(url, cluster.daemon_token) as d:
+                    # Every call registers as the daemon's whole identity, as the real daemon does.
+                    d.daemon = DaemonIdentity(daemon_id=f"d{k}", node=f"n{k}", namespaces=("jobs",))
                     while not done.is_set():
                         if not held:
                             held = await d.claim(
@@ -206,7 +209,8 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
                             except QueueConflict:  # lease lost (expired under load): drop it
                                 refused.append(t["taskId"])
                             held.pop(0)
-            except FAILURES:
+            except FAILURES as exc:
+                errors.append(f"d{k} {url}: {exc!r}"[:300])
                 await asyncio.sleep(0.2)  # its replica died: go on with another
 
     async def chaos() -> None:
@@ -225,12 +229,18 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
             await asyncio.sleep(0.5)
     finally:
         done.set()
-        await asyncio.gather(*workers, return_exceptions=True)
+        outcomes = await asyncio.gather(*workers, return_exceptions=True)
+    crashed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
+    assert not crashed, crashed  # a fake daemon that died would leave its tasks to expire
     assert len(set(accepted)) == LAUNCHES and len(instances) == LAUNCHES  # lost 0, duplicated 0
     assert {i["instanceId"] for i in instances} == set(accepted)
     assert all(i["state"] == "stopped" for i in instances), Counter(i["state"] for i in instances)
     twice = sorted(t for t, n in delivered.items() if n > 1)
-    assert len(delivered) == LAUNCHES and not twice, ([deliveries[t] for t in twice], refused)  # once each
+    assert len(delivered) == LAUNCHES and not twice, (
+        [deliveries[t] for t in twice],
+        refused,
+        errors[-20:],
+    )  # once each
     for inst in instances:
         states = [h["state"] for h in inst["history"]]
         assert states == ["queued", "running", "stopped"], (inst["instanceId"], states)
