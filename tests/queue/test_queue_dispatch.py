@@ -251,8 +251,8 @@ async def test_active_for_reconciliation(kind: Queue) -> None:
     assert r.status == 400
 
 
-async def test_shutdown_releases_held_long_polls(tmp_path: Path) -> None:
-    q, runner = await open_queue(tmp_path, FAST)
+async def test_shutdown_releases_held_long_polls(tmp_path: Path, queue_db: Path | str) -> None:
+    q, runner = await open_queue(tmp_path, FAST, db=queue_db)
     await add_kind(q)
     [iid] = await _launch(q)
     d = q.daemon()

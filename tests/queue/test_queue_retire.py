@@ -22,10 +22,10 @@ PROMPT = 6.0
 
 
 @pytest.fixture
-async def no_sweeper(tmp_path: Path) -> AsyncIterator[Queue]:
+async def no_sweeper(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
     """The queue with provider ``kind``, whose sweeper practically never runs."""
     settings = dataclasses.replace(FAST, lease=LeaseSettings(sweep_interval=3600.0, stop_node_fallback=1.0))
-    q, runner = await open_queue(tmp_path, settings)
+    q, runner = await open_queue(tmp_path, settings, db=queue_db)
     try:
         await add_kind(q)
         yield q
