@@ -271,7 +271,7 @@ class Store:
         """Hand back every lease the session's daemon holds (its session was replaced)."""
         released = await self.db.write(lambda conn: dispatch.release_all(conn, session=session, now=now()))
         if released:
-            self.tasks_changed.notify()
+            self.tasks_changed.notify(len(released))
         return released
 
     async def complete(
