@@ -362,3 +362,39 @@ async def test_an_instance_long_poll_on_one_replica_wakes_for_a_change_made_on_a
             await q.close()
             await runner.cleanup()
         pg_server.drop_database(db)
+
+
+async def test_a_log_follow_on_one_replica_wakes_for_a_chunk_shipped_to_another(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    from queue_helpers import FAST, add_kind, open_queue
+
+    from nymph.client_logs import follow_log
+
+    db = pg_server.fresh_database()
+    (a, ra), (b, rb) = [await open_queue(tmp_path, FAST, db=db) for _ in range(2)]
+    try:
+        b.user_token, b.daemon_token = a.user_token, a.daemon_token  # one database, one set of tokens
+        await add_kind(a)
+        r = await a.call(
+            "POST", "/v1/namespaces/default/providers/kind/launch", json_body={"mode": "small", "script": "x"}
+        )
+        iid = r.body["instanceId"]
+        got: list[bytes] = []
+        follower = asyncio.create_task(
+            follow_log(a.user(), provider="kind", instance_id=iid, write=got.append)
+        )
+        await asyncio.sleep(0.5)  # the follow has read the empty log and waits (its fallback tick is 2 s)
+        t0 = time.monotonic()
+        await b.daemon().ship_log_chunk(daemon_id="d1", instance_id=iid, offset=0, data=b"hello\n")
+        while not got and time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.02)
+        assert b"".join(got) == b"hello\n"
+        assert time.monotonic() - t0 < 1.0  # woken by NOTIFY, not by the follow's 2 s tick
+        await b.daemon().ship_log_chunk(daemon_id="d1", instance_id=iid, offset=6, data=b"", final=True)
+        assert await asyncio.wait_for(follower, 10) == len(b"hello\n")
+    finally:
+        for q, runner in ((a, ra), (b, rb)):
+            await q.close()
+            await runner.cleanup()
+        pg_server.drop_database(db)
