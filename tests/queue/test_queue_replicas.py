@@ -381,14 +381,17 @@ async def test_a_log_follow_on_one_replica_wakes_for_a_chunk_shipped_to_another(
         )
         iid = r.body["instanceId"]
         got: list[bytes] = []
-        follower = asyncio.create_task(
-            follow_log(a.user(), provider="kind", instance_id=iid, write=got.append)
-        )
+        arrived = asyncio.Event()
+
+        def write(data: bytes) -> None:
+            got.append(data)
+            arrived.set()
+
+        follower = asyncio.create_task(follow_log(a.user(), provider="kind", instance_id=iid, write=write))
         await asyncio.sleep(0.5)  # the follow has read the empty log and waits (its fallback tick is 2 s)
         t0 = time.monotonic()
         await b.daemon().ship_log_chunk(daemon_id="d1", instance_id=iid, offset=0, data=b"hello\n")
-        while not got and time.monotonic() - t0 < 5:
-            await asyncio.sleep(0.02)
+        await asyncio.wait_for(arrived.wait(), 5)
         assert b"".join(got) == b"hello\n"
         assert time.monotonic() - t0 < 1.0  # woken by NOTIFY, not by the follow's 2 s tick
         await b.daemon().ship_log_chunk(daemon_id="d1", instance_id=iid, offset=6, data=b"", final=True)
