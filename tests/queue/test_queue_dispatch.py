@@ -308,7 +308,7 @@ async def test_launch_of_an_already_stopped_instance_is_not_redelivered(kind: Qu
 async def test_a_task_whose_daemons_keep_dying_is_given_up(
     kind: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nymph.queue.sql import dispatch as leases
+    from nymph.queue.sql import retire as leases
 
     monkeypatch.setattr(leases, "MAX_DELIVERIES", 3)
     [iid] = await _launch(kind)
