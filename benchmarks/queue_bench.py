@@ -1,9 +1,12 @@
 """Benchmark the queue service: claim throughput and long-poll wake-up latency.
 
 Starts ``nymph queue serve`` as a subprocess on a free 127.0.0.1 port with a fresh SQLite
-file, then, from this process:
+file, and again on a fresh PostgreSQL database (a server started like the tests start it, from
+Debian's ``postgresql``; skipped with a note when its binaries are missing), then, from this
+process, for each:
 
-* launch throughput: N launches POSTed by 10 concurrent clients (each is a durable commit);
+* launch throughput and POST latency: N launches POSTed by 10 concurrent clients (each is a
+  durable commit);
 * claim throughput: D concurrent daemons drain those N tasks (capacity C per claim, and again
   with capacity 1), in tasks/s;
 * wake-up latency: D daemons hold claim long-polls; a launch is POSTed and the time until a
@@ -12,6 +15,7 @@ file, then, from this process:
 Prints the figures and writes them to ``bench-results/queue.json``.
 
     .venv/bin/python benchmarks/queue_bench.py [--tasks 2000] [--daemons 20] [--capacity 10]
+        [--backend sqlite|postgresql|both]
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def nymph(*args: str) -> list[str]:
     return [sys.executable, "-m", "nymph.cli", "--log-level", "warning", *args]
 
 
-def token(db: Path, role: str) -> str:
+def token(db: Path | str, role: str) -> str:
     out = subprocess.run(
         nymph("queue", "token", "create", "--db", str(db), "--role", role),
         check=True,
@@ -55,11 +59,16 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-async def launch_all(url: str, user_token: str, n: int, *, start: int = 0) -> float:
+async def launch_all(
+    url: str, user_token: str, n: int, *, start: int = 0, latencies: list[float] | None = None
+) -> float:
     async def worker(k: int) -> None:
         async with QueueClient(base_url=url, token=user_token) as user:
             for i in range(start + k, start + n, 10):
+                t0 = time.perf_counter()
                 await user.launch(provider="bench", mode="tiny", script=f"print({i})")
+                if latencies is not None:
+                    latencies.append((time.perf_counter() - t0) * 1000)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(k) for k in range(10)))
@@ -123,42 +132,61 @@ async def wake_latency(
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="nymph-bench-") as tmp:
-        db = Path(tmp) / "queue.db"
-        user_token, daemon_token = token(db, "user"), token(db, "daemon")
-        proc = await asyncio.to_thread(
-            subprocess.Popen,
-            nymph("queue", "serve", "--db", str(db), "--listen", "127.0.0.1:0"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None
-            line = await asyncio.to_thread(proc.stdout.readline)
-            url = line.split("serving on ", 1)[1].split()[0]
-            async with QueueClient(base_url=url, token=user_token) as user:
-                await user.create_provider(name="bench", kwargs={"namespace": "bench"}, dispatch="daemon")
-                await user.create_mode(name="tiny", provider="bench", fields={"image": "busybox"})
-            n = args.tasks
-            launch_s = await launch_all(url, user_token, n)
-            drain_s = await drain(url, daemon_token, n, daemons=args.daemons, capacity=args.capacity)
-            await launch_all(url, user_token, n // 4, start=n)
-            drain1_s = await drain(url, daemon_token, n // 4, daemons=args.daemons, capacity=1)
-            lat = await wake_latency(
-                url, user_token, daemon_token, daemons=args.daemons, samples=args.samples
-            )
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    return {
+    out: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
         "params": vars(args),
+    }
+    if args.backend in ("sqlite", "both"):
+        with tempfile.TemporaryDirectory(prefix="nymph-bench-") as tmp:
+            out.update(await bench_one(args, Path(tmp) / "queue.db"))
+    if args.backend in ("postgresql", "both"):
+        sys.path.insert(0, str(ROOT))
+        from tests.pg_server import PgUnavailable, running_server
+
+        try:
+            with running_server() as server:
+                out["postgresql"] = await bench_one(args, server.fresh_database(migrated=False))
+        except PgUnavailable as exc:
+            out["postgresql"] = {"skipped": str(exc)}
+    return out
+
+
+async def bench_one(args: argparse.Namespace, db: Path | str) -> dict[str, Any]:
+    user_token, daemon_token = token(db, "user"), token(db, "daemon")
+    proc = await asyncio.to_thread(
+        subprocess.Popen,
+        nymph("queue", "serve", "--db", str(db), "--listen", "127.0.0.1:0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        url = line.split("serving on ", 1)[1].split()[0]
+        async with QueueClient(base_url=url, token=user_token) as user:
+            await user.create_provider(name="bench", kwargs={"namespace": "bench"}, dispatch="daemon")
+            await user.create_mode(name="tiny", provider="bench", fields={"image": "busybox"})
+        n = args.tasks
+        post_ms: list[float] = []
+        launch_s = await launch_all(url, user_token, n, latencies=post_ms)
+        drain_s = await drain(url, daemon_token, n, daemons=args.daemons, capacity=args.capacity)
+        await launch_all(url, user_token, n // 4, start=n)
+        drain1_s = await drain(url, daemon_token, n // 4, daemons=args.daemons, capacity=1)
+        lat = await wake_latency(url, user_token, daemon_token, daemons=args.daemons, samples=args.samples)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {
         "launch_per_s": round(n / launch_s, 1),
+        "launch_post_ms": {
+            "p50": round(statistics.median(post_ms), 2),
+            "p95": round(percentile(post_ms, 0.95), 2),
+        },
         "claim_tasks_per_s": round(n / drain_s, 1),
         "claim_tasks_per_s_capacity_1": round((n // 4) / drain1_s, 1),
         "wake_latency_ms": {
@@ -178,10 +206,27 @@ def main() -> None:
     parser.add_argument("--daemons", type=int, default=20)
     parser.add_argument("--capacity", type=int, default=10)
     parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "queue.json")
     args = parser.parse_args()
     result = asyncio.run(bench(args))
+    for name, figures in (("sqlite", result), ("postgresql", result.get("postgresql") or {})):
+        if "launch_per_s" not in figures:
+            if "skipped" in figures:
+                print(f"[{name}] skipped: {figures['skipped']}")
+            continue
+        report(name, figures, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result["params"] = {**result["params"], "out": str(args.out)}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {args.out}")
+
+
+def report(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"[{name}]")
+    p = result["launch_post_ms"]
     print(f"launches (10 clients, durable):        {result['launch_per_s']:>9.1f} /s")
+    print(f"launch POST latency (ms):              p50 {p['p50']}  p95 {p['p95']}")
     print(
         f"claim throughput ({args.daemons} daemons, cap {args.capacity}): {result['claim_tasks_per_s']:>9.1f} tasks/s"
     )
@@ -190,10 +235,6 @@ def main() -> None:
     )
     w = result["wake_latency_ms"]
     print(f"wake-up latency POST->claim (ms):      p50 {w['p50']}  p95 {w['p95']}  max {w['max']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    result["params"] = {**result["params"], "out": str(args.out)}
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":

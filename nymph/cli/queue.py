@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nymph.cli import user
 from nymph.errors import ConfigError
@@ -16,13 +18,51 @@ from nymph.queue.db import connect, transaction
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.models import LeaseSettings, OutputSettings, QueueSettings, RetrySettings, Role
 from nymph.queue.serve import DEFAULT_LISTEN, default_db_path, serve
+from nymph.queue.sql.dialect import Conn
+
+T = TypeVar("T")
+DB_URL_ENV = "NYMPH_DB_URL"
 
 
-def _db_path(args: argparse.Namespace) -> Path:
-    return Path(args.db).expanduser() if args.db else default_db_path()
+def _is_url(text: str) -> bool:
+    return text.startswith(("postgresql://", "postgres://"))
 
 
-def _import_tokens(path: Path, specs: list[str]) -> None:
+def _db_path(args: argparse.Namespace) -> Path | str:
+    """``--db``, else ``$NYMPH_DB_URL``, else the default SQLite file: a PostgreSQL URL as it is,
+    a SQLite path (or ``sqlite:///PATH``) as a path."""
+    text = args.db or os.environ.get(DB_URL_ENV) or ""
+    if not text:
+        return default_db_path()
+    if _is_url(text):
+        return text
+    if text.startswith("sqlite:///"):
+        text = text[len("sqlite:///") :]
+    return Path(text).expanduser()
+
+
+def _write_once(target: Path | str, fn: Callable[[Conn], T]) -> T:
+    if isinstance(target, str):
+        from nymph.queue.pgdb import write_once
+
+        return write_once(target, fn)
+    conn = connect(target)
+    try:
+        with transaction(conn, write=True):
+            return fn(conn)
+    finally:
+        conn.close()
+
+
+def _where(target: Path | str) -> str:
+    if isinstance(target, str):
+        from nymph.queue.pgdb import describe
+
+        return describe(target)
+    return str(target)
+
+
+def _import_tokens(path: Path | str, specs: list[str]) -> None:
     """``--import-token ROLE:FILE``: make the token in FILE (e.g. a mounted Secret) valid."""
     for spec in specs:
         role_text, sep, file = spec.partition(":")
@@ -32,14 +72,10 @@ def _import_tokens(path: Path, specs: list[str]) -> None:
             token = Path(file).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(f"--import-token: cannot read {file} ({exc.__class__.__name__})") from None
-        conn = connect(path)
         try:
-            with transaction(conn, write=True):
-                import_token(conn, token=token, role=Role(role_text))
+            _write_once(path, lambda conn: import_token(conn, token=token, role=Role(role_text)))  # noqa: B023
         except ValueError as exc:
             raise ConfigError(f"--import-token {file}: {exc}") from None
-        finally:
-            conn.close()
 
 
 _UNITS = {"": 1, "K": 1024, "KI": 1024, "M": 1024**2, "MI": 1024**2, "G": 1024**3, "GI": 1024**3}
@@ -82,14 +118,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_token_create(args: argparse.Namespace) -> int:
     path = _db_path(args)
-    conn = connect(path)
-    try:
-        with transaction(conn, write=True):
-            created = create_token(conn, role=Role(args.role), namespace=args.namespace, name=args.name)
-    finally:
-        conn.close()
+    created = _write_once(
+        path, lambda conn: create_token(conn, role=Role(args.role), namespace=args.namespace, name=args.name)
+    )
     scope = f"namespace {created.namespace}" if created.namespace else "all namespaces"
-    print(f"created {created.role.value} token {created.token_id} for {scope} in {path}")
+    print(f"created {created.role.value} token {created.token_id} for {scope} in {_where(path)}")
     print("it is shown only this once; the queue stores only its hash")
     print(f"token: {created.token}")
     return 0
@@ -103,7 +136,10 @@ def register(sub: Any) -> None:
     )
     qsub = queue.add_subparsers(dest="queue_command", metavar="COMMAND", required=True)
 
-    db_help = f"SQLite file (default: {default_db_path()})"
+    db_help = (
+        f"SQLite file or sqlite:///PATH (default: ${DB_URL_ENV}, else {default_db_path()}), or a "
+        "postgresql://USER@HOST/DB URL for several queue replicas on one PostgreSQL database"
+    )
     p = qsub.add_parser(
         "serve",
         help="serve the queue API",

@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from nymph.queue.auth import Authenticator
-from nymph.queue.db import Database
+from nymph.queue.db import Backend, Database
 from nymph.queue.direct import wiring as direct
 from nymph.queue.keys import AUTH, SESSIONS, SETTINGS, STORE
 from nymph.queue.middlewares import auth_middleware, error_middleware
@@ -35,7 +35,20 @@ from nymph.queue.store import Store
 log = structlog.get_logger(__name__, component="queue.app")
 
 SWEEPER_TASK = "nymph-queue-lease-sweeper"
+LISTENER_TASK = "nymph-queue-db-listener"
 OPENAPI_YAML = resources.files("nymph.queue").joinpath("openapi.yaml").read_bytes()
+
+
+def open_backend(target: Path | str) -> tuple[Backend, Path | None]:
+    """The database for ``--db``: a ``postgresql://`` URL, or a SQLite file (a path or
+    ``sqlite:///PATH``). Returns it and the SQLite file's path (None on PostgreSQL)."""
+    text = str(target)
+    if text.startswith(("postgresql://", "postgres://")):
+        from nymph.queue.pgdb import PgDatabase  # psycopg is needed only here
+
+        return PgDatabase(url=text), None
+    path = Path(text[len("sqlite:///") :] if text.startswith("sqlite:///") else text)
+    return Database(path=path), path
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -50,8 +63,20 @@ async def openapi(request: web.Request) -> web.Response:
 async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
     store = app[STORE]
     await store.db.open()
-    log.info("database open", path=str(store.db.path))
+    log.info("database open", db=store.db.describe)
+    listener = None
+    listen = getattr(store.db, "listen", None)
+    if listen is not None:  # PostgreSQL: other replicas' changes wake long-polls here too
+        ready = asyncio.Event()
+        listener = asyncio.create_task(listen(store.woken_elsewhere, ready=ready), name=LISTENER_TASK)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await ready.wait()
     yield
+    if listener is not None:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
     await store.db.close()
 
 
@@ -78,9 +103,10 @@ async def _release_long_polls(app: web.Application) -> None:
     log.info("shutting down: released held long-polls")
 
 
-def create_app(*, db_path: Path, settings: QueueSettings | None = None) -> web.Application:
+def create_app(*, db_path: Path | str, settings: QueueSettings | None = None) -> web.Application:
+    """``db_path``: a SQLite file, ``sqlite:///PATH`` or a ``postgresql://`` URL."""
     settings = settings or QueueSettings()
-    db = Database(path=Path(db_path))
+    db, sqlite_path = open_backend(db_path)
     app = web.Application(
         middlewares=[error_middleware, auth_middleware],
         client_max_size=settings.limits.max_body_bytes,
@@ -88,10 +114,10 @@ def create_app(*, db_path: Path, settings: QueueSettings | None = None) -> web.A
     app[SETTINGS] = settings
     app[STORE] = Store(db=db, settings=settings)
     app[AUTH] = Authenticator(db=db, cache_seconds=settings.limits.token_cache_seconds)
-    app[SESSIONS] = SessionStore(settings=settings.sessions)
+    app[SESSIONS] = SessionStore(settings=settings.sessions, db=db)
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sweeper_ctx)
-    direct.install(app, store=app[STORE], db_path=Path(db_path))
+    direct.install(app, store=app[STORE], db_path=sqlite_path)
     app.on_shutdown.append(_release_long_polls)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.yaml", openapi)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
 
 from nymph.launch import names
-from nymph.queue.db import Database
+from nymph.queue.db import Backend
 from nymph.queue.models import Principal, Role
+from nymph.queue.sql.dialect import Conn
 
 TOKEN_PREFIX = "nyq_"  # noqa: S105 - a prefix, not a secret
 
@@ -35,7 +35,7 @@ class CreatedToken:
 
 
 def create_token(
-    conn: sqlite3.Connection, *, role: Role, namespace: str | None = None, name: str | None = None
+    conn: Conn, *, role: Role, namespace: str | None = None, name: str | None = None
 ) -> CreatedToken:
     """Insert a new token (hash only) inside the caller's transaction; return it once."""
     if namespace is not None:
@@ -50,7 +50,7 @@ def create_token(
 
 
 def import_token(
-    conn: sqlite3.Connection, *, token: str, role: Role, namespace: str | None = None, name: str | None = None
+    conn: Conn, *, token: str, role: Role, namespace: str | None = None, name: str | None = None
 ) -> bool:
     """Make a token chosen elsewhere (e.g. a Kubernetes Secret shared with the daemons) valid.
 
@@ -68,7 +68,7 @@ def import_token(
     return True
 
 
-def _lookup(conn: sqlite3.Connection, digest: str) -> Principal | None:
+def _lookup(conn: Conn, digest: str) -> Principal | None:
     row = conn.execute("SELECT id, role, namespace, name FROM tokens WHERE hash = ?", (digest,)).fetchone()
     if row is None:
         return None
@@ -78,7 +78,7 @@ def _lookup(conn: sqlite3.Connection, digest: str) -> Principal | None:
 class Authenticator:
     """Resolves bearer tokens to principals, caching known ones for a short while."""
 
-    def __init__(self, *, db: Database, cache_seconds: float) -> None:
+    def __init__(self, *, db: Backend, cache_seconds: float) -> None:
         self._db = db
         self._cache_seconds = cache_seconds
         self._cache: dict[str, tuple[Principal, float]] = {}

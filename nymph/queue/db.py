@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
 from nymph.errors import NymphError
+from nymph.queue.sql.dialect import Conn, setup_sqlite
 from nymph.queue.sql.migrations import MIGRATIONS
 
 T = TypeVar("T")
@@ -35,7 +36,34 @@ log = structlog.get_logger(__name__, component="queue.db")
 
 
 class DatabaseError(NymphError):
-    """The database file cannot be opened or has a schema this version does not know."""
+    """The database cannot be opened or has a schema this version does not know."""
+
+
+#: Advisory lock keys of the work one replica at a time does (PostgreSQL; SQLite has one process).
+SWEEP_LOCK = 0x6E796D7068_03
+DIRECT_LOCK = 0x6E796D7068_04
+
+
+class Backend(Protocol):
+    """What the store needs of a database: :class:`Database` (SQLite) or
+    :class:`nymph.queue.pgdb.PgDatabase` (PostgreSQL)."""
+
+    @property
+    def describe(self) -> str: ...
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def write(self, fn: Callable[[Conn], T], *, concurrent: bool = False) -> T: ...
+
+    async def read(self, fn: Callable[[Conn], T]) -> T: ...
+
+    async def try_singleton(self, key: int, fn: Callable[[Conn], T]) -> tuple[bool, T | None]: ...
+
+    def broadcast(self, key: str) -> None: ...
+
+    async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -46,6 +74,7 @@ def connect(path: Path) -> sqlite3.Connection:
     except (OSError, sqlite3.Error) as exc:
         raise DatabaseError(f"cannot open the queue database {path}: {exc}") from exc
     conn.row_factory = sqlite3.Row
+    setup_sqlite(conn)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
@@ -107,13 +136,30 @@ class Database:
         self._executor.shutdown(wait=True)
         self._executor = None
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction on the database thread."""
+    @property
+    def describe(self) -> str:
+        """Where the state lives, for logs (never a credential)."""
+        return str(self.path)
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T], *, concurrent: bool = False) -> T:
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction on the database thread.
+        ``concurrent`` (a claim) matters on PostgreSQL only (:mod:`nymph.queue.pgdb`)."""
         return await self._run(fn, write=True)
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` in one read transaction (a consistent snapshot) on the database thread."""
         return await self._run(fn, write=False)
+
+    async def try_singleton(self, key: int, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
+        """One process owns the file: always this one."""
+        return True, await self.write(fn)
+
+    def broadcast(self, key: str) -> None:
+        """No other replicas to tell."""
+
+    async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """One process owns the file: it is always the one to run ``run``."""
+        await run()
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
         if self._executor is None or self._conn is None:

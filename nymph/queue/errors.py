@@ -70,3 +70,10 @@ class Unprocessable(ServiceError):
 
     status = 422
     default_code = "invalid_body"
+
+
+class Unavailable(ServiceError):
+    """The database cannot be reached right now (503): nothing was accepted; retry."""
+
+    status = 503
+    default_code = "database_unavailable"

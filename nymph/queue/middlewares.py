@@ -127,7 +127,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     principal: Principal | None = None
     lapsed = False
     if token.startswith(SESSION_PREFIX):
-        session, lapsed = request.app[SESSIONS].authenticate(token)
+        session, lapsed = await request.app[SESSIONS].authenticate(token)
         if session is not None:
             principal = session_principal(session)
     if principal is None and not lapsed:
@@ -138,8 +138,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise Unauthorized(
             "this daemon session has lapsed: register again"
             if lapsed
-            else "this daemon session is not known (the queue restarted, or the daemon id "
-            "registered again): register again",
+            else "this daemon session is not known (the daemon id registered again, or the "
+            "queue's database was replaced): register again",
             code="session_expired" if lapsed else "unknown_session",
         )
     if principal is None:

@@ -9,20 +9,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
 class Signal:
     """One broadcast signal: :meth:`notify` wakes everyone waiting on :meth:`current`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, relay: Callable[[], None] | None = None) -> None:
         self._event = asyncio.Event()
         self.closed = False
+        #: Passes each notify on to other replicas (``wake`` is how theirs arrive here).
+        self._relay = relay
 
     def current(self) -> asyncio.Event:
         return self._event
 
     def notify(self) -> None:
+        self.wake()
+        if self._relay is not None:
+            self._relay()
+
+    def wake(self) -> None:
+        """Wake the waiters of this process only."""
         event, self._event = self._event, asyncio.Event()
         event.set()
 
@@ -53,8 +62,11 @@ class WorkSignal:
     daemons can run still reaches one of them, and a task none can run stops travelling.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, relay: Callable[[int | None], None] | None = None) -> None:
         self._line: deque[Ticket] = deque()
+        #: Passes each notify on to other replicas (a count, or None for all); ``wake`` and
+        #: ``wake_all`` are how theirs arrive here.
+        self._relay = relay
         self._aside: set[Ticket] = set()  # waiters that take no work (capacity 0): only closing wakes them
         self.closed = False
 
@@ -79,13 +91,25 @@ class WorkSignal:
         return False
 
     def notify(self, count: int = 1) -> None:
-        """``count`` new tasks: wake that many waiters."""
+        """``count`` new tasks: wake that many waiters (here and on every other replica)."""
+        self.wake(count)
+        if self._relay is not None and count > 0:
+            self._relay(count)
+
+    def notify_all(self) -> None:
+        self.wake_all()
+        if self._relay is not None:
+            self._relay(None)
+
+    def wake(self, count: int = 1) -> None:
+        """Wake ``count`` waiters of this process only."""
         budget = len(self._line)
         for _ in range(max(0, count)):
             if not self._wake(budget):
                 return
 
-    def notify_all(self) -> None:
+    def wake_all(self) -> None:
+        """Wake every waiter of this process only."""
         while self._wake(0):
             pass
 
@@ -107,7 +131,7 @@ class WorkSignal:
     def close(self) -> None:
         """Wake everyone for good (shutdown); later tickets are woken at once."""
         self.closed = True
-        self.notify_all()
+        self.wake_all()
         for t in self._aside:
             t.wake = 0
             t.event.set()
@@ -120,9 +144,10 @@ class WorkSignal:
 class KeyedSignal:
     """A signal per key (an instance id); entries are dropped when notified or abandoned."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, relay: Callable[[str], None] | None = None) -> None:
         self._events: dict[str, tuple[asyncio.Event, int]] = {}
         self.closed = False
+        self._relay = relay
 
     def current(self, key: str) -> asyncio.Event:
         event, waiters = self._events.get(key, (None, 0))
@@ -144,9 +169,21 @@ class KeyedSignal:
             self._events[key] = (event, entry[1] - 1)
 
     def notify(self, key: str) -> None:
+        self.wake(key)
+        if self._relay is not None:
+            self._relay(key)
+
+    def wake(self, key: str) -> None:
+        """Wake the waiters on ``key`` in this process only."""
         entry = self._events.pop(key, None)
         if entry is not None:
             entry[0].set()
+
+    def wake_all(self) -> None:
+        """Wake every waiter of this process only (whatever its key)."""
+        events, self._events = self._events, {}
+        for event, _ in events.values():
+            event.set()
 
     def close(self) -> None:
         self.closed = True

@@ -8,23 +8,26 @@ the output of instances stopped longer ago than the retention period.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from nymph.protocol import now
-from nymph.queue.db import Database
+from nymph.queue.db import Backend
 from nymph.queue.errors import Conflict
 from nymph.queue.models import DaemonSession, OutputSettings
 from nymph.queue.notify import KeyedSignal
 from nymph.queue.sql import logchunks
 from nymph.queue.sql import results as sql_results
+from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.launches import instance_row
 from nymph.queue.sql.logchunks import LogRead, LogStatus
 
 log = structlog.get_logger(__name__, component="queue.output")
+#: The broadcast key prefix of "a log chunk landed for this instance" (other replicas wake its
+#: followers).
+LOG_KEY = "log:"
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class FollowRead:
     end: InstanceEnd
 
 
-def _instance_end(conn: sqlite3.Connection, instance_id: str) -> InstanceEnd:
+def _instance_end(conn: Conn, instance_id: str) -> InstanceEnd:
     row = conn.execute(
         "SELECT state, updated_at FROM instances WHERE instance_id = ?", (instance_id,)
     ).fetchone()
@@ -70,11 +73,12 @@ def follow_over(read: FollowRead, *, at: float, grace: float) -> bool:
 
 
 class OutputStore:
-    def __init__(self, *, db: Database, settings: OutputSettings) -> None:
+    def __init__(self, *, db: Backend, settings: OutputSettings) -> None:
         self.db = db
         self.settings = settings
-        #: Woken per instance id whenever a log chunk landed.
-        self.appended = KeyedSignal()
+        #: Woken per instance id whenever a log chunk landed (here and, told through the
+        #: database, on every other replica).
+        self.appended = KeyedSignal(relay=lambda key: db.broadcast(f"{LOG_KEY}{key}"))
         self._next_purge = 0.0
 
     def close_waiters(self) -> None:
@@ -146,7 +150,7 @@ class OutputStore:
         """The stored log from ``since`` (None without a log stream) and the tail an older
         daemon uploaded whole (None without one); 404 for an unknown instance."""
 
-        def read(conn: sqlite3.Connection) -> tuple[LogRead | None, str | None]:
+        def read(conn: Conn) -> tuple[LogRead | None, str | None]:
             instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
             tail = conn.execute(
                 "SELECT text FROM instance_logs WHERE instance_id = ?", (instance_id,)
@@ -158,7 +162,7 @@ class OutputStore:
         return await self.db.read(read)
 
     async def follow_read(self, *, ns: str, provider: str, instance_id: str, since: int) -> FollowRead:
-        def read(conn: sqlite3.Connection) -> FollowRead:
+        def read(conn: Conn) -> FollowRead:
             instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
             return FollowRead(
                 read=logchunks.read(conn, instance_id=instance_id, since=since),

@@ -36,10 +36,18 @@ def default_key_file(db_path: Path) -> Path:
 
 @dataclass(frozen=True)
 class KeySource:
-    """Where the key is: ``path``; ``create`` when it may be made on first use (local queue)."""
+    """Where the key is: ``path``; ``create`` when it may be made on first use (local queue).
+    No ``path``: there is none (PostgreSQL without ``--secret-key-file``: replicas share no disk,
+    so the queue never makes a key of its own there)."""
 
-    path: Path
+    path: Path | None
     create: bool
+
+
+NO_SHARED_KEY = (
+    "the queue on PostgreSQL makes no secret key of its own (its replicas share no disk): give "
+    "every replica the same key with --secret-key-file FILE (e.g. a mounted Kubernetes Secret)"
+)
 
 
 def _read_key(path: Path) -> bytes:
@@ -77,6 +85,8 @@ class SecretBox:
         if self._key is not None:
             return self._key
         path = self.source.path
+        if path is None:
+            raise SecretKeyError(NO_SHARED_KEY)
         try:
             self._key = _read_key(path)
         except FileNotFoundError:

@@ -10,7 +10,7 @@ import structlog
 
 from nymph.kube.credentials import SECRET_NAME
 from nymph.protocol import now
-from nymph.queue.db import Database
+from nymph.queue.db import Backend
 from nymph.queue.errors import BadRequest
 from nymph.queue.secrets import SecretBox
 from nymph.queue.sql import secrets as sql
@@ -31,7 +31,7 @@ def check_secret_name(name: object) -> str:
 
 
 class SecretStore:
-    def __init__(self, *, db: Database, box: SecretBox) -> None:
+    def __init__(self, *, db: Backend, box: SecretBox) -> None:
         self.db = db
         self.box = box
 

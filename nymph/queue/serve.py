@@ -19,6 +19,7 @@ from aiohttp import web
 from nymph import netaddr
 from nymph.errors import ConfigError
 from nymph.queue.app import create_app
+from nymph.queue.keys import STORE
 from nymph.queue.models import QueueSettings
 from nymph.queue.runner import make_runner
 
@@ -37,7 +38,7 @@ def _url(host: str, port: int) -> str:
 
 async def serve(
     *,
-    db_path: Path,
+    db_path: Path | str,
     host: str,
     port: int,
     settings: QueueSettings | None = None,
@@ -58,8 +59,9 @@ async def serve(
             raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         bound = runner.addresses[0]
         url = _url(host, int(bound[1]))
-        print(f"nymph queue: serving on {url} (db {db_path})", flush=True)
-        log.info("serving", url=url, db=str(db_path))
+        where = app[STORE].db.describe
+        print(f"nymph queue: serving on {url} (db {where})", flush=True)
+        log.info("serving", url=url, db=where)
         await stop.wait()
         log.info("stopping")
     finally:

@@ -7,9 +7,10 @@ only as its sha256 hash, bound to that daemon id, node and namespaces and to the
 token's own scope. Every other dispatch call needs the session credential; leases, report stream
 marks and the node of ``active`` are bound to the session's identity.
 
-Sessions live in memory: a restarted queue has none, and each daemon's next call is answered
-401 ``unknown_session``, on which it registers again (leases are bound to the daemon id, so they
-survive). A session lapses ``ttl_seconds`` after its last call (401 ``session_expired``).
+Sessions live in the database (hash only), so every queue replica accepts every session and a
+restarted queue keeps them; a session it does not know is answered 401 ``unknown_session``, on
+which the daemon registers again (leases are bound to the daemon id, so they survive). A session
+lapses ``ttl_seconds`` after its last call (401 ``session_expired``).
 
 A daemon id has one live session. Registering it again from the same node with a bootstrap
 token of the same scope replaces the old session (a restarted daemon keeps its id and must get
@@ -28,10 +29,18 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from nymph.queue.db import Backend
 from nymph.queue.errors import Conflict, ServiceError
 from nymph.queue.models import DaemonSession, Principal, Role, SessionSettings
+from nymph.queue.sql import sessions as sql
+from nymph.queue.sql.dialect import Conn
 
 SESSION_PREFIX = "nyd_"
+#: How long this process trusts a session it read without reading it again (a session replaced
+#: or removed through another replica is refused here at most this much later).
+CACHE_SECONDS = 2.0
+#: A session's expiry is moved forward in the database once this part of its ttl has passed.
+EXTEND_FRACTION = 0.1
 
 
 class TooManySessions(ServiceError):
@@ -55,55 +64,21 @@ class Registered:
 
 
 class SessionStore:
-    def __init__(self, *, settings: SessionSettings) -> None:
+    """Sessions in the database (any replica accepts any daemon's session), with a short
+    per-process cache of known credentials so a dispatch call rarely reads them."""
+
+    def __init__(self, *, settings: SessionSettings, db: Backend) -> None:
         self._settings = settings
-        #: credential hash -> (session, expiry on the monotonic clock)
-        self._by_hash: dict[str, tuple[DaemonSession, float]] = {}
-        #: daemon id -> credential hash of its live session
-        self._by_daemon: dict[str, str] = {}
+        self._db = db
+        #: credential hash -> (session, when this process last confirmed it, its expiry)
+        self._cache: dict[str, tuple[DaemonSession, float, float]] = {}
 
-    def __len__(self) -> int:
-        return len(self._by_hash)
+    def forget_cached(self) -> None:
+        self._cache.clear()
 
-    def _drop(self, digest: str) -> None:
-        entry = self._by_hash.pop(digest, None)
-        if entry is not None and self._by_daemon.get(entry[0].daemon_id) == digest:
-            del self._by_daemon[entry[0].daemon_id]
-
-    def _purge(self, now: float) -> None:
-        for digest in [d for d, (_, exp) in self._by_hash.items() if exp <= now]:
-            self._drop(digest)
-
-    def register(
+    async def register(
         self, *, bootstrap: Principal, daemon_id: str, node: str, namespaces: tuple[str, ...]
     ) -> Registered:
-        now = time.monotonic()
-        old = self._by_daemon.get(daemon_id)
-        replaced: DaemonSession | None = None
-        if old is not None:
-            live, expires = self._by_hash[old]
-            if expires > now:
-                if live.node and live.node != node:
-                    raise Conflict(
-                        f"daemon id {daemon_id!r} has a live session on node {live.node!r}: give "
-                        "each daemon its own id (the default, node name and pid, is unique)",
-                        code="daemon_id_in_use",
-                    )
-                if live.scope != bootstrap.namespace:
-                    raise Conflict(
-                        f"daemon id {daemon_id!r} has a live session registered with a token of "
-                        "another scope: give each daemon its own id",
-                        code="daemon_id_in_use",
-                    )
-                replaced = live
-            self._drop(old)
-        if len(self._by_hash) >= self._settings.max_sessions:
-            self._purge(now)
-            if len(self._by_hash) >= self._settings.max_sessions:
-                raise TooManySessions(
-                    f"{len(self._by_hash)} daemon sessions are live, the most the queue keeps: "
-                    "retry once idle ones have lapsed"
-                )
         credential = SESSION_PREFIX + secrets.token_urlsafe(32)
         session = DaemonSession(
             session_id="ses-" + secrets.token_hex(6),
@@ -114,29 +89,71 @@ class SessionStore:
             scope=bootstrap.namespace,
         )
         digest = _digest(credential)
-        expires = now + self._settings.ttl_seconds
-        self._by_hash[digest] = (session, expires)
-        self._by_daemon[daemon_id] = digest
-        return Registered(
-            credential=credential,
-            session=session,
-            expires_at=time.time() + self._settings.ttl_seconds,
-            replaced=replaced,
-        )
+        settings = self._settings
 
-    def authenticate(self, credential: str) -> tuple[DaemonSession | None, bool]:
+        def txn(conn: Conn) -> tuple[float, DaemonSession | None]:
+            now = time.time()
+            replaced: DaemonSession | None = None
+            for row in sql.live_of_daemon(conn, daemon_id=daemon_id):
+                if row["expires_at"] > now:
+                    live = sql.session_of(row)
+                    if live.node and live.node != node:
+                        raise Conflict(
+                            f"daemon id {daemon_id!r} has a live session on node {live.node!r}: give "
+                            "each daemon its own id (the default, node name and pid, is unique)",
+                            code="daemon_id_in_use",
+                        )
+                    if live.scope != bootstrap.namespace:
+                        raise Conflict(
+                            f"daemon id {daemon_id!r} has a live session registered with a token of "
+                            "another scope: give each daemon its own id",
+                            code="daemon_id_in_use",
+                        )
+                    replaced = live
+                sql.drop(conn, digest=row["digest"])
+            live_count = sql.count(conn)
+            if live_count >= settings.max_sessions:
+                sql.purge(conn, now=now)
+                live_count = sql.count(conn)
+                if live_count >= settings.max_sessions:
+                    raise TooManySessions(
+                        f"{live_count} daemon sessions are live, the most the queue keeps: "
+                        "retry once idle ones have lapsed"
+                    )
+            expires = now + settings.ttl_seconds
+            sql.insert(conn, digest=digest, session=session, expires_at=expires)
+            return expires, replaced
+
+        expires_at, replaced = await self._db.write(txn)
+        self._cache = {d: e for d, e in self._cache.items() if e[0].daemon_id != daemon_id}
+        return Registered(credential=credential, session=session, expires_at=expires_at, replaced=replaced)
+
+    async def authenticate(self, credential: str) -> tuple[DaemonSession | None, bool]:
         """(the session, False) for a live credential, extending it; (None, True) for a lapsed
-        one; (None, False) for one never issued (or issued before a restart, or replaced)."""
+        one; (None, False) for one never issued (or replaced, or removed)."""
         digest = _digest(credential)
-        entry = self._by_hash.get(digest)
-        if entry is None:
+        now = time.time()
+        hit = self._cache.get(digest)
+        if hit is not None and now - hit[1] < CACHE_SECONDS and hit[2] > now:
+            return hit[0], False
+        ttl = self._settings.ttl_seconds
+        row = await self._db.read(lambda conn: sql.by_digest(conn, digest=digest))
+        if row is None:
+            self._cache.pop(digest, None)
             return None, False
-        session, expires = entry
-        now = time.monotonic()
-        if expires <= now:
-            self._drop(digest)
+        if row["expires_at"] <= now:
+            self._cache.pop(digest, None)
+            await self._db.write(lambda conn: sql.drop(conn, digest=digest))
             return None, True
-        self._by_hash[digest] = (session, now + self._settings.ttl_seconds)
+        session = sql.session_of(row)
+        expires = float(row["expires_at"])
+        # Extended in the database only once a good part of the ttl went by (fewer writes).
+        if expires - now < ttl * (1 - EXTEND_FRACTION):
+            expires = now + ttl
+            await self._db.write(lambda conn: sql.extend(conn, digest=digest, expires_at=expires))
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[digest] = (session, now, expires)
         return session, False
 
 

@@ -23,26 +23,54 @@ from nymph.protocol import (
     TaskStatusJSON,
     now,
 )
-from nymph.queue.db import Database
+from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, WorkSignal
-from nymph.queue.output import OutputStore
+from nymph.queue.output import LOG_KEY, OutputStore
 from nymph.queue.sql import catalog, dispatch, launches
 from nymph.queue.sql import reports as sql_reports
+
+#: Broadcast key prefix (besides a bare instance id, and ``output.LOG_KEY``): new tasks, with
+#: their count, or none for "wake every claim".
+TASKS_KEY = "tasks:"
+
+
+def work_key(count: int | None) -> str:
+    return TASKS_KEY if count is None else f"{TASKS_KEY}{count}"
+
 
 log = structlog.get_logger(__name__, component="queue.store")
 
 
 class Store:
-    def __init__(self, *, db: Database, settings: QueueSettings) -> None:
+    def __init__(self, *, db: Backend, settings: QueueSettings) -> None:
         self.db = db
         self.settings = settings
-        #: Woken, one waiting claim per new task, whenever a task may have become claimable.
-        self.tasks_changed = WorkSignal()
+        #: Woken, one waiting claim per new task, whenever a task may have become claimable
+        #: (here and, told through the database, on every other replica).
+        self.tasks_changed = WorkSignal(relay=lambda count: db.broadcast(work_key(count)))
         #: Woken per instance id whenever an instance changed.
-        self.instance_changed = KeyedSignal()
+        self.instance_changed = KeyedSignal(relay=db.broadcast)
         #: Logs and result files.
         self.output = OutputStore(db=db, settings=settings.output)
+
+    def woken_elsewhere(self, key: str) -> None:
+        """Another replica changed something: wake the long-polls it concerns here."""
+        if not key:
+            # Everything (a listener that reconnected may have missed broadcasts).
+            self.tasks_changed.wake_all()
+            self.instance_changed.wake_all()
+            self.output.appended.wake_all()
+        elif key.startswith(TASKS_KEY):
+            count = key.removeprefix(TASKS_KEY)
+            if count.isdigit():
+                self.tasks_changed.wake(int(count))
+            else:
+                self.tasks_changed.wake_all()
+        elif key.startswith(LOG_KEY):
+            self.output.appended.wake(key.removeprefix(LOG_KEY))
+        else:
+            self.instance_changed.wake(key)
 
     def close_waiters(self) -> None:
         """Release every held long-poll (shutdown)."""
@@ -217,7 +245,7 @@ class Store:
         if idle is not None:
             return idle
         result = await self.db.write(
-            lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease)
+            lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease), concurrent=True
         )
         self._changed(result.settled)
         return result
@@ -243,7 +271,7 @@ class Store:
         """Hand back every lease the session's daemon holds (its session was replaced)."""
         released = await self.db.write(lambda conn: dispatch.release_all(conn, session=session, now=now()))
         if released:
-            self.tasks_changed.notify()
+            self.tasks_changed.notify(len(released))
         return released
 
     async def complete(
@@ -255,6 +283,7 @@ class Store:
         error: str | None,
         retryable: bool,
         result: dict[str, Any] | None,
+        attempt: int = 0,
     ) -> CompleteAnswer:
         retry = self.settings.retry
         body, changed = await self.db.write(
@@ -268,6 +297,7 @@ class Store:
                 result=result,
                 now=now(),
                 retry=retry,
+                attempt=attempt,
             )
         )
         self.tasks_changed.notify(1)
@@ -308,7 +338,10 @@ class Store:
         return await self.db.read(lambda conn: sql_reports.active(conn, session=session))
 
     async def sweep(self) -> int:
-        count, settled = await self.db.write(lambda conn: dispatch.sweep(conn, now=now()))
+        ran, swept = await self.db.try_singleton(SWEEP_LOCK, lambda conn: dispatch.sweep(conn, now=now()))
+        if not ran or swept is None:
+            return 0  # another replica is sweeping right now
+        count, settled = swept
         self._changed(settled)
         if count or settled:
             self.tasks_changed.notify_all()

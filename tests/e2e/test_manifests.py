@@ -64,6 +64,30 @@ def test_kustomize_renders(overlay: str) -> None:
         assert c["imagePullPolicy"] == "Never"
 
 
+def test_ha_overlay_runs_three_queue_replicas_on_postgresql() -> None:
+    docs = kustomize("overlays/ha")
+    kinds = sorted(d["kind"] for d in docs)
+    assert "PersistentVolumeClaim" not in kinds and kinds.count("PodDisruptionBudget") == 1
+    queue = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "nymph-queue")
+    spec = queue["spec"]
+    assert spec["replicas"] == 3 and spec["strategy"]["type"] == "RollingUpdate"
+    pod = spec["template"]["spec"]
+    [required] = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["topologyKey"] == "kubernetes.io/hostname"
+    assert required["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    c = pod["containers"][0]
+    assert not any(a.startswith("--db") for a in c["args"])  # the URL is in a Secret only
+    assert {
+        "name": "NYMPH_DB_URL",
+        "valueFrom": {"secretKeyRef": {"name": "nymph-queue-db", "key": "url"}},
+    } in c["env"]
+    assert "--secret-key-file=/etc/nymph/secret-key/key" in c["args"]
+    assert {v["name"] for v in pod["volumes"]} == {"secret-key", "daemon-token", "tmp"}
+    assert {m["name"] for m in c["volumeMounts"]} == {"secret-key", "daemon-token", "tmp"}
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 2 and pdb["spec"]["selector"] == spec["selector"]
+
+
 @pytest.fixture(scope="module")
 def deployed(kube: LocalCluster, kuberay_crds: Path) -> list[dict[str, Any]]:
     # The dockyard Role names KubeRay kinds: can-i on them needs the CRDs installed.
@@ -85,6 +109,22 @@ def deployed(kube: LocalCluster, kuberay_crds: Path) -> list[dict[str, Any]]:
     )
     assert res.returncode == 0, res.stderr
     return docs
+
+
+def test_ha_overlay_is_accepted_by_the_api_server(kube: LocalCluster, deployed: list[dict[str, Any]]) -> None:
+    workloads = [d for d in kustomize("overlays/ha") if d["kind"] not in RBAC_KINDS]
+    res = kube.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=nymph-tests",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(workloads),
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "poddisruptionbudget.policy/nymph-queue serverside-applied (server dry run)" in res.stdout
 
 
 def can_i(kube: LocalCluster, verb: str, resource: str, namespace: str | None) -> bool:

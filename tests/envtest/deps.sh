@@ -5,6 +5,8 @@
 #   buildah, uidmap, containers-common  building daemonset/Dockerfile without a daemon
 #                                       (--isolation chroot, vfs storage: no fuse-overlayfs)
 #   gcc, libc6-dev                      the static pause binary
+#   postgresql                          the server the queue's PostgreSQL tests start
+#                                       (initdb + postgres into a temp dir; no service is used)
 # Quiet and quick when everything is there; needs root otherwise. Usage: tests/envtest/deps.sh
 set -euo pipefail
 
@@ -18,6 +20,7 @@ PACKAGES=(
   golang-github-containers-common
   gcc
   libc6-dev
+  postgresql
 )
 
 installed() {

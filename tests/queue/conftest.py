@@ -2,7 +2,10 @@
 
 ``queue`` runs the service in the test's own event loop (for async tests); ``served`` runs it in
 a background thread with its own loop (for the CLI and other synchronous callers). Both listen
-on a free 127.0.0.1 port and keep their state in a SQLite file under ``tmp_path``.
+on a free 127.0.0.1 port and keep their state in the backend the test is parametrized with
+(``backend``): a SQLite file under ``tmp_path``, or a fresh database on the session's real
+PostgreSQL server (:mod:`tests.pg_server`). A test marked ``sqlite_only`` runs on SQLite alone
+(it inspects the database file itself).
 """
 
 from __future__ import annotations
@@ -15,10 +18,54 @@ from pathlib import Path
 import pytest
 from queue_helpers import FAST, Queue, Served, add_kind, open_queue
 
+from tests.pg_server import PgServer, PgUnavailable, running_server
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only: runs on the SQLite backend only")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("sqlite_only") is not None
+        metafunc.parametrize("backend", ["sqlite"] if only else list(BACKENDS), indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One real PostgreSQL server for the whole run (started on first use)."""
+    try:
+        ctx = running_server()
+    except PgUnavailable as exc:
+        pytest.skip(str(exc))
+    with ctx as server:
+        yield server
+
 
 @pytest.fixture
-async def queue(tmp_path: Path) -> AsyncIterator[Queue]:
-    q, runner = await open_queue(tmp_path, FAST)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def queue_db(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path | str]:
+    """Where the test's queue keeps its state: a SQLite file, or a fresh PostgreSQL database."""
+    if backend == "sqlite":
+        yield tmp_path / "queue.db"
+        return
+    server: PgServer = request.getfixturevalue("pg_server")
+    url = server.fresh_database()
+    try:
+        yield url
+    finally:
+        server.drop_database(url)
+
+
+@pytest.fixture
+async def queue(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
+    q, runner = await open_queue(tmp_path, FAST, db=queue_db)
     try:
         yield q
     finally:
@@ -34,11 +81,11 @@ async def kind(queue: Queue) -> Queue:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
+def served(tmp_path: Path, queue_db: Path | str) -> Iterator[Served]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="queue-under-test", daemon=True)
     thread.start()
-    q, runner = asyncio.run_coroutine_threadsafe(open_queue(tmp_path, FAST), loop).result(30)
+    q, runner = asyncio.run_coroutine_threadsafe(open_queue(tmp_path, FAST, db=queue_db), loop).result(30)
     try:
         yield Served(
             url=q.url, db_path=q.db_path, user_token=q.user_token, daemon_token=q.daemon_token, loop=loop

@@ -1,10 +1,14 @@
-"""Helpers for the queue tests: a real server on a free 127.0.0.1 port with a real SQLite file."""
+"""Helpers for the queue tests: a real server on a free 127.0.0.1 port with a real SQLite file or
+a real PostgreSQL database."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import json
 import re
+import secrets
 from collections.abc import Awaitable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -70,6 +74,7 @@ class Queue:
     app: web.Application
     user_token: str
     daemon_token: str
+    backend: str = "sqlite"
     _clients: list[QueueClient] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
     _sessions: dict[tuple[str, str, tuple[str, ...], str], str] = field(default_factory=dict)
@@ -150,6 +155,19 @@ class Queue:
                 body = None
             return Answer(status=resp.status, body=body, text=text)
 
+    async def raw_state(self) -> bytes:
+        """Everything the queue stored, as bytes: the SQLite files, or every PostgreSQL row."""
+        if self.backend == "sqlite":
+            return b"".join(p.read_bytes() for p in self.db_path.parent.glob(self.db_path.name + "*"))
+
+        def dump(conn: Any) -> str:
+            tables = conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+            ).fetchall()
+            return repr([conn.execute(f"SELECT * FROM {t[0]}").fetchall() for t in tables])
+
+        return (await self.store.db.read(dump)).encode()
+
     async def close(self) -> None:
         for c in self._clients:
             await c.close()
@@ -166,14 +184,31 @@ async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def open_queue(tmp_path: Path, settings: QueueSettings) -> tuple[Queue, web.AppRunner]:
-    app = create_app(db_path=tmp_path / "queue.db", settings=settings)
+async def open_queue(
+    tmp_path: Path, settings: QueueSettings, *, db: Path | str | None = None
+) -> tuple[Queue, web.AppRunner]:
+    """A queue on ``db`` (a SQLite file or a PostgreSQL URL; default ``tmp_path/queue.db``)."""
+    db = tmp_path / "queue.db" if db is None else db
+    if isinstance(db, str) and settings.direct.secret_key_file is None:
+        # Replicas on PostgreSQL share no disk: the secret key is always a file they all mount.
+        key = tmp_path / "secret-key"
+        if not key.exists():
+            key.write_text(base64.urlsafe_b64encode(secrets.token_bytes(32)).decode() + "\n")
+        settings = dataclasses.replace(
+            settings, direct=dataclasses.replace(settings.direct, secret_key_file=key)
+        )
+    app = create_app(db_path=db, settings=settings)
     runner, url = await start_app(app)
     store = app[STORE]
     user = await store.db.write(lambda conn: create_token(conn, role=Role.USER, name="alice"))
     daemon = await store.db.write(lambda conn: create_token(conn, role=Role.DAEMON))
     q = Queue(
-        url=url, db_path=tmp_path / "queue.db", app=app, user_token=user.token, daemon_token=daemon.token
+        url=url,
+        db_path=tmp_path / "queue.db",
+        app=app,
+        user_token=user.token,
+        daemon_token=daemon.token,
+        backend="sqlite" if isinstance(db, Path) else "postgresql",
     )
     return q, runner
 

@@ -32,7 +32,7 @@ NS = "/v1/namespaces/default"
 
 
 @pytest.fixture
-async def direct_queue(tmp_path: Path) -> AsyncIterator[Queue]:
+async def direct_queue(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
     (tmp_path / "kubeconfigs").mkdir()
     (tmp_path / "stage").mkdir()
     settings = replace(
@@ -45,7 +45,7 @@ async def direct_queue(tmp_path: Path) -> AsyncIterator[Queue]:
             interval=0.2,
         ),
     )
-    q, runner = await open_queue(tmp_path, settings)
+    q, runner = await open_queue(tmp_path, settings, db=queue_db)
     try:
         yield q
     finally:

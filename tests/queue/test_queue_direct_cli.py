@@ -94,11 +94,11 @@ def test_direct_path_from_the_cli(
 
 
 async def test_a_restart_creates_recorded_pods_and_settles_vanished_ones(
-    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path, queue_db: Path | str
 ) -> None:
     settings = replace(FAST, direct=DirectSettings(interval=0.2, reap_after=3600))
     kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="restart")
-    q, runner = await open_queue(tmp_path, settings)
+    q, runner = await open_queue(tmp_path, settings, db=queue_db)
     try:
         await q.call("PUT", "/v1/namespaces/default/secrets/kc", json_body={"value": kc.read_text()})
         kwargs = {"kubeconfig": {"$secret": "kc"}, "namespace": namespace}
@@ -129,7 +129,7 @@ async def test_a_restart_creates_recorded_pods_and_settles_vanished_ones(
             break
         await asyncio.sleep(0.1)
 
-    q, runner = await open_queue(tmp_path, settings)
+    q, runner = await open_queue(tmp_path, settings, db=queue_db)
     try:
         states: dict[str, str] = {}
         for _ in range(100):

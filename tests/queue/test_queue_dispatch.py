@@ -251,8 +251,8 @@ async def test_active_for_reconciliation(kind: Queue) -> None:
     assert r.status == 400
 
 
-async def test_shutdown_releases_held_long_polls(tmp_path: Path) -> None:
-    q, runner = await open_queue(tmp_path, FAST)
+async def test_shutdown_releases_held_long_polls(tmp_path: Path, queue_db: Path | str) -> None:
+    q, runner = await open_queue(tmp_path, FAST, db=queue_db)
     await add_kind(q)
     [iid] = await _launch(q)
     d = q.daemon()
@@ -308,7 +308,7 @@ async def test_launch_of_an_already_stopped_instance_is_not_redelivered(kind: Qu
 async def test_a_task_whose_daemons_keep_dying_is_given_up(
     kind: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nymph.queue.sql import dispatch as leases
+    from nymph.queue.sql import retire as leases
 
     monkeypatch.setattr(leases, "MAX_DELIVERIES", 3)
     [iid] = await _launch(kind)

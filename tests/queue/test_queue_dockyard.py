@@ -220,7 +220,7 @@ async def test_permanent_failure_fails_the_launch_and_transient_ones_retry(kind:
 async def test_a_dockyard_task_whose_daemons_keep_dying_is_given_up(
     kind: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nymph.queue.sql import dispatch as leases
+    from nymph.queue.sql import retire as leases
 
     monkeypatch.setattr(leases, "MAX_DELIVERIES", 2)
     iid = await _submit(kind)

@@ -32,12 +32,13 @@ async def _launch(q: Queue, **fields: Any) -> str:
     return accepted["instanceId"]
 
 
-_CLIENTS: dict[tuple[int, str], QueueClient] = {}
+_CLIENTS: dict[tuple[str, str], QueueClient] = {}
 
 
 def _daemon(q: Queue, daemon: str) -> QueueClient:
-    """One client (so one session) per daemon id."""
-    key = (id(q), daemon)
+    """One client (so one session) per daemon id and queue (its user token is unique to it: an
+    ``id()`` would be reused by the next test's queue)."""
+    key = (q.user_token, daemon)
     if key not in _CLIENTS:
         _CLIENTS[key] = q.daemon()
     return _CLIENTS[key]

@@ -1,4 +1,5 @@
-"""``nymph queue serve`` as a real process: kill -9 loses nothing accepted; SIGTERM is graceful."""
+"""``nymph queue serve`` as a real process (on SQLite and on PostgreSQL): kill -9 loses nothing
+accepted; SIGTERM is graceful."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def nymph(*args: str) -> list[str]:
     return [sys.executable, "-m", "nymph.cli", *args]
 
 
-def create_token(db: Path, role: str) -> str:
+def create_token(db: Path | str, role: str) -> str:
     out = subprocess.run(
         nymph("queue", "token", "create", "--db", str(db), "--role", role, "--name", f"ci-{role}"),
         check=True,
@@ -32,7 +33,7 @@ def create_token(db: Path, role: str) -> str:
     return out.stdout.split()[-1]
 
 
-def start_server(db: Path, log: Path) -> subprocess.Popen[str]:
+def start_server(db: Path | str, log: Path) -> subprocess.Popen[str]:
     with log.open("a") as err:
         return subprocess.Popen(
             nymph("queue", "serve", "--db", str(db), "--listen", "127.0.0.1:0"),
@@ -43,7 +44,7 @@ def start_server(db: Path, log: Path) -> subprocess.Popen[str]:
 
 
 @asynccontextmanager
-async def serving(db: Path, log: Path) -> AsyncIterator[tuple[subprocess.Popen[str], str]]:
+async def serving(db: Path | str, log: Path) -> AsyncIterator[tuple[subprocess.Popen[str], str]]:
     proc = await asyncio.to_thread(start_server, db, log)
     try:
         assert proc.stdout is not None
@@ -57,8 +58,8 @@ async def serving(db: Path, log: Path) -> AsyncIterator[tuple[subprocess.Popen[s
         proc.wait(30)
 
 
-async def test_kill_9_loses_no_accepted_launch_or_report(tmp_path: Path) -> None:
-    db, log = tmp_path / "queue.db", tmp_path / "serve.log"
+async def test_kill_9_loses_no_accepted_launch_or_report(tmp_path: Path, queue_db: Path | str) -> None:
+    db, log = queue_db, tmp_path / "serve.log"
     user_token, daemon_token = create_token(db, "user"), create_token(db, "daemon")
     accepted: list[str] = []
     reported: list[str] = []
@@ -123,8 +124,8 @@ async def test_kill_9_loses_no_accepted_launch_or_report(tmp_path: Path) -> None
         assert (await daemon.report(daemon_id="d1", stream="d1", reports=resend))["accepted"] == 0
 
 
-async def test_sigterm_releases_long_polls_and_exits_cleanly(tmp_path: Path) -> None:
-    db, log = tmp_path / "queue.db", tmp_path / "serve.log"
+async def test_sigterm_releases_long_polls_and_exits_cleanly(tmp_path: Path, queue_db: Path | str) -> None:
+    db, log = queue_db, tmp_path / "serve.log"
     daemon_token = create_token(db, "daemon")
     async with serving(db, log) as (proc, url), QueueClient(base_url=url, token=daemon_token) as daemon:
         held = asyncio.create_task(daemon.claim(daemon_id="d1", node="n1", capacity=1, wait=60))

@@ -14,7 +14,7 @@ from queue_helpers import FAST, Queue, add_kind, open_queue
 
 from nymph.protocol import InstanceJSON
 from nymph.queue.models import LeaseSettings
-from nymph.queue.sql import dispatch
+from nymph.queue.sql import retire
 
 POLL_WAIT = 20.0
 #: Far below POLL_WAIT: a poll answered only at its timeout fails the test.
@@ -22,10 +22,10 @@ PROMPT = 6.0
 
 
 @pytest.fixture
-async def no_sweeper(tmp_path: Path) -> AsyncIterator[Queue]:
+async def no_sweeper(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
     """The queue with provider ``kind``, whose sweeper practically never runs."""
     settings = dataclasses.replace(FAST, lease=LeaseSettings(sweep_interval=3600.0, stop_node_fallback=1.0))
-    q, runner = await open_queue(tmp_path, settings)
+    q, runner = await open_queue(tmp_path, settings, db=queue_db)
     try:
         await add_kind(q)
         yield q
@@ -53,7 +53,7 @@ async def _poll(q: Queue, iid: str, version: int) -> tuple[InstanceJSON, float]:
 async def test_the_sweeper_giving_up_wakes_instance_polls(
     kind: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatch, "MAX_DELIVERIES", 1)
+    monkeypatch.setattr(retire, "MAX_DELIVERIES", 1)
     iid, version = await _leased_once(kind)
     inst, elapsed = await _poll(kind, iid, version)  # the lease expires after 1 s; sweeps run every 0.2 s
     assert (inst["state"], inst["reason"]) == ("stopped", "LaunchFailed")
@@ -63,7 +63,7 @@ async def test_the_sweeper_giving_up_wakes_instance_polls(
 async def test_a_claim_giving_up_wakes_instance_polls(
     no_sweeper: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatch, "MAX_DELIVERIES", 1)
+    monkeypatch.setattr(retire, "MAX_DELIVERIES", 1)
     iid, version = await _leased_once(no_sweeper)
     poll = asyncio.create_task(_poll(no_sweeper, iid, version))
     await asyncio.sleep(1.2)  # the lease has expired; only a claim can settle the task now

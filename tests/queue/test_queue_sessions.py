@@ -183,7 +183,7 @@ async def test_register_rules(queue: Queue) -> None:
     assert r.status == 401 and r.body["error"] == "unknown_session"
     # Only the hash is kept.
     assert r.body["detail"] and session not in r.text
-    raw = b"".join(p.read_bytes() for p in queue.db_path.parent.glob("queue.db*"))
+    raw = await queue.raw_state()
     assert session.encode() not in raw
 
 
@@ -194,12 +194,12 @@ async def test_client_registers_again_when_the_queue_forgot_or_lapsed(kind: Queu
     assert await client.active(node="n1") == []
     first = client._session_token
     store = kind.app[SESSIONS]
-    store._by_hash.clear()  # as after a queue restart
-    store._by_daemon.clear()
+    await kind.store.db.write(lambda c: c.execute("DELETE FROM daemon_sessions"))  # forgotten
+    store.forget_cached()
     [task] = await client.claim(daemon_id="d1", node="n1", namespaces=["jobs"], capacity=1, wait=0)
     assert client._session_token not in (None, first)
-    for digest, (session, _) in list(store._by_hash.items()):  # lapse it
-        store._by_hash[digest] = (session, 0.0)
+    await kind.store.db.write(lambda c: c.execute("UPDATE daemon_sessions SET expires_at = 0"))  # lapsed
+    store.forget_cached()
     assert (await client.complete(daemon_id="d1", task_id=task["taskId"], ok=True))["status"] == "done"
     # A bootstrap token the queue does not know is still an error, not a loop.
     stranger = kind.client("nyq_not-a-real-token-0123456789")

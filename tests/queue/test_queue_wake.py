@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from queue_helpers import Queue
 
+from nymph.queue.db import Backend
+from nymph.queue.models import QueueSettings
 from nymph.queue.notify import WorkSignal
 from nymph.queue.sql import dispatch
+from nymph.queue.store import Store
 
 
 async def _launch(q: Queue) -> str:
@@ -135,3 +138,48 @@ def test_close_wakes_everyone_in_line_and_aside_and_later_tickets_at_once() -> N
     assert in_line.event.is_set() and not aside.event.is_set()  # capacity 0 takes no work
     s.close()
     assert aside.event.is_set() and s.ticket().event.is_set()
+
+
+def test_notify_is_relayed_with_its_count_and_a_wake_from_elsewhere_is_not_relayed_again() -> None:
+    relayed: list[int | None] = []
+    s = WorkSignal(relay=relayed.append)
+    tickets = [s.ticket() for _ in range(3)]
+    s.notify(2)
+    s.notify_all()
+    assert relayed == [2, None]
+    s2 = WorkSignal(relay=relayed.append)
+    there = [s2.ticket() for _ in range(3)]
+    s2.wake(1)  # another replica's notify arriving here
+    assert [t.event.is_set() for t in there] == [True, False, False]
+    s2.wake_all()
+    assert all(t.event.is_set() for t in there) and all(t.event.is_set() for t in tickets)
+    assert relayed == [2, None]
+
+
+class _FakeBackend:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def broadcast(self, key: str) -> None:
+        self.sent.append(key)
+
+
+def test_broadcast_keys_wake_the_right_waiters_on_another_replica() -> None:
+    here, there = _FakeBackend(), _FakeBackend()
+    settings = QueueSettings()
+    a = Store(db=cast(Backend, here), settings=settings)
+    b = Store(db=cast(Backend, there), settings=settings)
+    a.tasks_changed.notify(3)
+    a.instance_changed.notify("i-1")
+    a.output.appended.notify("i-2")
+    assert here.sent == ["tasks:3", "i-1", "log:i-2"]
+    claims = [b.tasks_changed.ticket() for _ in range(4)]
+    inst, log_ = b.instance_changed.current("i-1"), b.output.appended.current("i-2")
+    other = b.output.appended.current("i-3")
+    for key in here.sent:
+        b.woken_elsewhere(key)
+    assert [t.event.is_set() for t in claims] == [True, True, True, False]
+    assert inst.is_set() and log_.is_set() and not other.is_set()
+    b.woken_elsewhere("")  # a listener that reconnected: everything may have changed
+    assert claims[3].event.is_set() and other.is_set()
+    assert there.sent == []  # wake-ups from elsewhere are never sent on

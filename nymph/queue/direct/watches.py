@@ -53,13 +53,18 @@ class WatchManager:
         self.watches: dict[WatchKey, _Watch] = {}
         #: Also told of every Pod event (the live log followers).
         self.on_pod = on_pod
+        #: False on a replica that does not run the watches (another holds the lock): a launch
+        #: there starts none; the running replica's next tick picks the new instance up.
+        self.active = True
 
     @staticmethod
     def key(*, ns: str, connection: dict[str, Any]) -> WatchKey:
         return ns, Connection.from_json(connection).key()
 
     def ensure(self, *, ns: str, connection: dict[str, Any]) -> None:
-        """Start the watch of this connection unless it runs already."""
+        """Start the watch of this connection unless it runs already (or watches run elsewhere)."""
+        if not self.active:
+            return
         key = self.key(ns=ns, connection=connection)
         current = self.watches.get(key)
         if current is not None and not current.task.done():

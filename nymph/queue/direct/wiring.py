@@ -11,6 +11,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from nymph.queue.db import DIRECT_LOCK
 from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.launcher import DirectDispatch
 from nymph.queue.direct.logs import DirectLogs
@@ -27,6 +28,7 @@ SECRETS = web.AppKey("nymph.secrets", SecretStore)
 CONNECTOR = web.AppKey("nymph.connector", Connector)
 WATCHES_TASK = "nymph-queue-direct-watches"
 REAPER_TASK = "nymph-queue-direct-reaper"
+DIRECT_TASK = "nymph-queue-direct"
 
 
 async def guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -42,14 +44,16 @@ async def guarded(name: str, run: Callable[[], Awaitable[None]]) -> None:
             await asyncio.sleep(1.0)
 
 
-def install(app: web.Application, *, store: Store, db_path: Path) -> None:
+def install(app: web.Application, *, store: Store, db_path: Path | None) -> None:
+    """``db_path``: the SQLite file (its default key file sits beside it); None on PostgreSQL."""
     settings = store.settings.direct
     key_file = settings.secret_key_file
-    source = (
-        KeySource(path=key_file, create=False)
-        if key_file
-        else KeySource(path=default_key_file(db_path), create=True)
-    )
+    if key_file:
+        source = KeySource(path=key_file, create=False)
+    elif db_path is not None:
+        source = KeySource(path=default_key_file(db_path), create=True)
+    else:
+        source = KeySource(path=None, create=False)
     secrets = SecretStore(db=store.db, box=SecretBox(source=source))
     connector = Connector(secrets=secrets, settings=settings)
     followers = DirectLogs(store=store, connector=connector)
@@ -59,12 +63,29 @@ def install(app: web.Application, *, store: Store, db_path: Path) -> None:
     app[CONNECTOR] = connector
     app[DIRECT] = DirectDispatch(store=store, connector=connector, watches=watches)
 
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        await secrets.check()
+    async def singleton() -> None:
+        """The watches (with the direct log followers) and the reaper, on one replica at a time (all of them on SQLite)."""
+        watches.active = True
         tasks = [
             asyncio.create_task(guarded(WATCHES_TASK, watches.run), name=WATCHES_TASK),
             asyncio.create_task(guarded(REAPER_TASK, reaper.run), name=REAPER_TASK),
         ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            watches.active = False
+            await watches.close()
+            await followers.close()  # the followers run where the watches run
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        await secrets.check()
+        watches.active = False
+        tasks = [asyncio.create_task(store.db.exclusive(DIRECT_LOCK, singleton), name=DIRECT_TASK)]
         yield
         for t in tasks:
             t.cancel()

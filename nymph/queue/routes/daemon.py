@@ -76,7 +76,7 @@ async def register(request: web.Request) -> web.Response:
     daemon_id = f.req_string("daemonId")
     node = f.string("node", required=False) or ""
     namespaces = _namespaces(f, "namespaces")
-    registered = request.app[SESSIONS].register(
+    registered = await request.app[SESSIONS].register(
         bootstrap=request[PRINCIPAL], daemon_id=daemon_id, node=node, namespaces=namespaces
     )
     if registered.replaced is not None:
@@ -246,6 +246,7 @@ async def complete(request: web.Request) -> web.Response:
     error = f.text("error", required=False)
     retryable = f.boolean("retryable", default=False)
     result = f.mapping("result")
+    attempt = f.integer("attempt", default=0)  # the lease's epoch, as claimed (0: not sent)
     body = await request.app[STORE].complete(
         session=_session(request, f),
         task_id=task_id,
@@ -253,6 +254,7 @@ async def complete(request: web.Request) -> web.Response:
         error=error,
         retryable=retryable,
         result=result,
+        attempt=attempt,
     )
     return web.json_response(body)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from nymph.errors import ValidationError
@@ -11,9 +10,10 @@ from nymph.launch.config import Mode, Provider
 from nymph.launch.names import check_namespace
 from nymph.protocol import now
 from nymph.queue.errors import BadRequest, Conflict, NotFound
+from nymph.queue.sql.dialect import Conn
 
 
-def get_provider(conn: sqlite3.Connection, *, ns: str, name: str) -> Provider:
+def get_provider(conn: Conn, *, ns: str, name: str) -> Provider:
     row = conn.execute("SELECT body FROM providers WHERE namespace = ? AND name = ?", (ns, name)).fetchone()
     if row is None:
         raise NotFound(
@@ -34,7 +34,7 @@ def kube_namespace(provider: Provider) -> str:
         raise BadRequest(str(exc), code="invalid_provider") from None
 
 
-def put_provider(conn: sqlite3.Connection, *, ns: str, provider: Provider, replace: bool) -> dict[str, Any]:
+def put_provider(conn: Conn, *, ns: str, provider: Provider, replace: bool) -> dict[str, Any]:
     body = provider.to_json()
     ts = now()
     exists = conn.execute(
@@ -55,18 +55,18 @@ def put_provider(conn: sqlite3.Connection, *, ns: str, provider: Provider, repla
     return body
 
 
-def list_providers(conn: sqlite3.Connection, *, ns: str) -> list[dict[str, Any]]:
+def list_providers(conn: Conn, *, ns: str) -> list[dict[str, Any]]:
     rows = conn.execute("SELECT body FROM providers WHERE namespace = ? ORDER BY name", (ns,)).fetchall()
     return [json.loads(r[0]) for r in rows]
 
 
-def delete_provider(conn: sqlite3.Connection, *, ns: str, name: str) -> None:
+def delete_provider(conn: Conn, *, ns: str, name: str) -> None:
     cur = conn.execute("DELETE FROM providers WHERE namespace = ? AND name = ?", (ns, name))
     if not cur.rowcount:
         get_provider(conn, ns=ns, name=name)
 
 
-def get_mode(conn: sqlite3.Connection, *, ns: str, name: str) -> Mode:
+def get_mode(conn: Conn, *, ns: str, name: str) -> Mode:
     row = conn.execute("SELECT body FROM modes WHERE namespace = ? AND name = ?", (ns, name)).fetchone()
     if row is None:
         raise NotFound(
@@ -77,7 +77,7 @@ def get_mode(conn: sqlite3.Connection, *, ns: str, name: str) -> Mode:
     return Mode(name=body["name"], provider=body["provider"], fields=body["fields"])
 
 
-def mode_for(conn: sqlite3.Connection, *, ns: str, provider: Provider, mode_name: str) -> Mode:
+def mode_for(conn: Conn, *, ns: str, provider: Provider, mode_name: str) -> Mode:
     """The mode, which must belong to ``provider`` or to no provider."""
     mode = get_mode(conn, ns=ns, name=mode_name)
     if mode.provider not in (None, provider.name):
@@ -89,7 +89,7 @@ def mode_for(conn: sqlite3.Connection, *, ns: str, provider: Provider, mode_name
     return mode
 
 
-def put_mode(conn: sqlite3.Connection, *, ns: str, mode: Mode, replace: bool) -> dict[str, Any]:
+def put_mode(conn: Conn, *, ns: str, mode: Mode, replace: bool) -> dict[str, Any]:
     body = mode.to_json()
     if mode.provider is not None:
         row = conn.execute(
@@ -117,12 +117,12 @@ def put_mode(conn: sqlite3.Connection, *, ns: str, mode: Mode, replace: bool) ->
     return body
 
 
-def list_modes(conn: sqlite3.Connection, *, ns: str) -> list[dict[str, Any]]:
+def list_modes(conn: Conn, *, ns: str) -> list[dict[str, Any]]:
     rows = conn.execute("SELECT body FROM modes WHERE namespace = ? ORDER BY name", (ns,)).fetchall()
     return [json.loads(r[0]) for r in rows]
 
 
-def delete_mode(conn: sqlite3.Connection, *, ns: str, name: str) -> None:
+def delete_mode(conn: Conn, *, ns: str, name: str) -> None:
     cur = conn.execute("DELETE FROM modes WHERE namespace = ? AND name = ?", (ns, name))
     if not cur.rowcount:
         get_mode(conn, ns=ns, name=name)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from nymph.launch.state import InstanceState, Reason, container_termination, pod
 from nymph.protocol import LaunchAccepted, TaskKind, now
 from nymph.queue.errors import BadRequest
 from nymph.queue.sql import catalog
+from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.idempotency import body_digest, remember, replay
 from nymph.queue.sql.launches import _build, _new_instance, new_task_id
 from nymph.queue.sql.rows import fetch_instance, record_termination, transition
@@ -36,7 +36,7 @@ class DirectLaunch:
 
 
 def record_launch(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     ns: str,
     provider_name: str,
@@ -88,13 +88,13 @@ def record_launch(
     return DirectLaunch(accepted=accepted, state=InstanceState.QUEUED.value, connection=connection, pod=pod)
 
 
-def forget(conn: sqlite3.Connection, *, instance_id: str) -> None:
+def forget(conn: Conn, *, instance_id: str) -> None:
     """The Pod could not be created: remove every trace of the launch."""
     for table in ("idempotency_keys", "instance_logs", "instance_events", "instances"):
         conn.execute(f"DELETE FROM {table} WHERE instance_id = ?", (instance_id,))  # noqa: S608
 
 
-def answered(conn: sqlite3.Connection, *, instance_id: str, accepted: LaunchAccepted) -> None:
+def answered(conn: Conn, *, instance_id: str, accepted: LaunchAccepted) -> None:
     """Remember the 202 actually sent (its state read from the Pod) for Idempotency-Key replays."""
     conn.execute(
         "UPDATE idempotency_keys SET response = ? WHERE instance_id = ?", (json.dumps(accepted), instance_id)
@@ -116,9 +116,7 @@ def pod_change(pod: Mapping[str, Any], *, deleted: bool, stop_requested: bool) -
     return state.value, None if reason is None else reason.value, message
 
 
-def apply_pod(
-    conn: sqlite3.Connection, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts: float
-) -> str | None:
+def apply_pod(conn: Conn, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts: float) -> str | None:
     """Move a direct instance of ``ns`` along with its Pod; returns its id when it changed."""
     instance_id = str((pod.get("metadata") or {}).get("name") or "")
     row = conn.execute(
@@ -142,7 +140,7 @@ def apply_pod(
     return instance_id if changed else None
 
 
-def gone(conn: sqlite3.Connection, *, instance_id: str, ts: float) -> bool:
+def gone(conn: Conn, *, instance_id: str, ts: float) -> bool:
     """The Pod of a live direct instance is not there (found at a reconcile or a stop)."""
     row = fetch_instance(conn, instance_id)
     if row is None:
@@ -159,7 +157,7 @@ def gone(conn: sqlite3.Connection, *, instance_id: str, ts: float) -> bool:
     )
 
 
-def request_stop(conn: sqlite3.Connection, *, instance_id: str, ts: float) -> bool:
+def request_stop(conn: Conn, *, instance_id: str, ts: float) -> bool:
     row = fetch_instance(conn, instance_id)
     if row is None or row["state"] == InstanceState.STOPPED.value:
         return False
@@ -175,17 +173,17 @@ def request_stop(conn: sqlite3.Connection, *, instance_id: str, ts: float) -> bo
     )
 
 
-def is_direct(conn: sqlite3.Connection, *, instance_id: str) -> bool:
+def is_direct(conn: Conn, *, instance_id: str) -> bool:
     row = conn.execute("SELECT dispatch FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
     return row is not None and row[0] == "direct"
 
 
-def instance_connection(conn: sqlite3.Connection, *, instance_id: str) -> dict[str, Any]:
+def instance_connection(conn: Conn, *, instance_id: str) -> dict[str, Any]:
     row = conn.execute("SELECT connection FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
     return dict(json.loads(row[0])) if row is not None and row[0] else {}
 
 
-def watched(conn: sqlite3.Connection) -> set[tuple[str, str]]:
+def watched(conn: Conn) -> set[tuple[str, str]]:
     """(namespace, connection JSON) of every direct instance whose Pod may still exist."""
     rows = conn.execute(
         "SELECT DISTINCT namespace, connection FROM instances "
@@ -194,7 +192,7 @@ def watched(conn: sqlite3.Connection) -> set[tuple[str, str]]:
     return {(str(r[0]), str(r[1])) for r in rows}
 
 
-def unreaped(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+def unreaped(conn: Conn) -> list[Row]:
     """Direct instances whose Pod may still exist, for the reconcile at start."""
     return list(
         conn.execute(
@@ -204,7 +202,7 @@ def unreaped(conn: sqlite3.Connection) -> list[sqlite3.Row]:
     )
 
 
-def reapable(conn: sqlite3.Connection, *, before: float) -> list[sqlite3.Row]:
+def reapable(conn: Conn, *, before: float) -> list[Row]:
     return list(
         conn.execute(
             "SELECT instance_id, namespace, connection FROM instances WHERE dispatch = 'direct' "
@@ -214,11 +212,11 @@ def reapable(conn: sqlite3.Connection, *, before: float) -> list[sqlite3.Row]:
     )
 
 
-def mark_reaped(conn: sqlite3.Connection, *, instance_id: str, ts: float) -> None:
+def mark_reaped(conn: Conn, *, instance_id: str, ts: float) -> None:
     conn.execute("UPDATE instances SET reaped_at = ? WHERE instance_id = ?", (ts, instance_id))
 
 
-def connections_of(conn: sqlite3.Connection, *, ns: str, provider: str) -> list[str]:
+def connections_of(conn: Conn, *, ns: str, provider: str) -> list[str]:
     rows = conn.execute(
         "SELECT DISTINCT connection FROM instances WHERE namespace = ? AND provider = ? "
         "AND dispatch = 'direct' AND reaped_at IS NULL AND connection IS NOT NULL",
@@ -228,7 +226,7 @@ def connections_of(conn: sqlite3.Connection, *, ns: str, provider: str) -> list[
 
 
 def record_probe(
-    conn: sqlite3.Connection, *, ns: str, kube_ns: str, provider: str, requester: str, result: dict[str, Any]
+    conn: Conn, *, ns: str, kube_ns: str, provider: str, requester: str, result: dict[str, Any]
 ) -> str:
     """A finished probe of a direct provider, as a task row the CLI can read like any other."""
     task_id = new_task_id()

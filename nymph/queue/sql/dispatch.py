@@ -13,7 +13,6 @@ and requests (see :mod:`nymph.queue.sql.placement`).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,12 +21,14 @@ from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, Daemo
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
 from nymph.queue.sql import placement
+from nymph.queue.sql.dialect import Conn, for_update
+from nymph.queue.sql.retire import retire
 from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, task_json, transition
 
 _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
 _START_SQL = ",".join(f"'{k}'" for k in START_KINDS)
 #: When a stop task became claimable at all: its creation, or the end of the task it waits on.
-_READY_SINCE = "MAX(t.created_at, COALESCE(a.finished_at, t.created_at))"
+_READY_SINCE = "GREATEST(t.created_at, COALESCE(a.finished_at, t.created_at))"
 _MAX_ERROR_CHARS = 4096
 #: How stale a daemon's lastSeen may get before an idle claim refreshes it.
 _SEEN_REFRESH = 5.0
@@ -35,7 +36,15 @@ _SELECT_CLAIMABLE = (
     "SELECT t.seq, t.kind, t.spec FROM tasks t "
     "LEFT JOIN instances i ON i.instance_id = t.instance_id "
     "LEFT JOIN tasks a ON a.task_id = t.after_task "
-    "WHERE {where} ORDER BY t.seq LIMIT ?"
+    "WHERE {where} ORDER BY t.seq LIMIT ?{lock}"
+)
+#: PostgreSQL, no node offer: select and lease in one statement; rows another replica's claim
+#: is leasing right now are skipped, never waited for or handed out twice.
+_CLAIM_ONE_STATEMENT = (
+    "UPDATE tasks SET status = 'leased', lease_owner = ?, lease_expires = ?, "  # noqa: S608 - constants
+    "attempts = attempts + 1, updated_at = ? WHERE seq IN ("
+    + _SELECT_CLAIMABLE.replace("t.seq, t.kind, t.spec", "t.seq")
+    + ") RETURNING *"
 )
 _LEASE = (
     "UPDATE tasks SET status = 'leased', lease_owner = ?, lease_expires = ?, "
@@ -62,7 +71,7 @@ def _claimable(req: ClaimRequest, *, scope: str | None, now: float, fallback: fl
     return " AND ".join(clauses), params
 
 
-def _next_due(conn: sqlite3.Connection, *, node: str, now: float, fallback: float) -> float | None:
+def _next_due(conn: Conn, *, node: str, now: float, fallback: float) -> float | None:
     row = conn.execute(
         f"""
         SELECT MIN(due) FROM (
@@ -75,7 +84,7 @@ def _next_due(conn: sqlite3.Connection, *, node: str, now: float, fallback: floa
                 LEFT JOIN tasks a ON a.task_id = t.after_task
                 WHERE t.kind = 'stop' AND t.status = 'pending' AND i.node IS NOT NULL
                   AND i.node != :node AND {_READY_SINCE} + :fallback > :now
-        )
+        ) AS due_times
         """,  # noqa: S608 - constant fragments only
         {"now": now, "fallback": fallback, "node": node},
     ).fetchone()
@@ -86,7 +95,7 @@ def _seen_row(req: ClaimRequest) -> tuple[str, str, int, str | None]:
     return (req.node, json.dumps(list(req.namespaces)), req.capacity, placement.node_info_text(req.node_info))
 
 
-def _seen_fresh(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> bool:
+def _seen_fresh(conn: Conn, *, req: ClaimRequest, now: float) -> bool:
     """Whether the daemon's record is unchanged and fresh, so a claim that finds no work need
     write nothing, and its commit costs no fsync."""
     row = conn.execute(
@@ -100,7 +109,7 @@ def _seen_fresh(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> b
     )
 
 
-def _seen(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> None:
+def _seen(conn: Conn, *, req: ClaimRequest, now: float) -> None:
     """Record the daemon. Skipped while nothing changed and the record is fresh (many daemons
     wait on claims; all but one usually find nothing)."""
     if _seen_fresh(conn, req=req, now=now):
@@ -115,7 +124,7 @@ def _seen(conn: sqlite3.Connection, *, req: ClaimRequest, now: float) -> None:
     )
 
 
-def _work_elsewhere(conn: sqlite3.Connection, *, now: float) -> bool:
+def _work_elsewhere(conn: Conn, *, now: float) -> bool:
     """Whether any task at all is waiting to be claimed (by whichever daemon may take it)."""
     row = conn.execute(
         "SELECT 1 FROM tasks WHERE (status = 'pending' AND not_before <= ?) "
@@ -126,7 +135,7 @@ def _work_elsewhere(conn: sqlite3.Connection, *, now: float) -> bool:
 
 
 def idle_claim(
-    conn: sqlite3.Connection, *, req: ClaimRequest, scope: str | None, now: float, lease: LeaseSettings
+    conn: Conn, *, req: ClaimRequest, scope: str | None, now: float, lease: LeaseSettings
 ) -> ClaimResult | None:
     """The answer to a claim with nothing to take, read-only (a read transaction, no fsync);
     None when the claim may find work or must record the daemon (run :func:`claim`)."""
@@ -135,7 +144,7 @@ def idle_claim(
     if req.capacity > 0:
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
         # Only constant fragments and "?" placeholders are formatted into this statement.
-        if conn.execute(_SELECT_CLAIMABLE.format(where=where), [*params, 1]).fetchone() is not None:
+        if conn.execute(_SELECT_CLAIMABLE.format(where=where, lock=""), [*params, 1]).fetchone() is not None:
             return None
     return ClaimResult(
         tasks=[],
@@ -144,56 +153,8 @@ def idle_claim(
     )
 
 
-#: A task handed out this many times without ever being completed (each time its daemon died
-#: or lost it before reporting) is given up on: at-least-once delivery, but not forever.
-MAX_DELIVERIES = 10
-
-
-def retire(conn: sqlite3.Connection, *, now: float) -> set[str]:
-    """Settle tasks that must not be handed out again; returns instances that changed.
-
-    * a launch (or dockyard launch) whose instance already stopped (it was applied and ran;
-      only its completion was lost) is done: redelivering it after the Pod was reaped would run
-      the job twice;
-    * a task whose lease expired ``MAX_DELIVERIES`` times fails, and its launch with it.
-    """
-    conn.execute(
-        "UPDATE tasks SET status = 'done', finished_at = ?, updated_at = ?, lease_owner = NULL, "  # noqa: S608 - constant fragments only
-        f"lease_expires = NULL WHERE kind IN ({_START_SQL}) AND "
-        "(status = 'pending' OR (status = 'leased' AND lease_expires <= ?)) AND instance_id IN "
-        "(SELECT instance_id FROM instances WHERE state = 'stopped')",
-        (now, now, now),
-    )
-    changed: set[str] = set()
-    rows = conn.execute(
-        "SELECT seq, kind, instance_id FROM tasks WHERE status = 'leased' AND lease_expires <= ? AND attempts >= ?",
-        (now, MAX_DELIVERIES),
-    ).fetchall()
-    for seq, kind, instance_id in rows:
-        message = f"gave up after {MAX_DELIVERIES} deliveries whose daemon never completed the task"
-        conn.execute(
-            "UPDATE tasks SET status = 'failed', error = ?, finished_at = ?, updated_at = ?, "
-            "lease_owner = NULL, lease_expires = NULL WHERE seq = ?",
-            (message, now, now, seq),
-        )
-        if (
-            kind in START_KINDS
-            and instance_id
-            and transition(
-                conn,
-                instance_id=instance_id,
-                now=now,
-                state=InstanceState.STOPPED.value,
-                reason=Reason.LAUNCH_FAILED.value,
-                message=message,
-            )
-        ):
-            changed.add(instance_id)
-    return changed
-
-
 def claim(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     req: ClaimRequest,
     scope: str | None,
@@ -206,11 +167,20 @@ def claim(
     if req.capacity > 0:
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
         # Only constant fragments and "?" placeholders are formatted into these statements.
-        select = _SELECT_CLAIMABLE.format(where=where)
-        # With a node offer, look past launches this node cannot run (they stay for others).
-        limit = req.capacity if req.node_info is None else req.capacity + placement.SCAN_EXTRA
-        rows = conn.execute(select, [*params, limit]).fetchall()
-        seqs = placement.pick(conn, rows, offer=req.node_info, node=req.node, capacity=req.capacity, now=now)
+        lock = for_update(conn, of="t", skip_locked=True)
+        if lock and req.node_info is None:
+            stmt = _CLAIM_ONE_STATEMENT.format(where=where, lock=lock)
+            leased = conn.execute(stmt, [req.daemon_id, now + req.lease_seconds, now, *params, req.capacity])
+            tasks = [task_json(r) for r in sorted(leased.fetchall(), key=lambda r: int(r["seq"]))]
+            seqs = []
+        else:
+            select = _SELECT_CLAIMABLE.format(where=where, lock=lock)
+            # With a node offer, look past launches this node cannot run (they stay for others).
+            limit = req.capacity if req.node_info is None else req.capacity + placement.SCAN_EXTRA
+            rows = conn.execute(select, [*params, limit]).fetchall()
+            seqs = placement.pick(
+                conn, rows, offer=req.node_info, node=req.node, capacity=req.capacity, now=now
+            )
         if seqs:
             marks = ",".join("?" * len(seqs))
             conn.execute(_LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs])
@@ -224,7 +194,7 @@ def claim(
 
 
 def renew(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     session: DaemonSession,
     task_ids: Sequence[str],
@@ -246,16 +216,14 @@ def renew(
     return renewed, lost
 
 
-def release(
-    conn: sqlite3.Connection, *, session: DaemonSession, task_ids: Sequence[str], now: float
-) -> list[str]:
+def release(conn: Conn, *, session: DaemonSession, task_ids: Sequence[str], now: float) -> list[str]:
     """Hand back leases the session's daemon holds; returns those handed back."""
     released = []
     where, params = session_filter(session)
     for task_id in task_ids:
         cur = conn.execute(
             "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "  # noqa: S608 - placeholders only
-            "attempts = MAX(attempts - 1, 0), updated_at = ? "
+            "attempts = GREATEST(attempts - 1, 0), updated_at = ? "
             "WHERE task_id = ? AND status = 'leased' AND lease_owner = ?" + where,
             (now, task_id, session.daemon_id, *params),
         )
@@ -264,7 +232,7 @@ def release(
     return released
 
 
-def release_all(conn: sqlite3.Connection, *, session: DaemonSession, now: float) -> list[str]:
+def release_all(conn: Conn, *, session: DaemonSession, now: float) -> list[str]:
     """Hand back every lease the session's daemon holds; returns the task ids handed back."""
     rows = conn.execute(
         "SELECT task_id FROM tasks WHERE status = 'leased' AND lease_owner = ?", (session.daemon_id,)
@@ -272,13 +240,13 @@ def release_all(conn: sqlite3.Connection, *, session: DaemonSession, now: float)
     return release(conn, session=session, task_ids=[r[0] for r in rows], now=now)
 
 
-def _stop_requested(conn: sqlite3.Connection, instance_id: str) -> bool:
+def _stop_requested(conn: Conn, instance_id: str) -> bool:
     inst = fetch_instance(conn, instance_id)
     return inst is not None and inst["stop_requested_at"] is not None
 
 
 def complete(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     session: DaemonSession,
     task_id: str,
@@ -288,19 +256,27 @@ def complete(
     result: dict[str, Any] | None,
     now: float,
     retry: RetrySettings,
+    attempt: int = 0,
 ) -> tuple[CompleteAnswer, str | None]:
     """Finish a task leased to the session's daemon. Returns the response body and the instance
     id that changed. A task outside the session's namespaces is not found; one leased to
-    another daemon is a 409."""
+    another daemon is a 409, and so is one from an expired lease or, when the daemon sends the
+    ``attempt`` it claimed (the lease's epoch), from an earlier lease of the same daemon."""
     daemon_id = session.daemon_id
-    row = conn.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+    lock = for_update(conn)  # a constant fragment
+    row = conn.execute("SELECT * FROM tasks WHERE task_id = ?" + lock, (task_id,)).fetchone()  # noqa: S608
     if row is None or not session_may_act(session, row):
         raise NotFound(
             f"no task {task_id!r}: complete only task ids returned by claim", code="task_not_found"
         )
     if row["status"] in FINISHED_STATUSES and row["lease_owner"] == daemon_id:
         return CompleteAnswer(status=row["status"], duplicate=True), None
-    if row["status"] != "leased" or row["lease_owner"] != daemon_id:
+    if (
+        row["status"] != "leased"
+        or row["lease_owner"] != daemon_id
+        or (row["lease_expires"] is not None and row["lease_expires"] <= now)
+        or (attempt and attempt != row["attempts"])
+    ):
         raise Conflict(
             f"daemon {daemon_id!r} no longer holds the lease on task {task_id!r} (it expired, was "
             "released or went to another daemon): drop this result",
@@ -371,7 +347,7 @@ def complete(
     return body, instance_id if changed else None
 
 
-def sweep(conn: sqlite3.Connection, *, now: float) -> tuple[int, set[str]]:
+def sweep(conn: Conn, *, now: float) -> tuple[int, set[str]]:
     """Settle what :func:`retire` settles, then hand expired leases back; returns how many were
     handed back and the instances that changed."""
     settled = retire(conn, now=now)
@@ -384,7 +360,7 @@ def sweep(conn: sqlite3.Connection, *, now: float) -> tuple[int, set[str]]:
     return cur.rowcount, settled
 
 
-def list_daemons(conn: sqlite3.Connection, *, visible_to: str | None) -> list[DaemonJSON]:
+def list_daemons(conn: Conn, *, visible_to: str | None) -> list[DaemonJSON]:
     """Every daemon that claimed; for a token scoped to namespace ``visible_to``, only the
     daemons that serve a kube namespace of that name, showing that namespace alone."""
     rows = conn.execute("SELECT * FROM daemons ORDER BY node, daemon_id").fetchall()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
 from nymph.protocol import LaunchAccepted
 from nymph.queue.errors import Conflict
+from nymph.queue.sql.dialect import Conn
 
 
 def body_digest(body: Mapping[str, Any]) -> str:
@@ -18,9 +18,7 @@ def body_digest(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
-def replay(
-    conn: sqlite3.Connection, *, ns: str, provider: str, key: str | None, digest: str
-) -> LaunchAccepted | None:
+def replay(conn: Conn, *, ns: str, provider: str, key: str | None, digest: str) -> LaunchAccepted | None:
     """The 202 body a launch sent earlier with this Idempotency-Key, if any (same body only)."""
     if key is None:
         return None
@@ -41,7 +39,7 @@ def replay(
 
 
 def remember(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     ns: str,
     provider: str,

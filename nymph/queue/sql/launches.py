@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +22,7 @@ from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import START_KINDS, InstanceJSON, LaunchAccepted, TaskKind, TaskStatusJSON, iso, now
 from nymph.queue.errors import BadRequest, Conflict, NotFound
 from nymph.queue.sql import catalog, idempotency
+from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.rows import (
     INSTANCE_COLUMNS,
     fetch_instance,
@@ -77,7 +77,7 @@ def _build(*, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str) 
     return spec
 
 
-def instance_row(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str) -> sqlite3.Row:
+def instance_row(conn: Conn, *, ns: str, provider: str, instance_id: str) -> Row:
     row = fetch_instance(conn, instance_id)
     if row is None or row["namespace"] != ns or row["provider"] != provider:
         raise NotFound(
@@ -89,7 +89,7 @@ def instance_row(conn: sqlite3.Connection, *, ns: str, provider: str, instance_i
 
 
 def _insert_task(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     kind: str,
     ns: str,
@@ -126,7 +126,7 @@ def _insert_task(
 
 
 def launch(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     ns: str,
     provider_name: str,
@@ -171,7 +171,7 @@ def launch(
 
 
 def launch_dockyard(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     ns: str,
     provider_name: str,
@@ -221,7 +221,7 @@ def launch_dockyard(
 
 
 def _new_instance(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     first_id: str,
     ns: str,
@@ -236,17 +236,14 @@ def _new_instance(
     for attempt in range(MAX_ID_ATTEMPTS):
         if attempt:
             instance_id = new_instance_id()
-        try:
-            conn.execute(
-                "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, "
-                "reason, message, node, launched_at, updated_at, version, requester) "
-                "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?)",
-                (instance_id, ns, provider, kube_ns, InstanceState.QUEUED.value, ts, ts, requester),
-            )
+        cur = conn.execute(
+            "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, "
+            "reason, message, node, launched_at, updated_at, version, requester) "
+            "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?) ON CONFLICT (instance_id) DO NOTHING",
+            (instance_id, ns, provider, kube_ns, InstanceState.QUEUED.value, ts, ts, requester),
+        )
+        if cur.rowcount:
             break
-        except sqlite3.IntegrityError as exc:
-            if "instances.instance_id" not in str(exc):
-                raise
     else:
         raise Conflict(
             f"no free instance id after {MAX_ID_ATTEMPTS} attempts: send the launch again",
@@ -265,7 +262,7 @@ def _new_instance(
 
 
 def stop(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     ns: str,
     provider: str,
@@ -331,9 +328,7 @@ def stop(
     return True, True
 
 
-def probe(
-    conn: sqlite3.Connection, *, ns: str, provider_name: str, mode_name: str | None, requester: str
-) -> str:
+def probe(conn: Conn, *, ns: str, provider_name: str, mode_name: str | None, requester: str) -> str:
     provider = catalog.get_provider(conn, ns=ns, name=provider_name)
     if mode_name is not None:
         mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=mode_name)
@@ -358,9 +353,7 @@ def probe(
     )
 
 
-def list_instances(
-    conn: sqlite3.Connection, *, ns: str, provider: str, state: str | None
-) -> list[InstanceJSON]:
+def list_instances(conn: Conn, *, ns: str, provider: str, state: str | None) -> list[InstanceJSON]:
     sql = f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE namespace = ? AND provider = ?"  # noqa: S608
     params: list[Any] = [ns, provider]
     if state is not None:
@@ -370,17 +363,17 @@ def list_instances(
     return instances_json(conn, rows)
 
 
-def get_instance(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str) -> InstanceJSON:
+def get_instance(conn: Conn, *, ns: str, provider: str, instance_id: str) -> InstanceJSON:
     return instances_json(conn, [instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)])[0]
 
 
-def get_logs(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str) -> str | None:
+def get_logs(conn: Conn, *, ns: str, provider: str, instance_id: str) -> str | None:
     instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
     row = conn.execute("SELECT text FROM instance_logs WHERE instance_id = ?", (instance_id,)).fetchone()
     return None if row is None else str(row[0])
 
 
-def get_task(conn: sqlite3.Connection, *, ns: str, task_id: str) -> TaskStatusJSON:
+def get_task(conn: Conn, *, ns: str, task_id: str) -> TaskStatusJSON:
     row = conn.execute("SELECT * FROM tasks WHERE task_id = ? AND namespace = ?", (task_id, ns)).fetchone()
     if row is None:
         raise NotFound(f"no task {task_id!r} in namespace {ns!r}", code="task_not_found")

@@ -8,12 +8,12 @@ is refused (a gap would make every later offset wrong).
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 
 from nymph.launch.logcap import Dropped, Piece, keep_outside, overlap_skip, plan_drop, read_from
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import DaemonSession
+from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.rows import fetch_instance, session_may_act
 
 #: Rows read per :func:`read` (chunks are at most a few hundred KiB each).
@@ -40,7 +40,7 @@ class LogRead:
     status: LogStatus
 
 
-def status(conn: sqlite3.Connection, *, instance_id: str) -> LogStatus | None:
+def status(conn: Conn, *, instance_id: str) -> LogStatus | None:
     row = conn.execute("SELECT * FROM log_streams WHERE instance_id = ?", (instance_id,)).fetchone()
     if row is None:
         return None
@@ -55,7 +55,7 @@ def status(conn: sqlite3.Connection, *, instance_id: str) -> LogStatus | None:
 
 
 def append(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     instance_id: str,
     offset: int,
@@ -91,8 +91,8 @@ def append(
         "INSERT INTO log_streams (instance_id, total, dropped_start, dropped_end, cursor, complete, note, "
         "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (instance_id) DO UPDATE SET "
         "total = excluded.total, dropped_start = excluded.dropped_start, "
-        "dropped_end = excluded.dropped_end, cursor = COALESCE(excluded.cursor, cursor), "
-        "complete = excluded.complete, note = COALESCE(excluded.note, note), "
+        "dropped_end = excluded.dropped_end, cursor = COALESCE(excluded.cursor, log_streams.cursor), "
+        "complete = excluded.complete, note = COALESCE(excluded.note, log_streams.note), "
         "updated_at = excluded.updated_at",
         (instance_id, total, dropped.start, dropped.end, cursor, int(final), note, now),
     )
@@ -106,7 +106,7 @@ def append(
     )
 
 
-def _drop(conn: sqlite3.Connection, *, instance_id: str, dropped: Dropped) -> None:
+def _drop(conn: Conn, *, instance_id: str, dropped: Dropped) -> None:
     """Remove the stored bytes inside ``dropped`` (whole chunks, and the cut ends of two)."""
     rows = conn.execute(
         "SELECT start, data FROM log_chunks WHERE instance_id = ? AND start < ? "
@@ -125,7 +125,7 @@ def _drop(conn: sqlite3.Connection, *, instance_id: str, dropped: Dropped) -> No
             )
 
 
-def read(conn: sqlite3.Connection, *, instance_id: str, since: int, rows: int = READ_ROWS) -> LogRead:
+def read(conn: Conn, *, instance_id: str, since: int, rows: int = READ_ROWS) -> LogRead:
     """Up to ``rows`` chunks of the log from ``since`` on (with the marker where bytes were
     dropped) and where the next read starts."""
     st = status(conn, instance_id=instance_id) or LogStatus()
@@ -145,7 +145,7 @@ def read(conn: sqlite3.Connection, *, instance_id: str, since: int, rows: int = 
     return LogRead(data=data, next_offset=next_offset, status=st)
 
 
-def read_all(conn: sqlite3.Connection, *, instance_id: str, since: int = 0) -> LogRead | None:
+def read_all(conn: Conn, *, instance_id: str, since: int = 0) -> LogRead | None:
     """The whole stored log from ``since`` (None when the instance has no log stream)."""
     st = status(conn, instance_id=instance_id)
     if st is None:
@@ -161,7 +161,7 @@ def read_all(conn: sqlite3.Connection, *, instance_id: str, since: int = 0) -> L
 
 
 def daemon_append(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     session: DaemonSession,
     instance_id: str,
@@ -195,7 +195,7 @@ def daemon_append(
 _OUTPUT_TABLES = ("log_chunks", "log_streams", "instance_logs", "result_files", "result_chunks")
 
 
-def purge(conn: sqlite3.Connection, *, stopped_before: float, limit: int = 200) -> list[str]:
+def purge(conn: Conn, *, stopped_before: float, limit: int = 200) -> list[str]:
     """Remove the logs and results of instances stopped before ``stopped_before`` (retention);
     returns the instance ids purged (at most ``limit`` per call)."""
     ids = [

@@ -222,4 +222,17 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE instances ADD COLUMN termination_message TEXT;
     ALTER TABLE instances ADD COLUMN results_error TEXT;
     """,
+    # 6: daemon sessions in the database (every replica on PostgreSQL accepts every session).
+    """
+    CREATE TABLE daemon_sessions (
+        digest TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        daemon_id TEXT NOT NULL,
+        node TEXT NOT NULL,
+        namespaces TEXT NOT NULL,
+        token_id TEXT NOT NULL,
+        scope TEXT,
+        expires_at REAL NOT NULL
+    );
+    """,
 )

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from nymph.launch.placement import Needs, NodeOffer, add, misfit, why_waiting
+from nymph.queue.sql.dialect import Conn, Row
 
 #: A daemon that claimed within this many seconds counts as live for the waiting reason (a
 #: claim long-polls up to a minute; its record is refreshed when the claim starts).
@@ -39,7 +39,7 @@ def _needs(spec_text: str | None) -> Needs:
     return Needs.from_spec(spec if isinstance(spec, Mapping) else None)
 
 
-def placed_on(conn: sqlite3.Connection, *, node: str, now: float) -> dict[str, Fraction]:
+def placed_on(conn: Conn, *, node: str, now: float) -> dict[str, Fraction]:
     """The requests of the launches the queue has on ``node``: applied there and not stopped, or
     leased to a daemon on it and not completed yet (only an instance's latest launch task counts:
     a moved launch is counted where it went)."""
@@ -50,8 +50,8 @@ def placed_on(conn: sqlite3.Connection, *, node: str, now: float) -> dict[str, F
 
 
 def pick(
-    conn: sqlite3.Connection,
-    rows: Sequence[sqlite3.Row],
+    conn: Conn,
+    rows: Sequence[Row],
     *,
     offer: NodeOffer | None,
     node: str,
@@ -80,9 +80,7 @@ def pick(
     return out
 
 
-def _live_offers(
-    conn: sqlite3.Connection, *, now: float
-) -> list[tuple[str, tuple[str, ...], NodeOffer | None]]:
+def _live_offers(conn: Conn, *, now: float) -> list[tuple[str, tuple[str, ...], NodeOffer | None]]:
     out: list[tuple[str, tuple[str, ...], NodeOffer | None]] = []
     for r in conn.execute(
         "SELECT node, namespaces, node_info FROM daemons WHERE last_seen > ?", (now - LIVE_SECONDS,)
@@ -97,7 +95,7 @@ def _live_offers(
     return out
 
 
-def update_waiting(conn: sqlite3.Connection, *, now: float) -> None:
+def update_waiting(conn: Conn, *, now: float) -> None:
     """Give each queued launch (the oldest ``WAITING_BATCH``) the reason no live daemon takes it,
     or clear it. A daemon that sends no offer may take anything."""
     conn.execute(
@@ -143,15 +141,15 @@ MAX_MOVES = 3
 _AVOID = "avoidNodes"
 
 
-def _latest_launch(conn: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute(
+def _latest_launch(conn: Conn, instance_id: str) -> Row | None:
+    row: Row | None = conn.execute(
         "SELECT * FROM tasks WHERE instance_id = ? AND kind = 'launch' ORDER BY seq DESC LIMIT 1",
         (instance_id,),
     ).fetchone()
     return row
 
 
-def moved_off(conn: sqlite3.Connection, *, instance_id: str, node: str) -> bool:
+def moved_off(conn: Conn, *, instance_id: str, node: str) -> bool:
     """True if the instance was moved off ``node`` (its reports from there no longer count)."""
     if not node:
         return False
@@ -160,9 +158,9 @@ def moved_off(conn: sqlite3.Connection, *, instance_id: str, node: str) -> bool:
 
 
 def move_off(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
-    instance: sqlite3.Row,
+    instance: Row,
     daemon_id: str,
     node: str,
     message: str,
@@ -216,12 +214,12 @@ def move_off(
     return True
 
 
-def _dispatch(conn: sqlite3.Connection, instance_id: str) -> str | None:
+def _dispatch(conn: Conn, instance_id: str) -> str | None:
     row = conn.execute("SELECT dispatch FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
     return None if row is None else str(row[0])
 
 
-def is_move(conn: sqlite3.Connection, *, stop_task_id: str) -> bool:
+def is_move(conn: Conn, *, stop_task_id: str) -> bool:
     """True if this stop task clears a node for a moved launch (not a stop the user asked for)."""
     row = conn.execute(
         "SELECT 1 FROM tasks WHERE after_task = ? AND kind = 'launch' LIMIT 1", (stop_task_id,)
@@ -230,9 +228,9 @@ def is_move(conn: sqlite3.Connection, *, stop_task_id: str) -> bool:
 
 
 def _insert(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
-    launch: sqlite3.Row,
+    launch: Row,
     kind: str,
     spec: dict[str, object] | None,
     after: str | None,

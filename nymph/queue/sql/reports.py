@@ -3,7 +3,6 @@ node should be running (synchronous SQL inside one transaction on the database t
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from nymph.protocol import ActiveJSON
 from nymph.queue.errors import NotFound
 from nymph.queue.models import DaemonSession, Report
 from nymph.queue.sql import placement
+from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.rows import (
     fetch_instance,
     record_termination,
@@ -27,7 +27,7 @@ def stream_key(*, daemon_id: str, stream: str) -> str:
 
 
 def report(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     session: DaemonSession,
     stream: str,
@@ -106,7 +106,7 @@ def stop_reason(r: Report, *, stop_requested: bool) -> tuple[str | None, str]:
 
 
 def store_logs(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     session: DaemonSession,
     instance_id: str,
@@ -122,9 +122,7 @@ def store_logs(
     keep_log_tail(conn, instance_id=instance_id, logs=logs, max_bytes=max_bytes, now=now)
 
 
-def keep_log_tail(
-    conn: sqlite3.Connection, *, instance_id: str, logs: str, max_bytes: int, now: float
-) -> None:
+def keep_log_tail(conn: Conn, *, instance_id: str, logs: str, max_bytes: int, now: float) -> None:
     """Store the last ``max_bytes`` of an instance's log (the queue's own, unscoped write)."""
     data = logs.encode("utf-8", errors="replace")
     if len(data) > max_bytes:
@@ -138,7 +136,7 @@ def keep_log_tail(
     )
 
 
-def active(conn: sqlite3.Connection, *, session: DaemonSession) -> list[ActiveJSON]:
+def active(conn: Conn, *, session: DaemonSession) -> list[ActiveJSON]:
     """The live instances on the session's node, within its namespaces."""
     where, extra = session_filter(session)
     sql = (

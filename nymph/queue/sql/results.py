@@ -3,17 +3,17 @@ instance), listing and reading (synchronous SQL inside one transaction)."""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from nymph.launch.logcap import overlap_skip
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import DaemonSession
+from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.launches import instance_row
 from nymph.queue.sql.rows import fetch_instance, session_may_act
 
 
-def _set_error(conn: sqlite3.Connection, *, instance_id: str, error: str) -> None:
+def _set_error(conn: Conn, *, instance_id: str, error: str) -> None:
     conn.execute(
         "UPDATE instances SET results_error = ?, version = version + 1 WHERE instance_id = ?",
         (error[:2000], instance_id),
@@ -21,7 +21,7 @@ def _set_error(conn: sqlite3.Connection, *, instance_id: str, error: str) -> Non
 
 
 def put_chunk(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     session: DaemonSession,
     instance_id: str,
@@ -87,7 +87,7 @@ def put_chunk(
     return size + len(new), None
 
 
-def listing(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str) -> dict[str, Any]:
+def listing(conn: Conn, *, ns: str, provider: str, instance_id: str) -> dict[str, Any]:
     instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
     items = [
         {"path": r["path"], "size": int(r["size"])}
@@ -102,7 +102,7 @@ def listing(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: st
     return {"instanceId": instance_id, "items": items, "error": error}
 
 
-def file_size(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: str, path: str) -> int:
+def file_size(conn: Conn, *, ns: str, provider: str, instance_id: str, path: str) -> int:
     instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
     row = conn.execute(
         "SELECT size FROM result_files WHERE instance_id = ? AND path = ? AND complete = 1",
@@ -113,9 +113,7 @@ def file_size(conn: sqlite3.Connection, *, ns: str, provider: str, instance_id: 
     return int(row[0])
 
 
-def chunks(
-    conn: sqlite3.Connection, *, instance_id: str, path: str, since: int, rows: int = 8
-) -> list[bytes]:
+def chunks(conn: Conn, *, instance_id: str, path: str, since: int, rows: int = 8) -> list[bytes]:
     """Up to ``rows`` stored chunks of a file from offset ``since`` (cut to start there)."""
     out: list[bytes] = []
     for r in conn.execute(

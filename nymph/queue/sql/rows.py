@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from nymph.protocol import (
     iso,
 )
 from nymph.queue.models import DaemonSession
+from nymph.queue.sql.dialect import Conn, Row
 
 
 class Keep(enum.Enum):
@@ -34,7 +34,7 @@ INSTANCE_COLUMNS = (
 )
 
 
-def instances_json(conn: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> list[InstanceJSON]:
+def instances_json(conn: Conn, rows: Sequence[Row]) -> list[InstanceJSON]:
     """Instance rows -> JSON, with their history fetched in one query."""
     if not rows:
         return []
@@ -96,15 +96,15 @@ def session_filter(session: DaemonSession, *, alias: str = "") -> tuple[str, lis
     return "".join(f" AND {c}" for c in clauses), params
 
 
-def session_may_act(session: DaemonSession, row: sqlite3.Row) -> bool:
+def session_may_act(session: DaemonSession, row: Row) -> bool:
     """Whether a task or instance row is within a daemon session's namespaces and scope."""
     return session.serves(row["kube_namespace"]) and (
         session.scope is None or row["namespace"] == session.scope
     )
 
 
-def fetch_instance(conn: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute(
+def fetch_instance(conn: Conn, instance_id: str) -> Row | None:
+    row: Row | None = conn.execute(
         f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE instance_id = ?",  # noqa: S608
         (instance_id,),
     ).fetchone()
@@ -112,7 +112,7 @@ def fetch_instance(conn: sqlite3.Connection, instance_id: str) -> sqlite3.Row | 
 
 
 def transition(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     instance_id: str,
     now: float,
@@ -154,7 +154,7 @@ def transition(
     return True
 
 
-def task_json(row: sqlite3.Row) -> TaskJSON:
+def task_json(row: Row) -> TaskJSON:
     out = TaskJSON(
         taskId=row["task_id"],
         kind=row["kind"],
@@ -172,7 +172,7 @@ def task_json(row: sqlite3.Row) -> TaskJSON:
     return out
 
 
-def task_status_json(row: sqlite3.Row) -> TaskStatusJSON:
+def task_status_json(row: Row) -> TaskStatusJSON:
     result: Any = json.loads(row["result"]) if row["result"] else None
     return TaskStatusJSON(
         taskId=row["task_id"],
@@ -184,9 +184,7 @@ def task_status_json(row: sqlite3.Row) -> TaskStatusJSON:
     )
 
 
-def record_termination(
-    conn: sqlite3.Connection, *, instance_id: str, termination: tuple[int, str, str]
-) -> bool:
+def record_termination(conn: Conn, *, instance_id: str, termination: tuple[int, str, str]) -> bool:
     """Keep how the container ended (the first word on it stays); True if it was new."""
     code, reason, message = termination
     cur = conn.execute(

@@ -1,0 +1,311 @@
+"""The queue's state in PostgreSQL: a connection pool, migrations, transactions, wake-ups.
+
+The same synchronous SQL functions as on SQLite (:mod:`nymph.queue.sql`) run here through
+:class:`~nymph.queue.sql.dialect.PgConn`, on a small thread pool with a psycopg connection pool
+behind it, so that :class:`PgDatabase` offers exactly :class:`nymph.queue.db.Database`'s
+``write`` / ``read``.
+
+Concurrency across replicas: every write transaction first takes one transaction-scoped advisory
+lock (exclusive), so writes see each other as SQLite's ``BEGIN IMMEDIATE`` makes them, on any
+replica; a claim takes it *shared* (many claims at once, none beside another write) and leases
+its rows with ``FOR UPDATE SKIP LOCKED``, so two claims never hand out the same task. Reads run
+as ``REPEATABLE READ READ ONLY`` (one snapshot, like a SQLite read transaction).
+
+Migrations are applied once, by whichever replica takes the migration advisory lock first.
+Wake-ups cross replicas with ``LISTEN`` / ``NOTIFY`` (:class:`Listener`). A database that
+cannot be reached makes a call fail fast with :class:`~nymph.queue.errors.Unavailable` (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+import structlog
+from psycopg.conninfo import conninfo_to_dict
+
+from nymph.queue.db import DatabaseError
+from nymph.queue.errors import Unavailable
+from nymph.queue.sql.dialect import PgConn, pg_row_factory
+from nymph.queue.sql.pg_migrations import PG_MIGRATIONS
+
+T = TypeVar("T")
+log = structlog.get_logger(__name__, component="queue.pgdb")
+
+#: Advisory lock keys (bigints; the singletons' keys are in :mod:`nymph.queue.db`).
+WRITE_LOCK = 0x6E796D7068_01
+MIGRATE_LOCK = 0x6E796D7068_02
+CHANNEL = "nymph_queue"
+#: How often a replica that does not hold a singleton lock tries for it (and the holder checks
+#: its connection).
+LOCK_POLL = 2.0
+UNREACHABLE = "the queue database cannot be reached right now: nothing was changed; retry shortly"
+
+
+def is_url(value: str) -> bool:
+    return value.startswith(("postgresql://", "postgres://"))
+
+
+def describe(url: str) -> str:
+    """The database's host and name for logs (never the password)."""
+    try:
+        info = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "postgresql (unparsable URL)"
+    host = info.get("host") or "localhost"
+    return f"postgresql {host}:{info.get('port') or 5432}/{info.get('dbname') or ''}"
+
+
+def migrate(raw: psycopg.Connection[Any]) -> int:
+    """Apply the migrations the database has not had yet (``raw`` in autocommit mode)."""
+    raw.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
+    try:
+        raw.execute("CREATE TABLE IF NOT EXISTS nymph_schema (version INTEGER NOT NULL)")
+        row = raw.execute("SELECT version FROM nymph_schema").fetchone()
+        if row is None:
+            raw.execute("INSERT INTO nymph_schema (version) VALUES (0)")
+            version = 0
+        else:
+            version = int(row[0])
+        if version > len(PG_MIGRATIONS):
+            raise DatabaseError(
+                f"the queue database has schema version {version} but this nymph knows only "
+                f"{len(PG_MIGRATIONS)}: upgrade nymph or use another --db"
+            )
+        for index in range(version, len(PG_MIGRATIONS)):
+            with raw.transaction():
+                raw.execute(PG_MIGRATIONS[index])
+                raw.execute("UPDATE nymph_schema SET version = %s", (index + 1,))
+            log.info("migrated", version=index + 1)
+        return len(PG_MIGRATIONS)
+    finally:
+        raw.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
+
+
+def connect_and_migrate(url: str, *, timeout: float = 10.0) -> int:
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(timeout))) as raw:
+            return migrate(raw)
+    except psycopg.Error as exc:
+        raise DatabaseError(f"cannot open the queue database ({describe(url)}): {exc}") from None
+
+
+def _broken(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg_pool.PoolTimeout) or (
+        isinstance(exc, psycopg.OperationalError)
+        and not isinstance(
+            exc,
+            psycopg.errors.SerializationFailure
+            | psycopg.errors.DeadlockDetected
+            | psycopg.errors.QueryCanceled,
+        )
+    )
+
+
+class PgDatabase:
+    """The service's PostgreSQL connections; same interface as :class:`nymph.queue.db.Database`."""
+
+    def __init__(self, *, url: str, pool_size: int = 8, timeout: float = 3.0) -> None:
+        self.url = url
+        self.pool_size = pool_size
+        self.timeout = timeout
+        #: This replica, in the payload of its NOTIFYs (it ignores its own).
+        self.replica = secrets.token_hex(6)
+        self._executor: ThreadPoolExecutor | None = None
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = None
+        self._pending: set[Future[None]] = set()
+
+    @property
+    def describe(self) -> str:
+        return describe(self.url)
+
+    async def open(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="nymph-queue-pg")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, connect_and_migrate, self.url)
+        pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"autocommit": True, "row_factory": pg_row_factory, "application_name": "nymph-queue"},
+            timeout=self.timeout,
+            reconnect_timeout=0,
+            open=False,
+            name="nymph-queue",
+        )
+        try:
+            await loop.run_in_executor(self._executor, lambda: pool.open(wait=True, timeout=self.timeout))
+        except psycopg_pool.PoolTimeout:
+            await loop.run_in_executor(self._executor, pool.close)
+            raise DatabaseError(f"cannot connect to the queue database ({self.describe})") from None
+        self._pool = pool
+
+    async def close(self) -> None:
+        if self._executor is None:
+            return
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, lambda: pool.close(timeout=5))
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    async def write(self, fn: Callable[[PgConn], T], *, concurrent: bool = False) -> T:
+        """Run ``fn`` in one write transaction (``concurrent``: a claim, see the module doc)."""
+        lock = "pg_advisory_xact_lock_shared" if concurrent else "pg_advisory_xact_lock"
+        return await self._run(fn, begin="BEGIN", lock=lock)
+
+    async def read(self, fn: Callable[[PgConn], T]) -> T:
+        return await self._run(fn, begin="BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", lock=None)
+
+    async def _run(self, fn: Callable[[PgConn], T], *, begin: str, lock: str | None) -> T:
+        if self._executor is None or self._pool is None:
+            raise DatabaseError("the queue database is not open")
+        pool = self._pool
+
+        def job() -> T:
+            for attempt in range(3):
+                with pool.connection() as raw:
+                    try:
+                        raw.execute(begin)
+                    except psycopg.OperationalError:
+                        if attempt == 2:
+                            raise
+                        pool.check()  # a restarted server: drop every dead connection at once
+                        continue
+                    try:
+                        if lock is not None:
+                            raw.execute(f"SELECT {lock}(%s)", (WRITE_LOCK,))
+                        result = fn(PgConn(raw))
+                    except BaseException:
+                        with contextlib.suppress(psycopg.Error):
+                            raw.execute("ROLLBACK")
+                        raise
+                    raw.execute("COMMIT")
+                    return result
+            raise AssertionError("unreachable")
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            if _broken(exc):
+                log.warning("database unreachable", error=exc.__class__.__name__)
+                raise Unavailable(UNREACHABLE) from None
+            raise
+
+    async def try_singleton(self, key: int, fn: Callable[[PgConn], T]) -> tuple[bool, T | None]:
+        """Run ``fn`` in a write transaction only if no other replica holds ``key`` right now."""
+
+        def guarded(conn: PgConn) -> tuple[bool, T | None]:
+            if not conn.execute("SELECT pg_try_advisory_xact_lock(?)", (key,)).fetchone()[0]:
+                return False, None
+            return True, fn(conn)
+
+        return await self.write(guarded)
+
+    def broadcast(self, key: str) -> None:
+        """Tell the other replicas (``key``: an instance id, or empty for "tasks changed").
+        Fire and forget: a lost wake-up only delays a long-poll until its timeout."""
+        if self._executor is None or self._pool is None:
+            return
+        pool, payload = self._pool, f"{self.replica}:{key}"
+
+        def send() -> None:
+            with contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout), pool.connection() as raw:
+                raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+
+        fut = self._executor.submit(send)
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+
+    async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``run`` only while this replica holds the session advisory lock ``key`` (wait for
+        it otherwise). The lock lives with one connection: when the holder dies, or loses the
+        database, the lock is released and another replica takes over; a holder that loses its
+        connection stops ``run`` and waits for the lock again."""
+        while True:
+            try:
+                await self._exclusive_once(key, run)
+                return
+            except (psycopg.Error, OSError) as exc:
+                log.warning("lost the singleton lock's connection; waiting for it again", error=str(exc))
+                await asyncio.sleep(LOCK_POLL)
+
+    async def _exclusive_once(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=5)
+        async with conn:
+            while True:
+                cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    break
+                await asyncio.sleep(LOCK_POLL)
+            log.info("singleton lock taken", lock=key)
+            task = asyncio.create_task(run())
+            try:
+                while not task.done():
+                    await asyncio.wait({task}, timeout=LOCK_POLL)
+                    if not task.done():
+                        await conn.execute("SELECT 1")  # still connected, so still holding it
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            await task
+
+    async def listen(self, on_wake: Callable[[str], None], *, ready: asyncio.Event | None = None) -> None:
+        """Deliver other replicas' broadcasts to ``on_wake`` until cancelled, reconnecting after
+        a lost connection (and waking everyone then: a broadcast may have been missed)."""
+        await Listener(url=self.url, replica=self.replica, on_wake=on_wake).run(ready=ready)
+
+
+class Listener:
+    def __init__(self, *, url: str, replica: str, on_wake: Callable[[str], None]) -> None:
+        self.url = url
+        self.replica = replica
+        self.on_wake = on_wake
+
+    async def run(self, *, ready: asyncio.Event | None = None) -> None:
+        delay = 0.2
+        first = True
+        while True:
+            try:
+                await self._once(ready=ready, first=first)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("notification listener lost its connection; reconnecting", error=str(exc))
+            first = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _once(self, *, ready: asyncio.Event | None, first: bool) -> None:
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=5)
+        async with conn:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            if ready is not None:
+                ready.set()
+            if not first:
+                self.on_wake("")  # anything may have changed while the connection was down
+            async for note in conn.notifies():
+                replica, _, key = note.payload.partition(":")
+                if replica != self.replica:
+                    self.on_wake(key)
+
+
+def write_once(url: str, fn: Callable[[PgConn], T]) -> T:
+    """One write transaction on its own connection, migrating first (the CLI's token verbs)."""
+    connect_and_migrate(url)
+    try:
+        with (
+            psycopg.connect(url, autocommit=True, row_factory=pg_row_factory, connect_timeout=10) as raw,
+            raw.transaction(),
+        ):
+            raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            return fn(PgConn(raw))
+    except psycopg.OperationalError as exc:
+        raise DatabaseError(f"cannot open the queue database ({describe(url)}): {exc}") from None

@@ -1,0 +1,137 @@
+"""The one place the SQL modules meet the difference between SQLite and PostgreSQL.
+
+The SQL in :mod:`nymph.queue.sql` is written once, in the subset both speak, with SQLite's
+``?`` (positional) and ``:name`` (named) placeholders; a connection is anything with
+``execute(sql, params)`` (:class:`Conn`): a ``sqlite3.Connection`` as it is, or a
+:class:`PgConn` that translates the placeholders for psycopg and returns rows readable by index
+and by column name (like ``sqlite3.Row``). Scalar ``GREATEST(a, b)`` is registered on SQLite
+connections. The few statements that must differ ask :func:`is_postgres` (row locks: ``FOR
+UPDATE``, ``SKIP LOCKED``). The schema itself is per backend (:mod:`.migrations`,
+:mod:`.pg_migrations`).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+class Row(Protocol):
+    def __getitem__(self, key: int | str, /) -> Any: ...
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    def execute(self, sql: str, parameters: Any = ..., /) -> Cursor: ...
+
+
+def is_postgres(conn: Conn) -> bool:
+    return isinstance(conn, PgConn)
+
+
+def for_update(conn: Conn, *, of: str = "", skip_locked: bool = False) -> str:
+    """`` FOR UPDATE [OF x] [SKIP LOCKED]`` on PostgreSQL; empty on SQLite (a write transaction
+    there holds the whole database)."""
+    if not is_postgres(conn):
+        return ""
+    return " FOR UPDATE" + (f" OF {of}" if of else "") + (" SKIP LOCKED" if skip_locked else "")
+
+
+def setup_sqlite(conn: sqlite3.Connection) -> None:
+    """Give a SQLite connection what the shared SQL uses beyond SQLite's own functions."""
+    conn.create_function("GREATEST", 2, _greatest, deterministic=True)
+
+
+def _greatest(a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return a if b is None else b
+    return a if a >= b else b
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|:[A-Za-z_][A-Za-z0-9_]*|%|::")
+
+
+@functools.lru_cache(maxsize=2048)
+def translate(sql: str) -> str:
+    """SQLite placeholders -> psycopg ones: ``?`` -> ``%s``, ``:name`` -> ``%(name)s``, every
+    ``%`` doubled; ``?`` and ``:name`` inside quoted strings and identifiers are left alone."""
+
+    def sub(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        if tok == "?":
+            return "%s"
+        if tok == "%":
+            return "%%"
+        if tok.startswith(":") and tok != "::":
+            return f"%({tok[1:]})s"
+        return tok.replace("%", "%%")  # a quoted string or identifier: psycopg still reads its %
+
+    return _TOKEN.sub(sub, sql)
+
+
+class PgRow(tuple[Any, ...]):
+    """A row readable by position and by column name, like ``sqlite3.Row``."""
+
+    _index: Mapping[str, int]
+
+    def __new__(cls, values: Sequence[Any], index: Mapping[str, int]) -> PgRow:
+        row = super().__new__(cls, values)
+        row._index = index
+        return row
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return super().__getitem__(self._index[key])
+        return super().__getitem__(key)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+def pg_row_factory(cursor: Any) -> Any:
+    desc = cursor.description
+    index = {} if desc is None else {c.name: i for i, c in enumerate(desc)}
+
+    def make(values: Sequence[Any]) -> PgRow:
+        return PgRow(values, index)
+
+    return make
+
+
+class PgConn:
+    """A psycopg connection speaking the shared SQL (see the module docstring)."""
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
+        if isinstance(parameters, Mapping):
+            params: Any = {k: _text(v) for k, v in parameters.items()}
+        else:
+            params = [_text(v) for v in parameters]
+        cur: Cursor = self.raw.execute(translate(sql), params)
+        return cur
+
+
+def _text(value: Any) -> Any:
+    """PostgreSQL text cannot hold NUL: stored as U+FFFD (the same on every write and lookup, so
+    a key with a NUL separator still matches itself)."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value

@@ -1,0 +1,71 @@
+"""Daemon sessions in the database, so that every replica accepts every daemon's session
+(synchronous SQL inside the caller's transaction; the rules are :mod:`nymph.queue.sessions`')."""
+
+from __future__ import annotations
+
+import json
+
+from nymph.queue.models import DaemonSession
+from nymph.queue.sql.dialect import Conn, Row
+
+_COLUMNS = "digest, session_id, daemon_id, node, namespaces, token_id, scope, expires_at"
+
+
+def session_of(row: Row) -> DaemonSession:
+    return DaemonSession(
+        session_id=row["session_id"],
+        daemon_id=row["daemon_id"],
+        node=row["node"],
+        namespaces=tuple(json.loads(row["namespaces"])),
+        token_id=row["token_id"],
+        scope=row["scope"],
+    )
+
+
+def by_digest(conn: Conn, *, digest: str) -> Row | None:
+    row: Row | None = conn.execute(
+        f"SELECT {_COLUMNS} FROM daemon_sessions WHERE digest = ?",  # noqa: S608 - constants only
+        (digest,),
+    ).fetchone()
+    return row
+
+
+def live_of_daemon(conn: Conn, *, daemon_id: str) -> list[Row]:
+    return list(
+        conn.execute(
+            f"SELECT {_COLUMNS} FROM daemon_sessions WHERE daemon_id = ?",  # noqa: S608 - constants only
+            (daemon_id,),
+        )
+    )
+
+
+def count(conn: Conn) -> int:
+    return int(conn.execute("SELECT COUNT(*) FROM daemon_sessions").fetchone()[0])
+
+
+def purge(conn: Conn, *, now: float) -> None:
+    conn.execute("DELETE FROM daemon_sessions WHERE expires_at <= ?", (now,))
+
+
+def drop(conn: Conn, *, digest: str) -> None:
+    conn.execute("DELETE FROM daemon_sessions WHERE digest = ?", (digest,))
+
+
+def insert(conn: Conn, *, digest: str, session: DaemonSession, expires_at: float) -> None:
+    conn.execute(
+        f"INSERT INTO daemon_sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+        (
+            digest,
+            session.session_id,
+            session.daemon_id,
+            session.node,
+            json.dumps(list(session.namespaces)),
+            session.token_id,
+            session.scope,
+            expires_at,
+        ),
+    )
+
+
+def extend(conn: Conn, *, digest: str, expires_at: float) -> None:
+    conn.execute("UPDATE daemon_sessions SET expires_at = ? WHERE digest = ?", (expires_at, digest))
