@@ -80,6 +80,7 @@ demo: install-demo deps envtest ## the main job: queue + daemon + a sample launc
 bench: install envtest ## the benchmark scoreboard: prints a table, writes bench-results.json (SOAK=1: 10,000-launch soak)
 	$(BIN)/python benchmarks/daemon_bench.py $(if $(SOAK),--soak 10000)
 	$(BIN)/python benchmarks/queue_bench.py --backend both
+	NYMPH_REPLICA_LAUNCHES=1000 $(BIN)/pytest -q -s -p no:cacheprovider tests/queue/test_queue_replicas.py -k killed
 
 # --- for users with Docker (not runnable on machines without a Docker engine) --------------
 image: ## build the nymph image
