@@ -8,6 +8,7 @@ the output of instances stopped longer ago than the retention period.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +97,8 @@ class OutputStore:
         note: str | None,
     ) -> LogStatus:
         cap = self.settings.log_cap_bytes
-        st = await self.db.write(
+        return await self._appended(
+            instance_id,
             lambda conn: logchunks.daemon_append(
                 conn,
                 session=session,
@@ -108,8 +110,12 @@ class OutputStore:
                 cursor=cursor,
                 final=final,
                 note=note,
-            )
+            ),
         )
+
+    async def _appended(self, instance_id: str, write: Callable[[Conn], LogStatus]) -> LogStatus:
+        """Run one chunk write and wake the instance's log followers."""
+        st = await self.db.write(write)
         self.appended.notify(instance_id)
         return st
 
@@ -125,7 +131,8 @@ class OutputStore:
     ) -> LogStatus:
         """The queue's own write (a direct launch's follower)."""
         cap = self.settings.log_cap_bytes
-        st = await self.db.write(
+        return await self._appended(
+            instance_id,
             lambda conn: logchunks.append(
                 conn,
                 instance_id=instance_id,
@@ -136,10 +143,8 @@ class OutputStore:
                 cursor=cursor,
                 final=final,
                 note=note,
-            )
+            ),
         )
-        self.appended.notify(instance_id)
-        return st
 
     async def status(self, *, instance_id: str) -> LogStatus | None:
         return await self.db.read(lambda conn: logchunks.status(conn, instance_id=instance_id))
