@@ -91,7 +91,7 @@ def real_kube(tmp_path_factory: pytest.TempPathFactory, real_node_assets: Path) 
         cluster.stop()
 
 
-def _new_namespace(cluster: LocalCluster) -> str:
+def new_namespace(cluster: LocalCluster) -> str:
     name = f"t-{secrets.token_hex(4)}"
     cluster.api(
         "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
@@ -102,12 +102,12 @@ def _new_namespace(cluster: LocalCluster) -> str:
 
 @pytest.fixture
 def namespace(kube: LocalCluster) -> str:
-    return _new_namespace(kube)
+    return new_namespace(kube)
 
 
 @pytest.fixture
 def real_namespace(real_kube: LocalCluster) -> str:
-    return _new_namespace(real_kube)
+    return new_namespace(real_kube)
 
 
 SaKubeconfig = Callable[..., Path]

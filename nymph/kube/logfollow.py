@@ -22,7 +22,7 @@ from kubernetes_asyncio import client
 
 from nymph.kube.errors import KubeError, NotFound
 from nymph.kube.logstream import LogNotReady, NoContainerLog, open_log
-from nymph.launch.logcursor import Chunker, Cursor, LineSplitter
+from nymph.launch.logcursor import Chunker, Cursor, LineSplitter, Stamp, parse_line
 from nymph.logs import get_logger
 
 
@@ -40,6 +40,26 @@ class FollowSettings:
     flush_seconds: float = 0.5
     max_failures: int = 5
     not_ready_seconds: float = 600.0
+    #: A stream quiet this long while the container runs is opened again from the cursor: the
+    #: kubelet may be stuck on a log file it rotated away (it moves to the new file only when
+    #: it sees the file created, which a reader that fell behind misses). Doubles while such
+    #: re-reads bring nothing, up to ``idle_reopen_max``.
+    idle_reopen_seconds: float = 5.0
+    idle_reopen_max: float = 60.0
+    #: How many extra reads confirm the end once the container ended (each one that still
+    #: brings lines asks for another).
+    max_confirms: int = 3
+    #: Lines whose stamps lie this much further apart than their arrivals: the stream leapt
+    #: ahead past lines the node rotated away (see :mod:`nymph.launch.logcursor`).
+    leap_seconds: float = 2.0
+
+
+@dataclass
+class _Read:
+    fresh: bool = False  # it brought lines that were not shipped before
+    rest: tuple[bytes, bool] | None = None  # an unfinished last line, kept back
+    idle: bool = False  # closed by us: quiet too long while the container runs
+    ended: bool = False  # the API server ended it
 
 
 async def _ship(sink: LogSink, chunker: Chunker, *, final: bool = False, note: str | None = None) -> None:
@@ -62,23 +82,31 @@ async def follow_container_log(
 ) -> None:
     """Follow the ``user`` container of Pod ``namespace/name`` until its log is complete;
     ``ended()`` says whether the container has ended (or the Pod is gone); ``on_gap()`` is
-    called when a resumed read finds that the node rotated unread lines away (the log then
-    carries :data:`nymph.launch.logcursor.ROTATED` there)."""
+    called when a re-read finds that the node rotated unread lines away (the log then
+    carries :data:`nymph.launch.logcursor.ROTATED` there).
+
+    Once the container ended and a stream brought its last lines, one more read from the
+    cursor confirms the end: a kubelet stuck on a rotated file ends its stream at that file's
+    end, and the lines after it are still in the node's current file."""
     s = settings or FollowSettings()
     log = get_logger("logs", instance=name)
 
     def gap() -> None:
-        log.warning("the node rotated the log before it was read: lines are missing")
+        log.warning("the node rotated the log before it was read: lines may be missing")
         if on_gap is not None:
             on_gap()
 
-    chunker = Chunker.resume(cursor, on_gap=gap)
-    failures = 0
+    def resume(at: Cursor) -> Chunker:
+        return Chunker.resume(at, on_gap=gap, leap_seconds=s.leap_seconds)
+
+    chunker = resume(cursor)
+    failures = confirms = 0
+    idle_after = s.idle_reopen_seconds
     started = time.monotonic()
     while True:
-        chunker = Chunker.resume(chunker.cursor, on_gap=gap)
+        chunker = resume(chunker.cursor)
         try:
-            got, rest = await _read(api, namespace, name, chunker, sink, s)
+            got = await _read(api, namespace, name, chunker, sink, s, idle_after=idle_after, ended=ended)
         except LogNotReady:
             if time.monotonic() - started > s.not_ready_seconds:
                 await _ship(sink, chunker, final=True, note="the container never started")
@@ -101,17 +129,42 @@ async def follow_container_log(
                 return
             await asyncio.sleep(min(0.5 * 2**failures, 10.0))
             continue
+        if got.idle:
+            idle_after = s.idle_reopen_seconds if got.fresh else min(idle_after * 2, s.idle_reopen_max)
+            continue
+        idle_after = s.idle_reopen_seconds
         if ended():
-            if rest is not None:
-                chunker.line(rest[0], continued=rest[1])
+            if got.fresh and confirms < s.max_confirms:
+                confirms += 1
+                continue
+            if got.rest is not None:
+                chunker.line(got.rest[0], continued=got.rest[1])
             await _ship(sink, chunker, final=True)
             return
         # The stream ended while the container runs on (the connection was closed): resume.
-        failures = 0 if got else failures + 1
+        failures = 0 if got.fresh else failures + 1
         if failures > s.max_failures:
             await _ship(sink, chunker, final=True, note="the log stream kept ending early")
             return
-        await asyncio.sleep(0.2 if got else min(0.5 * 2**failures, 10.0))
+        await asyncio.sleep(0.2 if got.fresh else min(0.5 * 2**failures, 10.0))
+
+
+async def _rotated_since(api: client.ApiClient, namespace: str, name: str, stamp: Stamp) -> bool:
+    """Whether the line stamped ``stamp`` is no longer in the container's current log file
+    (lines after it may have been rotated away unread); when the node cannot say, assume so."""
+    try:
+        async with open_log(
+            api, namespace=namespace, name=name, since_time=stamp.since_time, follow=False
+        ) as stream:
+            splitter = LineSplitter()
+            while data := await stream.read(timeout=30.0):
+                for line, continued in splitter.feed(data):
+                    seen = None if continued else parse_line(line)[0]
+                    if seen is not None and seen >= stamp:
+                        return seen > stamp
+    except KubeError:
+        pass
+    return True
 
 
 async def _read(
@@ -121,31 +174,49 @@ async def _read(
     chunker: Chunker,
     sink: LogSink,
     s: FollowSettings,
-) -> tuple[bool, tuple[bytes, bool] | None]:
-    """Read one stream to its end, shipping as it goes. Returns whether it brought anything
-    and an unfinished last line (kept back: shipped only once the container ended)."""
+    *,
+    idle_after: float,
+    ended: Callable[[], bool],
+) -> _Read:
+    """Read one stream to its end (or until it stays quiet ``idle_after`` seconds while the
+    container runs), shipping as it goes. An unfinished last line is kept back: it is shipped
+    only once the container ended."""
     stamp = chunker.cursor.stamp
+    start = chunker.cursor.offset
     splitter = LineSplitter()
-    got = False
+    out = _Read()
     deadline: float | None = None
+    quiet_since = time.monotonic()
     since = stamp.since_time if stamp else None
     async with open_log(api, namespace=namespace, name=name, since_time=since) as stream:
         while True:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            data = await stream.read(timeout=wait)
+            now = time.monotonic()
+            wait = quiet_since + idle_after - now
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+            data = await stream.read(timeout=max(0.0, wait))
             if data is None:  # nothing came for a while: ship what is buffered
                 await _ship(sink, chunker)
                 deadline = None
+                if time.monotonic() - quiet_since >= idle_after and not ended():
+                    out.idle = True
+                    break
                 continue
             if not data:
+                out.ended = True
                 break
-            got = True
+            received = time.monotonic()
             for line, continued in splitter.feed(data):
-                chunker.line(line, continued=continued)
+                chunker.line(line, continued=continued, received=received)
+            if chunker.suspects:
+                chunker.settle([await _rotated_since(api, namespace, name, b) for _, b in chunker.suspects])
             if len(chunker.buf) >= s.chunk_bytes or (deadline is not None and time.monotonic() >= deadline):
-                await _ship(sink, chunker)
+                await _ship(sink, chunker)  # may wait for room: quiet counts from after it
                 deadline = None
             elif chunker.buf and deadline is None:
                 deadline = time.monotonic() + s.flush_seconds
+            quiet_since = time.monotonic()
     await _ship(sink, chunker)
-    return got, splitter.rest()
+    out.fresh = chunker.cursor.offset > start
+    out.rest = splitter.rest()
+    return out

@@ -77,9 +77,15 @@ async def open_log(
     name: str,
     container: str = "user",
     since_time: str | None = None,
+    follow: bool = True,
 ) -> AsyncIterator[LogStream]:
-    """The container's log (stamped lines) from ``since_time`` on, as it arrives."""
-    query: list[tuple[str, object]] = [("container", container), ("follow", "true"), ("timestamps", "true")]
+    """The container's log (stamped lines) from ``since_time`` on, as it arrives (``follow``)
+    or as the node has it now."""
+    query: list[tuple[str, object]] = [
+        ("container", container),
+        ("follow", "true" if follow else "false"),
+        ("timestamps", "true"),
+    ]
     if since_time is not None:
         query.append(("sinceTime", since_time))
     try:

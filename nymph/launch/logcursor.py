@@ -7,6 +7,19 @@ exactly that timestamp. After a break it asks again from that timestamp's second
 has second precision) and :class:`Dedup` drops the overlap: lines older than the cursor, and the
 first ``seen`` lines of the cursor's own timestamp.
 
+A re-read that does not find the cursor's own line may have lost lines to the node's log rotation:
+the kubelet serves only a container's current log file, so the lines of a rotated file that was
+not read to its end are out of reach. The API server gives no way to tell a rotated file that was
+read to its end from one that was not, so such a re-read always puts :data:`ROTATED` in the log
+("lines may be missing"). Within one stream, a kubelet that fell behind moves on to the newest
+file when it notices a rotation, skipping any file in between: the stream then leaps ahead in
+time. A :class:`Chunker` given arrival times notes such a leap as a *suspect*: consecutive lines
+whose stamps lie further apart than their arrivals by more than ``leap_seconds`` (which a follower
+that keeps up never sees: a quiet job's next line also arrives later). A follower that caught up
+after a break sees the same shape when the job paused, so the follower checks each suspect (is
+the last line before it still in the node's current file?) and :meth:`Chunker.settle` marks only
+those that could have lost lines.
+
 The runtime splits a line longer than its limit (16 KiB in containerd) into partial records and
 the API server prefixes each with its own timestamp; :func:`parse_line` cuts those stamps back
 out of a joined line so the shipped bytes are what the job printed.
@@ -17,9 +30,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 #: Put in the log where the node rotated lines away before they could be read.
-ROTATED = b"\n[nymph: the node rotated the log before it was read: lines are missing here]\n"
+ROTATED = b"\n[nymph: the node rotated the log before it was all read: lines may be missing here]\n"
 #: containerd's default ``max_container_log_line_size``: where a long line is split.
 PARTIAL_SIZE = 16 * 1024
 _STAMP = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ")
@@ -40,6 +54,11 @@ class Stamp:
 
     def text(self) -> str:
         return f"{self.seconds}.{self.nanos:09d}Z"
+
+    def minus(self, other: Stamp) -> float:
+        """Seconds from ``other`` to this stamp."""
+        whole = datetime.fromisoformat(self.seconds) - datetime.fromisoformat(other.seconds)
+        return whole.total_seconds() + (self.nanos - other.nanos) / 1e9
 
 
 def parse_stamp(text: str) -> Stamp | None:
@@ -169,12 +188,23 @@ class Chunker:
     gaps: int = 0  # how many times the node had rotated lines away before they were read
     #: Told of each such gap (the follower logs and audits it).
     on_gap: Callable[[], None] | None = field(default=None, compare=False)
+    #: Note a leap ahead within the stream (see the module's doc); None: only re-reads.
+    leap_seconds: float | None = None
+    last: tuple[Stamp, float] | None = None  # the last fresh line's stamp and arrival
+    #: Leaps not settled yet: (where in ``buf`` the leaping line starts, the line before it).
+    suspects: list[tuple[int, Stamp]] = field(default_factory=list)
 
     @staticmethod
-    def resume(cursor: Cursor, *, on_gap: Callable[[], None] | None = None) -> Chunker:
-        return Chunker(cursor=cursor, dedup=Dedup(cursor), buf=bytearray(), on_gap=on_gap)
+    def resume(
+        cursor: Cursor, *, on_gap: Callable[[], None] | None = None, leap_seconds: float | None = None
+    ) -> Chunker:
+        return Chunker(
+            cursor=cursor, dedup=Dedup(cursor), buf=bytearray(), on_gap=on_gap, leap_seconds=leap_seconds
+        )
 
-    def line(self, raw: bytes, *, continued: bool) -> None:
+    def line(self, raw: bytes, *, continued: bool, received: float | None = None) -> None:
+        """Take one line (or a later piece of a long one); ``received``: when it arrived
+        (monotonic seconds), for the leap check. Settle :attr:`suspects` before :meth:`take`."""
         if continued:
             if not self.skipping:
                 self.buf += raw
@@ -184,17 +214,41 @@ class Chunker:
         self.skipping = not self.dedup.fresh(stamp)
         if self.dedup.gap:
             self.dedup.gap = False
-            self.gaps += 1
-            self.buf += ROTATED
-            self.cursor = self.cursor.after(None, len(ROTATED))
-            if self.on_gap is not None:
-                self.on_gap()
-        if not self.skipping:
-            self.buf += text
-            self.cursor = self.cursor.after(stamp, len(text))
+            self._mark(len(self.buf))
+        if self.skipping:
+            return
+        before = self._leapt(stamp, received)
+        if before is not None:
+            self.suspects.append((len(self.buf), before))
+        self.buf += text
+        self.cursor = self.cursor.after(stamp, len(text))
+
+    def settle(self, lost: list[bool]) -> None:
+        """Mark the suspects (in order) whose check says lines may be lost there."""
+        for (at, _), gap in reversed(list(zip(self.suspects, lost, strict=True))):
+            if gap:
+                self._mark(at)
+        self.suspects.clear()
+
+    def _mark(self, at: int) -> None:
+        self.buf[at:at] = ROTATED
+        self.cursor = self.cursor.after(None, len(ROTATED))
+        self.gaps += 1
+        if self.on_gap is not None:
+            self.on_gap()
+
+    def _leapt(self, stamp: Stamp | None, received: float | None) -> Stamp | None:
+        """The last line's stamp, if the stream leapt from it to this line."""
+        if self.leap_seconds is None or stamp is None or received is None:
+            return None
+        last, self.last = self.last, (stamp, received)
+        if last is None or stamp.minus(last[0]) - (received - last[1]) <= self.leap_seconds:
+            return None
+        return last[0]
 
     def take(self) -> tuple[bytes, int, Cursor]:
         """The buffered bytes, the offset they start at, and the cursor after them."""
+        assert not self.suspects, "settle the suspects first"
         data = bytes(self.buf)
         self.buf.clear()
         return data, self.cursor.offset - len(data), self.cursor

@@ -26,7 +26,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -80,6 +80,8 @@ class LocalCluster:
     progress: Callable[[str], None] | None = None
     node: str = "kwok"
     images: Sequence[NodeImage] | None = None
+    #: KubeletConfiguration fields over the real node's defaults (e.g. log rotation).
+    kubelet_settings: Mapping[str, object] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     server: str = ""
     kubeconfig: Path = field(init=False)
@@ -146,7 +148,11 @@ class LocalCluster:
         service_range = "10.0.0.0/24"
         if self.node_kind == "real":
             self.real = RealNode(
-                assets=assets, logdir=self.workdir, images=self.images, progress=self.progress
+                assets=assets,
+                logdir=self.workdir,
+                images=self.images,
+                progress=self.progress,
+                kubelet_settings=self.kubelet_settings,
             )
             layout = self.real.prepare()
             self.api_host, service_range = layout.node_ip, layout.service_range

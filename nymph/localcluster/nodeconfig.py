@@ -8,6 +8,7 @@ machine; every path lives under the slot's state directory.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,7 +181,14 @@ def cni_conflist(layout: NodeLayout) -> str:
     return json.dumps(conf, indent=2) + "\n"
 
 
-def kubelet_yaml(layout: NodeLayout, *, ca_cert: Path, serving_cert: Path, serving_key: Path) -> str:
+def kubelet_yaml(
+    layout: NodeLayout,
+    *,
+    ca_cert: Path,
+    serving_cert: Path,
+    serving_key: Path,
+    extra: Mapping[str, object] | None = None,
+) -> str:
     """KubeletConfiguration: listens on the node IP only, trusts client certificates of the
     local CA (the API server's), cgroupfs under the slot's own cgroup root, cgroup v1 allowed,
     no eviction or image GC surprises on a busy developer disk."""
@@ -219,4 +227,5 @@ def kubelet_yaml(layout: NodeLayout, *, ca_cert: Path, serving_cert: Path, servi
         "shutdownGracePeriod": "0s",
         "logging": {"verbosity": 1},
     }
+    cfg.update(extra or {})
     return yaml.safe_dump(cfg, sort_keys=False)

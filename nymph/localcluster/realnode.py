@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +88,7 @@ class RealNode:
     name: str = REAL_NODE
     images: Sequence[NodeImage] | None = None
     progress: Callable[[str], None] | None = None
+    kubelet_settings: Mapping[str, object] = field(default_factory=dict)
     layout: NodeLayout | None = None
     procs: list[Proc] = field(default_factory=list)
     image_names: list[str] = field(default_factory=list)
@@ -238,6 +239,7 @@ class RealNode:
                 ca_cert=pki.ca_cert,
                 serving_cert=pki.node.kubelet_serving.cert,
                 serving_key=pki.node.kubelet_serving.key,
+                extra=self.kubelet_settings,
             )
         )
         self._write_kubeconfig(server, pki)

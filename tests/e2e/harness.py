@@ -66,6 +66,7 @@ class QueueProc:
     proc: subprocess.Popen[bytes] | None = None
     user_token: str = ""
     daemon_token: str = ""
+    extra: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -92,6 +93,7 @@ class QueueProc:
                     str(self.db),
                     "--listen",
                     f"127.0.0.1:{self.port}",
+                    *self.extra,
                 ],
                 log=log,
             )

@@ -62,8 +62,9 @@ def printed() -> bytes:
 
 
 class RealStack:
-    def __init__(self, kube: LocalCluster, namespace: str, tmp: Path) -> None:
+    def __init__(self, kube: LocalCluster, namespace: str, tmp: Path, *, extra: tuple[str, ...] = ()) -> None:
         self.kube = kube
+        self.extra = extra
         self.namespace = namespace
         self.queue = QueueProc(tmp / "queue.db")
         self.kubeconfig = daemon_kubeconfig(kube, namespace, tmp)
@@ -77,7 +78,7 @@ class RealStack:
             self.kubeconfig,
             self.namespace,
             self.root,
-            extra=("--reap-after", "2"),
+            extra=("--reap-after", "2", *self.extra),
             node=self.kube.real_node,
         )
         self.daemons.append(d)

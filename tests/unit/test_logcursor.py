@@ -109,3 +109,39 @@ def test_a_resume_past_lines_the_node_rotated_away_says_so() -> None:
     third = Chunker.resume(cursor, on_gap=lambda: gaps.append(2))
     _feed(third, _stamped(LINES[1:]))
     assert gaps == [1] and shipped + third.take()[0] == PRINTED
+
+
+def test_a_stream_that_leaps_ahead_of_its_arrivals_is_a_suspect() -> None:
+    """A kubelet that fell behind moves on to the newest file: the stamps leap further than
+    the time between the lines' arrivals. A quiet job's next line arrives later: no suspect.
+    A suspect is marked only when its check says lines may be lost there."""
+    gaps: list[int] = []
+    c = Chunker.resume(Cursor(), on_gap=lambda: gaps.append(1), leap_seconds=2.0)
+    at = 100.0
+    for stamp, text in [("01.0", b"a\n"), ("01.5", b"b\n")]:
+        c.line(_stamped([(stamp, text)]), continued=False, received=at)
+    c.line(_stamped([("09.0", b"quiet 7.5 s, came 7.5 s later\n")]), continued=False, received=at + 7.5)
+    assert c.suspects == []
+    # read back to back (behind), yet 5 s apart in the log, twice
+    c.line(_stamped([("14.0", b"y\n")]), continued=False, received=at + 7.6)
+    c.line(_stamped([("20.0", b"z\n")]), continued=False, received=at + 7.7)
+    assert [s.text() for _, s in c.suspects] == [
+        "2030-01-01T00:00:09.000000000Z",
+        "2030-01-01T00:00:14.000000000Z",
+    ]
+    c.settle([False, True])  # the first one's line was still on the node: a pause, not a loss
+    assert gaps == [1] and c.suspects == []
+    data, offset, cursor = c.take()
+    assert offset == 0 and data.endswith(b"later\ny\n" + ROTATED + b"z\n") and cursor.offset == len(data)
+    # without arrival times (or with the check off) there is no suspect
+    off = Chunker.resume(Cursor())
+    off.line(_stamped([("01.0", b"a\n")]), continued=False, received=at)
+    off.line(_stamped([("59.0", b"b\n")]), continued=False, received=at)
+    assert off.suspects == [] and off.take()[0] == b"a\nb\n"
+
+
+def test_stamp_differences_cross_minutes_and_days() -> None:
+    a = parse_stamp("2030-01-01T23:59:59.900000000Z")
+    b = parse_stamp("2030-01-02T00:00:02.100000000Z")
+    assert a is not None and b is not None
+    assert abs(b.minus(a) - 2.2) < 1e-9 and abs(a.minus(b) + 2.2) < 1e-9

@@ -1,0 +1,190 @@
+"""A follower that falls behind the kubelet's log rotation, on a real node that rotates fast.
+
+The kubelet serves only a container's current log file, and a stream that fell behind stays on
+the file it opened after the kubelet rotated it away. The node here rotates at 1 MiB, keeps two
+files and checks every 3 s (the kubelet's least interval); the job prints numbered lines for
+about 12 s while the daemon is frozen (SIGSTOP) for several seconds of it, so its stream falls
+behind. Whatever the kubelet still had must reach the queue, and every place where lines are
+missing must carry the rotation marker (and an audit record): no silent gap, no line twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nymph.launch.logcursor import ROTATED
+from nymph.localcluster import LocalCluster
+from tests.e2e.harness import QueueProc, launch, setup_provider, wait_state
+from tests.e2e.test_logs import RealStack
+from tests.e2e.test_realnode import python_image
+from tests.kube_fixtures import new_namespace
+
+pytestmark = pytest.mark.e2e
+
+ROTATION = {"containerLogMaxSize": "1Mi", "containerLogMaxFiles": 2, "containerLogMonitorInterval": "3s"}
+SCRIPT = """
+import sys, time
+pad = "y" * 90
+n, t0 = 0, time.time()
+while time.time() - t0 < {seconds}:
+    for _ in range(200):
+        sys.stdout.write("%08d %s\\n" % (n, pad))
+        n += 1
+    sys.stdout.flush()
+    time.sleep(0.01)
+sys.stdout.write("END %d\\n" % n)
+"""
+LINE = re.compile(rb"^(\d{8}) y{90}$")
+
+
+@pytest.fixture(scope="module")
+def rotating_kube(tmp_path_factory: pytest.TempPathFactory, real_node_assets: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("rotating-cluster"),
+        assets=real_node_assets,
+        node="real",
+        node_names=(),
+        kubelet_settings=ROTATION,
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def stack(rotating_kube: LocalCluster, tmp_path: Path) -> Iterator[RealStack]:
+    namespace = new_namespace(rotating_kube)
+    s = RealStack(rotating_kube, namespace, tmp_path, extra=("--lease-seconds", "30"))
+    s.queue.extra = ("--log-cap", "64MiB")  # the whole log: no middle part dropped by the cap
+    try:
+        s.queue.tokens()
+        s.queue.start()
+        asyncio.run(setup_provider(s.queue, namespace, image=python_image(rotating_kube)))
+        s.daemon()
+        yield s
+    finally:
+        s.kill_all()
+
+
+async def _stored_log(q: QueueProc, iid: str) -> tuple[bytes, dict[str, str]]:
+    async with q.client() as c:
+        path = c.logs_path(provider="local", instance_id=iid)
+        async with c.stream(path, params={"since": "0"}, headers={"Accept": "text/plain"}) as r:
+            body = await r.read()
+            return body, {k: v for k, v in r.headers.items() if k.startswith("X-Nymph-Log")}
+
+
+def check_numbered(log: bytes) -> tuple[int, int, int]:
+    """(lines, lines missing, markers) of the job's log, failing on a silent gap or a repeat."""
+    parts = log.split(ROTATED)
+    lines = missing = 0
+    last = -1
+    end: int | None = None
+    for i, part in enumerate(parts):
+        for raw in part.splitlines():
+            if raw.startswith(b"END "):
+                end = int(raw.split()[1])
+                continue
+            m = LINE.match(raw)
+            if m is None:
+                at = log.find(raw)
+                raise AssertionError(f"not a line the job printed at byte {at}: {log[at - 150 : at + 250]!r}")
+            n = int(m.group(1))
+            if n != last + 1:
+                assert n > last + 1, f"line {n} came again after {last}"
+                # lines are missing: only right after a marker, never inside one part
+                assert i > 0 and lines_in_part(part, raw), (
+                    f"lines {last + 1}..{n - 1} missing without a marker"
+                )
+                missing += n - last - 1
+            last = n
+            lines += 1
+    assert end is not None and end == last + 1, f"the END line says {end}, the last line was {last}"
+    return lines, missing, len(parts) - 1
+
+
+def lines_in_part(part: bytes, raw: bytes) -> bool:
+    """Whether ``raw`` is the first line of ``part`` (what follows a marker)."""
+    first = part.lstrip(b"\n").split(b"\n", 1)[0]
+    return first == raw
+
+
+@pytest.mark.parametrize(("prints", "frozen"), [(12, 7), (20, 14)], ids=["behind", "far-behind"])
+async def test_a_follower_behind_the_rotation_marks_every_gap(
+    stack: RealStack, prints: int, frozen: int
+) -> None:
+    s = stack
+    iid = await launch(s.queue, script=SCRIPT.format(seconds=prints))
+    await wait_state(s.queue, iid, {"running"}, timeout=90)
+    await asyncio.sleep(2.0)
+    proc = s.daemons[-1].proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGSTOP)  # the daemon's stream falls behind while the job prints
+    try:
+        await asyncio.sleep(frozen)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    await wait_state(s.queue, iid, {"stopped"}, timeout=120)
+    deadline = time.monotonic() + 90
+    while True:
+        log, headers = await _stored_log(s.queue, iid)
+        if headers.get("X-Nymph-Log-Complete") == "true":
+            break
+        assert time.monotonic() < deadline, f"the log never completed: {headers}"
+        await asyncio.sleep(1.0)
+    lines, missing, markers = check_numbered(log)
+    audit = [json.loads(x) for x in (s.root / "audit.jsonl").read_text().splitlines() if x]
+    gaps = [r for r in audit if r.get("action") == "log-gap" and r.get("instance") == iid]
+    print(f"lines {lines}, missing {missing}, markers {markers}, audit gaps {len(gaps)}")
+    assert lines > 10_000
+    assert len(gaps) == markers
+    if missing:
+        assert markers > 0
+
+
+PAUSING = """
+import sys, time
+for burst in range(6):
+    for i in range(20):
+        sys.stdout.write("%08d %s\\n" % (burst * 20 + i, "y" * 90))
+    sys.stdout.flush()
+    time.sleep(3)
+sys.stdout.write("END 120\\n")
+"""
+
+
+async def test_a_follower_that_catches_up_over_pauses_marks_nothing(stack: RealStack) -> None:
+    """Frozen while the job prints in bursts 3 s apart, the follower then reads the bursts back
+    to back: the stamps leap, but the node still has every line, so nothing is marked."""
+    s = stack
+    iid = await launch(s.queue, script=PAUSING)
+    await wait_state(s.queue, iid, {"running"}, timeout=90)
+    await asyncio.sleep(1.0)
+    proc = s.daemons[-1].proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(10.0)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    await wait_state(s.queue, iid, {"stopped"}, timeout=120)
+    deadline = time.monotonic() + 60
+    while True:
+        log, headers = await _stored_log(s.queue, iid)
+        if headers.get("X-Nymph-Log-Complete") == "true":
+            break
+        assert time.monotonic() < deadline, f"the log never completed: {headers}"
+        await asyncio.sleep(1.0)
+    assert check_numbered(log) == (120, 0, 0)
+    assert ROTATED not in log
