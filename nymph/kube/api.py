@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -25,20 +27,41 @@ async def make_api_client(*, kubeconfig: str | None = None, context: str | None 
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
         await config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-    return client.ApiClient(configuration=cfg)
+    return without_env_lookups(client.ApiClient(configuration=cfg))
+
+
+def status_error(status: int, reason: str | None, body: str | bytes | None) -> KubeError:
+    """The KubeError for an API server answer ``status`` (its Status ``message`` when it has one)."""
+    message = reason or ""
+    try:
+        decoded = json.loads(body or "{}")
+        if isinstance(decoded, dict):
+            message = decoded.get("message") or message
+    except (ValueError, TypeError):
+        pass
+    return from_status(status, message)
 
 
 def api_error(exc: BaseException) -> KubeError:
     """Classify an exception from kubernetes_asyncio / aiohttp into a KubeError."""
     if isinstance(exc, ApiException):
-        message = exc.reason or ""
-        try:
-            body = json.loads(exc.body or "{}")
-            message = body.get("message") or message
-        except (ValueError, TypeError):
-            pass
-        return from_status(int(exc.status or 0), message)
+        return status_error(int(exc.status or 0), exc.reason, exc.body)
     return Unavailable(f"{exc.__class__.__name__}: {exc}")
+
+
+def without_env_lookups(api: client.ApiClient) -> client.ApiClient:
+    """Stop the client's HTTP session from looking up proxies and ~/.netrc on every request
+    (two thread hops per call) when the environment sets neither: the session is rebuilt on the
+    same connection pool, without ``trust_env``. Call it from a coroutine (the session needs
+    the running loop)."""
+    netrc = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    if urllib.request.getproxies() or os.path.exists(netrc):
+        return api
+    rest = api.rest_client
+    old: aiohttp.ClientSession = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(connector=old.connector, trust_env=False, read_bufsize=2**21)
+    old.detach()
+    return api
 
 
 @dataclass
@@ -67,12 +90,21 @@ class ApiApplier:
             if dry_run:
                 kwargs["dry_run"] = "All"
             try:
-                obj = await v1.patch_namespaced_pod(name, ns, dict(m), **kwargs)
-                out.append(
-                    ApplyOutcome(namespace=ns, name=name, obj=self.api.sanitize_for_serialization(obj))
-                )
+                # Read raw: a V1Pod model would be built only to be turned back into JSON.
+                resp: Any = await v1.patch_namespaced_pod(name, ns, dict(m), _preload_content=False, **kwargs)
+                try:
+                    raw = await resp.read()
+                finally:
+                    resp.release()
             except Exception as exc:
                 out.append(ApplyOutcome(namespace=ns, name=name, error=api_error(exc)))
+                continue
+            if 200 <= resp.status <= 299:
+                out.append(ApplyOutcome(namespace=ns, name=name, obj=json.loads(raw)))
+            else:
+                out.append(
+                    ApplyOutcome(namespace=ns, name=name, error=status_error(resp.status, resp.reason, raw))
+                )
         return out
 
     async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:

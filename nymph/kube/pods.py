@@ -25,7 +25,7 @@ from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from nymph.errors import CredentialsError
-from nymph.kube.api import api_error
+from nymph.kube.api import api_error, without_env_lookups
 from nymph.kube.credentials import (
     OPEN_POLICY,
     CredentialPolicy,
@@ -91,7 +91,7 @@ async def _load(path: str | None, *, conn: Connection, tmp: str) -> client.ApiCl
         await config.load_kube_config(
             config_file=path, context=conn.context, client_configuration=cfg, temp_file_path=tmp
         )
-    return client.ApiClient(configuration=cfg)
+    return without_env_lookups(client.ApiClient(configuration=cfg))
 
 
 @contextlib.asynccontextmanager
