@@ -120,18 +120,35 @@ class ApiApplier:
         try:
             # Read raw: deserializing a V1Pod would load dozens of model classes for two fields.
             resp: Any = await v1.read_namespaced_pod(name, namespace, _preload_content=False)
-            meta = json.loads(await resp.read()).get("metadata") or {}
+            try:
+                pod = await resp.read()
+            finally:
+                resp.release()
+            if not 200 <= resp.status <= 299:
+                raise status_error(resp.status, resp.reason, pod)
+            meta = json.loads(pod).get("metadata") or {}
             if (meta.get("labels") or {}).get(LABEL_MANAGED) != "true":
                 return False
             body: Any = {"preconditions": {"uid": meta.get("uid")}}
             if grace_seconds is not None:
                 body["gracePeriodSeconds"] = grace_seconds
-            await v1.delete_namespaced_pod(name, namespace, body=body)
-        except Exception as exc:
-            err = api_error(exc)
+            # Raw again: the answer (the Pod, or a Status) is not needed, only whether it worked.
+            deleted: Any = await v1.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
+            try:
+                answer = await deleted.read()
+            finally:
+                deleted.release()
+            if not 200 <= deleted.status <= 299:
+                raise status_error(deleted.status, deleted.reason, answer)
+        except KubeError as err:
             if isinstance(err, NotFound | Conflict):
                 return False  # gone, or replaced by another Pod since it was read
-            raise err from exc
+            raise
+        except Exception as exc:
+            error = api_error(exc)
+            if isinstance(error, NotFound | Conflict):
+                return False
+            raise error from exc
         return True
 
     async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:

@@ -10,6 +10,7 @@ server's message.
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,8 +125,11 @@ def _render(ctx: TaskContext, task: TaskJSON) -> _Ready | None:
         spec = LaunchSpec.from_json(raw)
         manifest = render_pod(spec, node=ctx.node, workdir_root=str(ctx.workdir_root))
         identity = annotate(manifest, launch_identity(spec))
-        # Serialize it the ways the appliers will, so a Pod that cannot travel fails here, alone.
-        to_yaml_stream([manifest])
+        # Serialize it the way the applier will, so a Pod that cannot travel fails here, alone.
+        if ctx.applier.name == "api":
+            json.dumps(manifest)
+        else:
+            to_yaml_stream([manifest])
         sha = manifest_sha256(manifest)
     except ValidationError as exc:
         ctx.refuse_spec(task, what="launch", error=exc)
