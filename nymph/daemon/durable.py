@@ -37,8 +37,11 @@ def _write_all(fd: int, data: bytes, write: Writer) -> None:
         view = view[n:]
 
 
-def append_whole(path: Path, data: bytes, *, mode: int = 0o640, write: Writer | None = None) -> int:
-    """Append ``data`` and fsync it; on failure restore the old length and re-raise.
+def append_whole(
+    path: Path, data: bytes, *, mode: int = 0o640, write: Writer | None = None, sync: bool = True
+) -> int:
+    """Append ``data`` and fsync it (``sync=False``: the caller fsyncs later, see
+    :func:`fsync_file`); on failure restore the old length and re-raise.
 
     Returns the file's length before the append (where the record starts).
     """
@@ -47,7 +50,8 @@ def append_whole(path: Path, data: bytes, *, mode: int = 0o640, write: Writer | 
         keep = os.fstat(fd).st_size
         try:
             _write_all(fd, data, write or os.write)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         except OSError as exc:
             try:
                 os.ftruncate(fd, keep)
@@ -68,6 +72,18 @@ def truncate_to(path: Path, size: int) -> None:
         if os.fstat(fd).st_size > size:
             os.ftruncate(fd, size)
             os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """fsync what was appended to ``path`` without it (no-op when the file is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -3,7 +3,7 @@ container's log and ships it to the queue in ordered chunks through the outbox.
 
 One task per Pod (:class:`LogFollowers`). A follower keeps a cursor (bytes shipped, the stamp of
 the last shipped line and how many lines had it; :mod:`nymph.launch.logcursor`) in
-``<state>/logs/<instance>.json``, written after each chunk is in the (durable) outbox; a dropped
+``<state>/logs/<instance>.json``, written after each chunk is in the outbox; a dropped
 stream or a daemon restart resumes from it, and the overlap is dropped here (by stamp) or at the
 queue (by offset). Memory is bounded: at most ``chunk_bytes`` are buffered, and a follower waits
 for room in the outbox before it reads on (the API server and the node hold the rest). When the
@@ -113,7 +113,10 @@ class LogFollowers:
 
     def save(self, name: str, cursor: Cursor, *, final: bool) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        replace_atomically(self._path(name), json.dumps({"cursor": cursor.dump(), "final": final}).encode())
+        # Not fsynced: a cursor that lags after a crash only ships bytes again, which the
+        # queue drops by offset.
+        data = json.dumps({"cursor": cursor.dump(), "final": final}).encode()
+        replace_atomically(self._path(name), data, durable=False)
 
     def _forget(self, name: str) -> None:
         with contextlib.suppress(OSError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import urllib.request
@@ -72,40 +73,33 @@ class ApiApplier:
     async def apply(
         self, manifests: Sequence[Mapping[str, Any]], *, dry_run: bool = False
     ) -> list[ApplyOutcome]:
+        """Server-side apply each Pod, all of them at once (the daemon's concurrency bounds how
+        many it hands over): one outcome per manifest, in order."""
+        return list(await asyncio.gather(*(self._apply_one(m, dry_run=dry_run) for m in manifests)))
+
+    async def _apply_one(self, m: Mapping[str, Any], *, dry_run: bool) -> ApplyOutcome:
+        ns, name = object_key(m)
+        if m.get("kind") != "Pod":
+            return ApplyOutcome(namespace=ns, name=name, error=KubeError("the api applier only applies Pods"))
+        kwargs: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "_content_type": "application/apply-patch+yaml",
+        }
+        if dry_run:
+            kwargs["dry_run"] = "All"
         v1 = client.CoreV1Api(self.api)
-        out: list[ApplyOutcome] = []
-        for m in manifests:
-            ns, name = object_key(m)
-            if m.get("kind") != "Pod":
-                out.append(
-                    ApplyOutcome(
-                        namespace=ns, name=name, error=KubeError("the api applier only applies Pods")
-                    )
-                )
-                continue
-            kwargs: dict[str, Any] = {
-                "field_manager": FIELD_MANAGER,
-                "_content_type": "application/apply-patch+yaml",
-            }
-            if dry_run:
-                kwargs["dry_run"] = "All"
+        try:
+            # Read raw: a V1Pod model would be built only to be turned back into JSON.
+            resp: Any = await v1.patch_namespaced_pod(name, ns, dict(m), _preload_content=False, **kwargs)
             try:
-                # Read raw: a V1Pod model would be built only to be turned back into JSON.
-                resp: Any = await v1.patch_namespaced_pod(name, ns, dict(m), _preload_content=False, **kwargs)
-                try:
-                    raw = await resp.read()
-                finally:
-                    resp.release()
-            except Exception as exc:
-                out.append(ApplyOutcome(namespace=ns, name=name, error=api_error(exc)))
-                continue
-            if 200 <= resp.status <= 299:
-                out.append(ApplyOutcome(namespace=ns, name=name, obj=json.loads(raw)))
-            else:
-                out.append(
-                    ApplyOutcome(namespace=ns, name=name, error=status_error(resp.status, resp.reason, raw))
-                )
-        return out
+                raw = await resp.read()
+            finally:
+                resp.release()
+        except Exception as exc:
+            return ApplyOutcome(namespace=ns, name=name, error=api_error(exc))
+        if 200 <= resp.status <= 299:
+            return ApplyOutcome(namespace=ns, name=name, obj=json.loads(raw))
+        return ApplyOutcome(namespace=ns, name=name, error=status_error(resp.status, resp.reason, raw))
 
     async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
         """Delete the nymph Pod ``name``, as the kubectl applier does: only a Pod that carries

@@ -277,20 +277,21 @@ async def test_outbox_keeps_going_after_a_failed_append(
 ) -> None:
     box = Outbox(tmp_path)
     box.report(instance_id=IID, state="starting")
-    real_fsync = os.fsync
+    real_write = os.write
     calls = {"n": 0}
 
-    def flaky(fd: int) -> None:
+    def flaky(fd: int, data: Any) -> int:
         calls["n"] += 1
         if calls["n"] == 1:
+            real_write(fd, bytes(data)[:7])  # a torn line first
             raise OSError(28, "No space left on device")
-        real_fsync(fd)
+        return real_write(fd, data)
 
-    monkeypatch.setattr(os, "fsync", flaky)
+    monkeypatch.setattr(os, "write", flaky)
     with pytest.raises(OSError):
         box.report(instance_id=IID, state="running")
     box.report(instance_id=IID, state="stopped")
-    monkeypatch.setattr(os, "fsync", real_fsync)
+    monkeypatch.setattr(os, "write", real_write)
     sent: list[str] = []
 
     async def send(kind: str, batch: list[dict[str, Any]]) -> None:
@@ -316,3 +317,29 @@ def test_audit_refuses_to_continue_a_chain_cut_short(tmp_path: Path) -> None:
     with pytest.raises(AuditError, match="records are missing"):
         AuditLog(path)
     assert not verify(path).ok
+
+
+async def test_outbox_items_are_fsynced_once_per_batch_before_they_are_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nymph.daemon.outbox as outbox_module
+
+    events: list[str] = []
+    monkeypatch.setattr(outbox_module, "fsync_file", lambda path: events.append(f"fsync {path.name}"))
+    box = Outbox(tmp_path)
+    for state in ("starting", "running", "stopped"):
+        box.report(instance_id=IID, state=state)
+    assert events == []  # written, not yet fsynced: appends cost no fsync each
+    assert [json.loads(x)["state"] for x in (tmp_path / "outbox.jsonl").read_text().splitlines()] == [
+        "starting",
+        "running",
+        "stopped",
+    ]
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        events.append(f"send {len(batch)}")
+
+    task = asyncio.create_task(box.run(send))
+    assert await box.flush(timeout=10)
+    task.cancel()
+    assert events == ["fsync outbox.jsonl", "send 3"]
