@@ -51,7 +51,7 @@ class Params:
     latency_n: int = 50
     concurrency: int = 8
     run: str = "2s"
-    reap_after: float = 5.0
+    reap_after: float = 600.0
     settle_seconds: float = 30.0
     kubectl_n: int = 10
     idle_warmup: float = 20.0

@@ -181,6 +181,8 @@ class ResultUploads:
         except (QueueConflict, QueueNotFound, QueueBadRequest) as exc:
             self.log.warning("the queue refused results", instance=name, detail=str(exc)[:300])
         self.dir.mkdir(parents=True, exist_ok=True)
-        replace_atomically(self.dir / name, b"done")
+        # Not fsynced: a marker lost to a power cut uploads again, which the queue takes as
+        # the same chunks (idempotent by offset).
+        replace_atomically(self.dir / name, b"done", durable=False)
         if found or problems:
             self.log.info("results uploaded", instance=name, files=len(found), refused=len(problems))

@@ -1,8 +1,8 @@
 """Running claimed tasks: batching, bounded concurrency, a handler per task kind.
 
 The runner takes tasks off the claimer's local queue, groups what can be applied together
-(launches: one apply call for many Pods) and runs each group under a semaphore of
-``concurrency``. The handler of a task is looked up in a :class:`HandlerRegistry` by its
+(launches: one apply call for many Pods) and runs each group at once, with at most
+``concurrency`` tasks running in all. The handler of a task is looked up in a :class:`HandlerRegistry` by its
 :class:`~nymph.protocol.TaskKind` (a ``stop`` also by the kind of launch it ends); a kind with
 no handler fails the task for good with a clear message.
 """
@@ -133,13 +133,14 @@ class Runner:
 
     async def run(self, *, ready: Callable[[], Awaitable[object]]) -> None:
         """Take tasks off the local queue for good; ``ready`` is awaited before the first one."""
-        sem = asyncio.Semaphore(self.concurrency)
         local = self.claimer.local
         await ready()
         while True:
             first = await local.get()
+            # At most ``concurrency`` tasks run at once (the claimer prefetches beyond them).
+            room = await self.claimer.wait_slot(self.concurrency)
             batch = [first]
-            while len(batch) < self.batch_max and not local.empty():
+            while len(batch) < min(self.batch_max, room) and not local.empty():
                 batch.append(local.get_nowait())
             self.claimer.begin(batch)
             groups, unknown = self.registry.group(self._checked(batch))
@@ -147,8 +148,7 @@ class Runner:
                 self.ctx.complete(task_id=task["taskId"], ok=False, error=str(exc), retryable=False)
                 self.claimer.end(1)
             for handler, tasks in groups:
-                await sem.acquire()
-                job = asyncio.create_task(self._run(handler, tasks, sem), name=f"work:{tasks[0]['taskId']}")
+                job = asyncio.create_task(self._run(handler, tasks), name=f"work:{tasks[0]['taskId']}")
                 self.work.add(job)
                 job.add_done_callback(self.work.discard)
 
@@ -179,7 +179,7 @@ class Runner:
             self.ctx.disk.failed("audit log", err)
         self.ctx.complete(task_id=exc.task_id, ok=False, error=message, retryable=False)
 
-    async def _run(self, handler: Handler, tasks: list[TaskJSON], sem: asyncio.Semaphore) -> None:
+    async def _run(self, handler: Handler, tasks: list[TaskJSON]) -> None:
         try:
             await handler.run(self.ctx, tasks)
         except AuditWriteError as exc:
@@ -202,7 +202,6 @@ class Runner:
                         task_id=t["taskId"], ok=False, error="internal error in the daemon", retryable=True
                     )
         finally:
-            sem.release()
             self.claimer.end(len(tasks))
 
     async def drain(self, *, grace: float) -> None:
