@@ -51,7 +51,7 @@ class FollowSettings:
     max_confirms: int = 3
     #: Lines whose stamps lie this much further apart than their arrivals: the stream leapt
     #: ahead past lines the node rotated away (see :mod:`nymph.launch.logcursor`).
-    leap_seconds: float = 2.0
+    leap_seconds: float = 1.0
 
 
 @dataclass

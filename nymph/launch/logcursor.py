@@ -211,6 +211,15 @@ class Chunker:
                 self.cursor = self.cursor.after(None, len(raw))
             return
         stamp, text = parse_line(raw)
+        if (
+            self.dedup.mark is None
+            and stamp is not None
+            and self.cursor.stamp is not None
+            and stamp < self.cursor.stamp
+        ):
+            # The stream went back: a kubelet that moved to the newest file on one rotation
+            # event reopens it, from its start, on the next. Drop what was shipped, as a re-read.
+            self.dedup = Dedup(self.cursor)
         self.skipping = not self.dedup.fresh(stamp)
         if self.dedup.gap:
             self.dedup.gap = False

@@ -145,3 +145,12 @@ def test_stamp_differences_cross_minutes_and_days() -> None:
     b = parse_stamp("2030-01-02T00:00:02.100000000Z")
     assert a is not None and b is not None
     assert abs(b.minus(a) - 2.2) < 1e-9 and abs(a.minus(b) + 2.2) < 1e-9
+
+
+def test_a_stream_that_goes_back_to_the_start_of_its_file_ships_nothing_twice() -> None:
+    """A kubelet that moved to the newest file on one rotation event reopens it from its start
+    on the next, within the same stream: what was shipped is dropped, as in a re-read."""
+    c = Chunker.resume(Cursor())
+    _feed(c, _stamped(LINES[:4]) + _stamped(LINES[1:]) + _stamped(LINES[3:]))
+    data, offset, cursor = c.take()
+    assert offset == 0 and data == PRINTED and cursor.offset == len(PRINTED)
