@@ -193,6 +193,9 @@ class Chunker:
     last: tuple[Stamp, float] | None = None  # the last fresh line's stamp and arrival
     #: Leaps not settled yet: (where in ``buf`` the leaping line starts, the line before it).
     suspects: list[tuple[int, Stamp]] = field(default_factory=list)
+    #: The lines shipped (as read, stamp included) that carry the cursor's own stamp: a stream
+    #: that goes back exactly to one of them is told from a new line with the same stamp.
+    same_stamp: list[bytes] = field(default_factory=list)
 
     @staticmethod
     def resume(
@@ -211,12 +214,7 @@ class Chunker:
                 self.cursor = self.cursor.after(None, len(raw))
             return
         stamp, text = parse_line(raw)
-        if (
-            self.dedup.mark is None
-            and stamp is not None
-            and self.cursor.stamp is not None
-            and stamp < self.cursor.stamp
-        ):
+        if self.dedup.mark is None and self._went_back(stamp, raw):
             # The stream went back: a kubelet that moved to the newest file on one rotation
             # event reopens it, from its start, on the next. Drop what was shipped, as a re-read.
             self.dedup = Dedup(self.cursor)
@@ -230,7 +228,18 @@ class Chunker:
         if before is not None:
             self.suspects.append((len(self.buf), before))
         self.buf += text
+        if stamp is None or stamp != self.cursor.stamp:
+            self.same_stamp.clear()
+        if stamp is not None:
+            self.same_stamp.append(raw)
         self.cursor = self.cursor.after(stamp, len(text))
+
+    def _went_back(self, stamp: Stamp | None, raw: bytes) -> bool:
+        """Whether a line stamped ``stamp`` lies at or before the last one shipped."""
+        at = self.cursor.stamp
+        if stamp is None or at is None:
+            return False
+        return stamp < at or (stamp == at and raw in self.same_stamp)
 
     def settle(self, lost: list[bool]) -> None:
         """Mark the suspects (in order) whose check says lines may be lost there."""

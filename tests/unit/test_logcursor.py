@@ -154,3 +154,19 @@ def test_a_stream_that_goes_back_to_the_start_of_its_file_ships_nothing_twice() 
     _feed(c, _stamped(LINES[:4]) + _stamped(LINES[1:]) + _stamped(LINES[3:]))
     data, offset, cursor = c.take()
     assert offset == 0 and data == PRINTED and cursor.offset == len(PRINTED)
+
+
+def test_a_stream_that_goes_back_exactly_to_the_last_shipped_line_ships_it_once() -> None:
+    """The newest file may begin with the very line shipped last (same stamp): a repeat, not a
+    new line; a new line that only shares the stamp is still shipped."""
+    c = Chunker.resume(Cursor())
+    _feed(c, _stamped(LINES[:4]) + _stamped(LINES[3:]))
+    assert c.take()[0] == PRINTED
+    c = Chunker.resume(Cursor())
+    _feed(c, _stamped(LINES[:3]) + _stamped(LINES[1:]))  # back to the first of two lines stamped alike
+    assert c.take()[0] == PRINTED
+    c = Chunker.resume(Cursor())
+    _feed(
+        c, _stamped(LINES[:2]) + _stamped([("01.000000002", b"b again, same stamp\n")]) + _stamped(LINES[3:])
+    )
+    assert c.take()[0] == PRINTED
