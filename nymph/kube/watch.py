@@ -26,6 +26,15 @@ class _Gone(Exception):
     pass
 
 
+def slim(pod: dict[str, Any]) -> dict[str, Any]:
+    """Drop what nobody here reads and the cache would hold for every Pod: ``managedFields``
+    (the field ownership of each apply and status update, often the larger part of a Pod)."""
+    meta = pod.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return pod
+
+
 class RawWatch(watch.Watch):
     """A watch whose events stay plain JSON: the generated client would also build a V1Pod
     (and parse every timestamp) per event, which nobody here reads (a fifth of the daemon's
@@ -92,7 +101,7 @@ class PodWatcher:
         )
         data = json.loads(await resp.read())
         self.connected = True
-        fresh = {p["metadata"]["name"]: p for p in data.get("items") or []}
+        fresh = {p["metadata"]["name"]: slim(p) for p in data.get("items") or []}
         for name, pod in fresh.items():
             pod.setdefault("apiVersion", "v1")
             pod.setdefault("kind", "Pod")
@@ -136,7 +145,7 @@ class PodWatcher:
                     if kind == "BOOKMARK":
                         continue
                     name = obj["metadata"]["name"]
-                    await self.on_event(str(kind), obj)
+                    await self.on_event(str(kind), slim(obj))
                     if kind == "DELETED":
                         self.cache.pop(name, None)
                     else:
