@@ -20,6 +20,7 @@ from nymph.daemon.outbox import Outbox
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.render import HOSTNAME_LABEL
 from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
+from nymph.logs import get_logger
 
 
 @dataclass
@@ -93,17 +94,30 @@ def should_report(track: Track, report: Report) -> bool:
     return track.last != report.key and not track.stopped
 
 
+def ended_report(pod: Mapping[str, Any]) -> Report | None:
+    """The ``stopped`` report of a Pod whose phase says it ended (Succeeded or Failed), whatever
+    its ``deletionTimestamp``; None while it has not ended."""
+    if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+        return None
+    reason, message = pod_reason(pod)
+    return Report(InstanceState.STOPPED, reason, message, termination=container_termination(pod))
+
+
 def decide_event(kind: str, pod: Mapping[str, Any], track: Track) -> EventDecision:
     """The report (if any) for a watch event (``ADDED``, ``MODIFIED``, ``DELETED``) of a Pod."""
     if kind == "DELETED":
         if track.reaping:
             return EventDecision(forget=True)
-        if track.stop_requested:
-            report: Report | None = Report(InstanceState.STOPPED, Reason.STOPPED, "stopped on request")
-        elif not track.stopped:
-            report = Report(InstanceState.STOPPED, Reason.DELETED, "the Pod was deleted outside nymph")
+        if track.stopped:
+            report: Report | None = None
+        elif track.stop_requested:
+            report = Report(InstanceState.STOPPED, Reason.STOPPED, "stopped on request")
+        elif (end := ended_report(pod)) is not None:
+            # It ran to its end before it went (whoever deleted it, and whether or not this
+            # daemon saw it end): that end is the instance's.
+            report = end
         else:
-            report = None
+            report = Report(InstanceState.STOPPED, Reason.DELETED, "the Pod was deleted outside nymph")
         return EventDecision(report=report, forget=True, remove_workdir=True)
     state = pod_state(pod)
     reason, message = pod_reason(pod)
@@ -222,6 +236,13 @@ class Tracker:
         if decision.finished:
             track.finished_at = time.monotonic()
         if decision.report is not None:
+            if decision.report.reason is Reason.DELETED:
+                get_logger("tracker").warning(
+                    "a Pod of ours was deleted outside nymph before it ended",
+                    instance=name,
+                    phase=(pod.get("status") or {}).get("phase"),
+                    last_reported=track.last,
+                )
             self.report(name, track, decision.report)
         if decision.remove_workdir:
             with contextlib.suppress(Exception):

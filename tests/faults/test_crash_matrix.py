@@ -313,7 +313,7 @@ def check(run: Run, stack: FaultStack, seen: dict, *, reconnects: int) -> None: 
     failures += [f"lost: {x}" for x in lost]
     failures += [f"applied twice (Pods {sorted(seen[n].uids)}): {n}" for n in duplicated]
     failures += problems
-    detail = [history(run, f) for f in [*lost, *problems]]
+    detail = [history(run, f) + traces(stack, f) for f in [*lost, *problems]]
     if verify.returncode != 0:
         failures.append(f"audit verify: {(verify.stdout + verify.stderr).strip()[-600:]}")
     if left_pods:
@@ -344,6 +344,21 @@ def history(run: Run, failure: str) -> str:
     ]
     stop = "stop requested" if iid in run.stop_requested else "no stop"
     return f"  {iid} ({plan and plan.outcome}, {stop}): " + " -> ".join(steps)
+
+
+def traces(stack: FaultStack, failure: str) -> str:
+    """What the daemons audited and logged of the instance a failure names (to tell who did what)."""
+    found = re.search(r"lakeshore-[0-9a-f]{8}", failure)
+    if found is None:
+        return ""
+    iid = found.group(0)
+    audited = [
+        f"{r.get('action')}/{r.get('result')}@{str(r.get('ts'))[11:23]}"
+        for r in stack.audit_records()
+        if r.get("instance") == iid
+    ]
+    logged = [line[:300] for line in stack.daemon_log().splitlines() if iid in line][-8:]
+    return "\n    audit: " + " ".join(audited) + "".join(f"\n    log: {line}" for line in logged)
 
 
 def grouped(failures: list[str]) -> list[str]:

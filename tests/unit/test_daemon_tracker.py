@@ -79,6 +79,31 @@ def test_a_deleted_pod_nobody_asked_to_stop_is_reported_deleted() -> None:
     assert d.forget and d.remove_workdir
 
 
+def test_a_pod_that_ended_before_it_was_deleted_reports_its_end_not_a_deletion() -> None:
+    """Deleted before this daemon reported its end (a daemon restarted in between, or someone
+    removed the finished Pod): the end the Pod shows is the instance's, exit code included."""
+    done = {"name": "user", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+    d = decide_event(
+        "DELETED",
+        pod("Succeeded", deleting=True, containerStatuses=[done]),
+        Track(namespace="jobs", last=("running", None)),
+    )
+    assert d.report == Report(InstanceState.STOPPED, Reason.COMPLETED, "")
+    assert d.report.termination == (0, "Completed", "") and d.forget and d.remove_workdir
+    failed = {"name": "user", "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}
+    d = decide_event("DELETED", pod("Failed", containerStatuses=[failed]), Track(namespace="jobs"))
+    assert (
+        d.report is not None and d.report.reason is Reason.ERROR and d.report.termination == (3, "Error", "")
+    )
+    # Still running when it went: a deletion; asked to stop: stopped on request.
+    d = decide_event(
+        "DELETED", pod("Running", deleting=True), Track(namespace="jobs", last=("running", None))
+    )
+    assert d.report is not None and d.report.reason is Reason.DELETED
+    d = decide_event("DELETED", pod("Succeeded"), Track(namespace="jobs", stop_requested=True))
+    assert d.report is not None and d.report.reason is Reason.STOPPED
+
+
 def test_a_deleted_pod_after_a_stop_request_is_stopped_on_request() -> None:
     d = decide_event("DELETED", pod(), Track(namespace="jobs", stop_requested=True))
     assert d.report == Report(InstanceState.STOPPED, Reason.STOPPED, "stopped on request")
