@@ -28,7 +28,7 @@ class _Gone(Exception):
 
 def slim(pod: dict[str, Any]) -> dict[str, Any]:
     """Drop what nobody here reads and the cache would hold for every Pod: ``managedFields``
-    (the field ownership of each apply and status update, often the larger part of a Pod)."""
+    (the field ownership of each apply and status update: a third of a launch Pod's JSON)."""
     meta = pod.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
