@@ -58,6 +58,7 @@ class Outbox:
         *,
         memory_max: int = 1000,
         batch_max: int = 200,
+        batch_bytes: int = 512 * 1024,
         write: Writer | None = None,
         memory_bytes: int = 2 * 1024 * 1024,
         log_budget: int = 4 * 1024 * 1024,
@@ -79,6 +80,9 @@ class Outbox:
         self.log_room = asyncio.Event()
         self.log_room.set()
         self.batch_max = batch_max
+        #: A report batch stays under this many bytes (as written), well below the queue's
+        #: request body limit: a batch refused as too large would be dropped whole.
+        self.batch_bytes = batch_bytes
         self._write = write  # a seam for tests injecting a failing write
         self.stream = uuid.uuid4().hex
         self.seq = 0
@@ -140,6 +144,7 @@ class Outbox:
         if not isinstance(item, dict) or "kind" not in item:
             return None
         item["_line"] = index
+        item["_bytes"] = len(line)
         return item
 
     def _reset(self) -> None:
@@ -166,6 +171,7 @@ class Outbox:
         index = self.lines
         self.lines += 1
         self.file_bytes += len(data)
+        item["_bytes"] = len(data)
         return index
 
     def _ack(self, batch: list[dict[str, Any]]) -> None:
@@ -357,8 +363,12 @@ class Outbox:
         if kind != "report":
             return kind, [first]
         batch: list[dict[str, Any]] = []
+        size = 0
         for item in self.mem:
             if item["kind"] != "report" or item["stream"] != first["stream"] or len(batch) >= self.batch_max:
+                break
+            size += int(item.get("_bytes") or 0)
+            if batch and size > self.batch_bytes:
                 break
             batch.append(item)
         return kind, batch

@@ -12,7 +12,7 @@ from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import DropItem, Outbox
 
 #: Outbox fields that are not part of the report the queue receives.
-_LOCAL_FIELDS = ("kind", "stream", "_line")
+_LOCAL_FIELDS = ("kind", "stream", "_line", "_bytes")
 
 
 class QueueSender:

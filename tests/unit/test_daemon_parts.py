@@ -81,6 +81,48 @@ async def test_outbox_memory_is_bounded_and_overflow_comes_back_from_disk_in_ord
     assert seen == list(range(1, 11))
 
 
+async def test_a_report_batch_stays_under_the_queues_body_limit(tmp_path: Path) -> None:
+    """200 reports with the longest message and termination message are about 1.3 MB: sent as
+    one batch the queue would refuse it as too large (413), and a refused batch is dropped."""
+    limit = 1024 * 1024
+    box = Outbox(tmp_path)
+    for _ in range(200):
+        box.report(
+            instance_id=IID,
+            state="stopped",
+            reason="Error",
+            message="m" * 5000,
+            termination=(1, "Error", "t" * 5000),
+        )
+    bodies: list[int] = []
+    seen: list[int] = []
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        reports = [
+            {k: v for k, v in b.items() if not k.startswith("_") and k not in ("kind", "stream")}
+            for b in batch
+        ]
+        body = len(json.dumps({"daemonId": "d", "stream": batch[0]["stream"], "reports": reports}))
+        if body > limit:
+            raise DropItem("413: request body too large")
+        bodies.append(body)
+        seen.extend(b["seq"] for b in batch)
+
+    task = asyncio.create_task(box.run(send))
+    assert await box.flush(timeout=20)
+    task.cancel()
+    assert seen == list(range(1, 201))  # nothing dropped, in order
+    assert len(bodies) >= 3 and max(bodies) <= box.batch_bytes + 16 * 1024
+    # A restarted daemon reads the sizes back from the file and batches the same way.
+    again = Outbox(tmp_path / "again")
+    for _ in range(120):
+        again.report(instance_id=IID, state="running", message="m" * 5000, termination=(0, "", "t" * 5000))
+    reread = Outbox(tmp_path / "again")
+    kind, batch = reread._next_batch()
+    assert kind == "report" and 1 < len(batch) < 120
+    assert sum(len(json.dumps(b)) for b in batch) <= reread.batch_bytes + 16 * 1024
+
+
 async def test_outbox_drops_items_the_queue_refuses_for_good(tmp_path: Path) -> None:
     box = Outbox(tmp_path)
     box.complete(task_id="lost-lease", ok=True)
