@@ -23,6 +23,7 @@ from nymph.launch import names
 from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unauthorized
 from nymph.queue.keys import AUTH, PRINCIPAL, SESSIONS
 from nymph.queue.models import Principal, Role
+from nymph.queue.secrets import SecretKeyError
 from nymph.queue.sessions import SESSION_PREFIX, session_principal
 
 log = structlog.get_logger(__name__, component="queue.middlewares")
@@ -53,6 +54,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ServiceError as exc:
         return web.json_response(error_body(code=exc.code, detail=exc.detail), status=exc.status)
+    except SecretKeyError as exc:
+        # The queue's own set-up (its secret key file), which its operator must fix: say what.
+        log.error("secret key problem", method=request.method, path=request.path, detail=str(exc))
+        return web.json_response(error_body(code="secret_key", detail=str(exc)), status=500)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -232,3 +232,22 @@ def _grep_files(tmp_path: Path, raw: list[bytes], *, since: float, skip: Path) -
     assert db_files and all(n not in p.read_bytes() for p in db_files for n in raw), "in the database"
     assert os.listdir(tmp_path / "stage") == []
     assert _files_holding(Path(tempfile.gettempdir()), raw, since=since, skip=skip) == []
+
+
+async def test_a_missing_secret_key_file_is_named_in_the_answer_not_a_bare_500(tmp_path: Path) -> None:
+    """An operator's --secret-key-file that does not exist: a write says which file and what to
+    do (code ``secret_key``), and nothing is stored."""
+    (tmp_path / "stage").mkdir()
+    missing = tmp_path / "keys" / "queue.key"
+    direct = DirectSettings(tmp_root=str(tmp_path / "stage"), interval=0.2, secret_key_file=missing)
+    q, runner = await open_queue(tmp_path, replace(FAST, direct=direct))
+    try:
+        r = await q.call("PUT", NS + "/secrets/kc", json_body={"value": "v4lue-one"})
+        assert r.status == 500 and r.body["error"] == "secret_key", r.body
+        assert str(missing) in r.body["detail"] and "create it" in r.body["detail"]
+        assert "v4lue" not in r.text
+        assert (await q.call("GET", NS + "/secrets")).body == {"items": []}
+        assert not missing.exists()  # an operator's key file is never made up
+    finally:
+        await q.close()
+        await runner.cleanup()
