@@ -250,3 +250,15 @@ def running(*procs: Any) -> Any:
         for p in procs:
             with contextlib.suppress(Exception):
                 p.kill()
+
+
+@contextlib.asynccontextmanager
+async def running_watch(watcher: Any, api: Any) -> Any:
+    """Run a :class:`nymph.kube.watch.PodWatcher` for the block; then stop it and close ``api``."""
+    task = asyncio.create_task(watcher.run(), name="test-pod-watch")
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()

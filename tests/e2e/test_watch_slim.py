@@ -12,6 +12,7 @@ import pytest
 from nymph.kube.api import make_api_client
 from nymph.kube.watch import PodWatcher
 from nymph.localcluster import LocalCluster
+from tests.e2e.harness import running_watch
 from tests.e2e.test_control_plane import bare_pod
 
 pytestmark = [pytest.mark.e2e]
@@ -28,18 +29,13 @@ async def test_the_watch_cache_and_its_events_carry_no_managed_fields(
 
     kube.api("POST", f"/api/v1/namespaces/{namespace}/pods", bare_pod("listed", {"lakeshore": "true"}))
     watcher = PodWatcher(api=api, namespace=namespace, label_selector="lakeshore=true", on_event=on_event)
-    task = asyncio.create_task(watcher.run())
-    try:
+    async with running_watch(watcher, api):
         await asyncio.wait_for(watcher.synced.wait(), 30)
         kube.api("POST", f"/api/v1/namespaces/{namespace}/pods", bare_pod("watched", {"lakeshore": "true"}))
         t0 = time.monotonic()
         while "watched" not in watcher.cache:
             assert time.monotonic() - t0 < 30, f"the watched Pod never arrived: {[e[0] for e in events]}"
             await asyncio.sleep(0.1)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await api.close()
     # The API server does send them (so this test would see them if the watch kept them).
     served = kube.api("GET", f"/api/v1/namespaces/{namespace}/pods/watched")
     assert served["metadata"].get("managedFields"), "the API server sent no managedFields to compare with"

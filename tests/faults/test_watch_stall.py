@@ -13,6 +13,7 @@ import pytest
 from nymph.kube.api import make_api_client
 from nymph.kube.watch import PodWatcher
 from nymph.localcluster import LocalCluster
+from tests.e2e.harness import running_watch
 from tests.e2e.test_control_plane import bare_pod
 from tests.faults.throttle import ThrottlingProxy
 from tests.kube_fixtures import SaKubeconfig
@@ -44,8 +45,7 @@ async def test_a_silent_watch_is_given_up_and_the_change_still_arrives(
             stall_margin=1.0,
         )
         proxy.stalling = True
-        task = asyncio.create_task(watcher.run())
-        try:
+        async with running_watch(watcher, api):
             await asyncio.wait_for(watcher.synced.wait(), 30)
             kube.api("POST", f"/api/v1/namespaces/{namespace}/pods", bare_pod("seen", {"lakeshore": "true"}))
             t0 = time.monotonic()
@@ -57,7 +57,3 @@ async def test_a_silent_watch_is_given_up_and_the_change_still_arrives(
             while ("ADDED", "seen") not in events:
                 assert time.monotonic() - t0 < 60, f"the Pod never arrived: {events}"
                 await asyncio.sleep(0.1)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await api.close()
