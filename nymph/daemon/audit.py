@@ -11,6 +11,7 @@ node, requester, manifest sha256, result, error. Never a manifest body, a script
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import hashlib
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nymph.daemon.durable import TornAppend, Writer, append_whole, replace_atomically, truncate_to
+from nymph.daemon.durable import TornAppend, Writer, append_whole, fsync_file, replace_atomically, truncate_to
 from nymph.errors import NymphError
 from nymph.logs import redact_text
 
@@ -116,8 +117,15 @@ class AuditLog:
     its head, or a broken chain after it is tampering: :class:`AuditError`.
     """
 
-    def __init__(self, path: Path, *, write: Writer | None = None) -> None:
+    def __init__(self, path: Path, *, write: Writer | None = None, grouped: bool = False) -> None:
+        """``grouped``: each record is written at once (a killed process loses none) but made
+        durable by :meth:`sync`, one fsync (and one head) for every record since the last one;
+        the caller syncs before anything that depends on the records (see the daemon). Else
+        every :meth:`append` is durable when it returns."""
         self.path = Path(path)
+        self.grouped = grouped
+        self.unsynced = 0  # records written since the last sync (grouped)
+        self._head_seq = -1  # the seq of the head last written
         self.head_path = self.path.with_name(self.path.name + ".head")
         self._lock = threading.Lock()
         self._write = write  # a seam for tests injecting a failing write
@@ -229,7 +237,7 @@ class AuditLog:
             if self._repair_to is not None:
                 truncate_to(self.path, self._repair_to)
                 self._repair_to = None
-            append_whole(self.path, _canon(rec) + b"\n", write=self._write)
+            append_whole(self.path, _canon(rec) + b"\n", write=self._write, sync=not self.grouped)
         except TornAppend as exc:
             self._repair_to = exc.keep
             raise AuditWriteError(f"cannot append to the audit log {self.path}: {exc.strerror}") from None
@@ -238,18 +246,50 @@ class AuditLog:
                 f"cannot append to the audit log {self.path}: {exc.strerror or exc}"
             ) from None
         self.seq, self.last = rec["seq"], rec["hash"]
+        if self.grouped:
+            self.unsynced += 1
+            return rec  # the head is written by the sync that makes the record durable
         # The record is durable. A head that could not be rewritten lags behind whole,
         # chained records, which the next open catches up; the next append retries it.
         with contextlib.suppress(OSError):
             self._write_head()
         return rec
 
-    def _write_head(self) -> None:
-        # Not fsynced: the records are (append_whole), and a head that lags behind whole,
-        # chained records is a state the next open accepts and records (head-recovered).
-        replace_atomically(
-            self.head_path, json.dumps({"seq": self.seq, "hash": self.last}).encode(), durable=False
-        )
+    def sync(self) -> int:
+        """Make every record written before the call durable (one fsync), then rewrite the
+        head; the number of records it made durable. :class:`AuditWriteError` when the fsync
+        fails (the records stay unsynced and the next call tries again). Appends go on while
+        the disk works: the lock is not held during the fsync."""
+        with self._lock:
+            count, seq, last = self.unsynced, self.seq, self.last
+        if not count:
+            return 0
+        try:
+            fsync_file(self.path)
+        except OSError as exc:
+            raise AuditWriteError(
+                f"cannot make the audit log {self.path} durable: {exc.strerror or exc}"
+            ) from None
+        with self._lock:
+            self.unsynced -= count
+            if seq >= self._head_seq:
+                with contextlib.suppress(OSError):
+                    self._write_head(seq, last)
+        return count
+
+    async def synced(self) -> int:
+        """:meth:`sync`, in a thread (the event loop runs on while the disk works)."""
+        if not self.unsynced:
+            return 0
+        return await asyncio.to_thread(self.sync)
+
+    def _write_head(self, seq: int | None = None, last: str | None = None) -> None:
+        # Not fsynced: the records are (append_whole, or the sync that writes it), and a head
+        # that lags behind whole, chained records is a state the next open accepts and records
+        # (head-recovered).
+        seq, last = (self.seq, self.last) if seq is None or last is None else (seq, last)
+        replace_atomically(self.head_path, json.dumps({"seq": seq, "hash": last}).encode(), durable=False)
+        self._head_seq = seq
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as kclient
 
 from nymph.client import DaemonIdentity, QueueClient, safe_url
 from nymph.daemon.aiotasks import cancel_all, guarded
-from nymph.daemon.audit import AuditLog
+from nymph.daemon.audit import AuditLog, AuditWriteError
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.health import HealthView, start_health_server
@@ -43,6 +43,9 @@ from nymph.kube.watch import PodWatcher
 from nymph.launch.names import LABEL_MANAGED
 from nymph.logs import get_logger
 from nymph.protocol import TaskKind
+
+#: The longest an audit record waits to be made durable when nothing else syncs it first.
+AUDIT_SYNC_SECONDS = 1.0
 
 
 def default_handlers() -> HandlerRegistry:
@@ -98,10 +101,13 @@ class Daemon:
         self.workdirs = Workdirs(
             root=settings.work.root, mode=settings.work.dir_mode, owner=settings.work.owner
         )
-        self.audit = AuditLog(settings.audit_path)
+        # Written at once, made durable in groups: before a batch of tasks acts, before the
+        # queue hears of anything, and within AUDIT_SYNC_SECONDS otherwise.
+        self.audit = AuditLog(settings.audit_path, grouped=True)
         # The audit log, the outbox and the workdirs all live under the root.
         self.disk = DiskHealth(directories=(settings.work.root, settings.state_dir, self.workdirs.base))
         self.outbox = Outbox(settings.state_dir, memory_max=settings.outbox_memory_max)
+        self.outbox.also_sync = self.audit
         self.tracker = Tracker(
             node=self.node, outbox=self.outbox, metrics=self.metrics, workdirs=self.workdirs, disk=self.disk
         )
@@ -280,6 +286,7 @@ class Daemon:
         self.loops.append(guarded("renewer", claimer.renew_loop))
         self.loops.append(guarded("reaper", reaper.run))
         self.loops.append(guarded("disk", self.disk.run))
+        self.loops.append(guarded("audit-sync", self._sync_audit))
         try:
             await self.stopping.wait()
             await self._shutdown(claimer, runner)
@@ -287,11 +294,22 @@ class Daemon:
             await followers.close()
             await uploads.close()
             await cancel_all(self.loops)
+            with contextlib.suppress(AuditWriteError):
+                self.audit.sync()
             await health.cleanup()
             await client.close()
             await api.close()
         self.log.info("daemon stopped")
         return 0
+
+    async def _sync_audit(self) -> None:
+        """Records no batch or send made durable (a reap, a log gap) are within a second."""
+        while True:
+            await asyncio.sleep(AUDIT_SYNC_SECONDS)
+            try:
+                await self.audit.synced()
+            except AuditWriteError as exc:
+                self.disk.failed("audit log", exc)
 
     async def _shutdown(self, claimer: Claimer, runner: Runner) -> None:
         s = self.s
@@ -306,6 +324,8 @@ class Daemon:
         # or cut off by the grace period) goes back now rather than when its lease lapses.
         await claimer.release(claimer.uncompleted())
         await claimer.release_abandoned()  # handed back in an outage, or not saved
+        with contextlib.suppress(AuditWriteError):
+            await self.audit.synced()
         flushed = await self.outbox.flush(timeout=min(10.0, s.shutdown_grace_seconds))
         if not flushed:
             self.log.warning(

@@ -26,9 +26,10 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nymph.daemon.durable import TornAppend, Writer, append_whole, fsync_file, replace_atomically, truncate_to
+from nymph.errors import NymphError
 from nymph.logs import get_logger
 
 Sender = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
@@ -41,6 +42,14 @@ def _size(item: dict[str, Any]) -> int:
     """The log data an item carries (what the memory and log budgets count)."""
     data = item.get("data") if item.get("kind") == "logchunk" else None
     return len(data) if isinstance(data, str) else 0
+
+
+class Syncable(Protocol):
+    """A file written at once and made durable later (the daemon's audit log)."""
+
+    unsynced: int
+
+    def sync(self) -> int: ...
 
 
 class OutboxSyncError(OSError):
@@ -90,6 +99,9 @@ class Outbox:
         self.backlog = 0  # items on disk, not in memory
         self.acked = 0  # lines of the file already sent
         self.unsynced = False  # items appended since the last fsync
+        #: Made durable with the outbox before each send (the daemon's audit log: the queue
+        #: never learns of work whose record could still be lost).
+        self.also_sync: Syncable | None = None
         self.lines = 0  # lines in the file
         self._repair_to: int | None = None  # where a failed append must be cut back to
         self.wake = asyncio.Event()
@@ -406,15 +418,23 @@ class Outbox:
             self._ack(batch)
 
     async def _sync(self) -> None:
-        """fsync the items appended since the last time, in a thread (the loop runs on)."""
-        if not self.unsynced:
+        """fsync the items appended since the last time (and what ``also_sync`` syncs), in a
+        thread (the loop runs on)."""
+        also = self.also_sync if self.also_sync is not None and self.also_sync.unsynced else None
+        if not self.unsynced and also is None:
             return
-        self.unsynced = False
+        unsynced, self.unsynced = self.unsynced, False
         try:
-            await asyncio.to_thread(fsync_file, self.file)
-        except OSError as exc:
-            self.unsynced = True
+            await asyncio.to_thread(self._sync_files, unsynced, also)
+        except (OSError, NymphError) as exc:
+            self.unsynced = unsynced
             raise OutboxSyncError(f"cannot fsync the outbox: {exc}") from exc
+
+    def _sync_files(self, unsynced: bool, also: Syncable | None) -> None:
+        if also is not None:
+            also.sync()
+        if unsynced:
+            fsync_file(self.file)
 
     async def flush(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):

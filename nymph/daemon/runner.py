@@ -181,6 +181,8 @@ class Runner:
 
     async def _run(self, handler: Handler, tasks: list[TaskJSON]) -> None:
         try:
+            # The claims of these tasks (and all records before them) are durable before any acts.
+            await self.ctx.audit.synced()
             await handler.run(self.ctx, tasks)
         except AuditWriteError as exc:
             # The work may be done, but it cannot be recorded: hand it back as retryable (a

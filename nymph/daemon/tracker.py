@@ -103,6 +103,21 @@ def ended_report(pod: Mapping[str, Any]) -> Report | None:
     return Report(InstanceState.STOPPED, reason, message, termination=container_termination(pod))
 
 
+def deleted_message(pod: Mapping[str, Any]) -> str:
+    """Why a Pod nymph did not delete went: the cluster's own word when it gave one (the
+    ``DisruptionTarget`` condition a controller sets before it deletes: an eviction, a node
+    gone, a preemption)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            isinstance(cond, Mapping)
+            and cond.get("type") == "DisruptionTarget"
+            and cond.get("status") == "True"
+        ):
+            why = ": ".join(str(x) for x in (cond.get("reason"), cond.get("message")) if x)
+            return f"the cluster deleted the Pod ({why[:500]})" if why else "the cluster deleted the Pod"
+    return "the Pod was deleted outside nymph"
+
+
 def decide_event(kind: str, pod: Mapping[str, Any], track: Track) -> EventDecision:
     """The report (if any) for a watch event (``ADDED``, ``MODIFIED``, ``DELETED``) of a Pod."""
     if kind == "DELETED":
@@ -117,7 +132,7 @@ def decide_event(kind: str, pod: Mapping[str, Any], track: Track) -> EventDecisi
             # daemon saw it end): that end is the instance's.
             report = end
         else:
-            report = Report(InstanceState.STOPPED, Reason.DELETED, "the Pod was deleted outside nymph")
+            report = Report(InstanceState.STOPPED, Reason.DELETED, deleted_message(pod))
         return EventDecision(report=report, forget=True, remove_workdir=True)
     state = pod_state(pod)
     reason, message = pod_reason(pod)

@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,27 @@ def api_error(exc: BaseException) -> KubeError:
     if isinstance(exc, ApiException):
         return status_error(int(exc.status or 0), exc.reason, exc.body)
     return Unavailable(f"{exc.__class__.__name__}: {exc}")
+
+
+async def raw_json(call: Awaitable[Any]) -> dict[str, Any]:
+    """The JSON answer of a kubernetes_asyncio call made with ``_preload_content=False`` (no
+    client model is built only to be turned back into JSON); a refusal is a KubeError."""
+    try:
+        resp: Any = await call
+        try:
+            raw = await resp.read()
+        finally:
+            resp.release()
+    except KubeError:
+        raise
+    except Exception as exc:
+        raise api_error(exc) from None
+    if not 200 <= resp.status <= 299:
+        raise status_error(resp.status, resp.reason, raw)
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise Unavailable("the API server answered with something other than an object")
+    return data
 
 
 def without_env_lookups(api: client.ApiClient) -> client.ApiClient:

@@ -25,7 +25,7 @@ from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from nymph.errors import CredentialsError
-from nymph.kube.api import api_error, without_env_lookups
+from nymph.kube.api import api_error, raw_json, without_env_lookups
 from nymph.kube.credentials import (
     OPEN_POLICY,
     CredentialPolicy,
@@ -83,7 +83,7 @@ def _forget_loader_files(directory: str) -> None:
         del cache[key]
 
 
-async def _load(path: str | None, *, conn: Connection, tmp: str) -> client.ApiClient:
+async def _load(path: str | None, *, conn: Connection, tmp: str, pool: int | None) -> client.ApiClient:
     cfg = client.Configuration()
     if path is None and not conn.context and os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
@@ -91,7 +91,36 @@ async def _load(path: str | None, *, conn: Connection, tmp: str) -> client.ApiCl
         await config.load_kube_config(
             config_file=path, context=conn.context, client_configuration=cfg, temp_file_path=tmp
         )
+    if pool is not None:
+        cfg.connection_pool_maxsize = pool
     return without_env_lookups(client.ApiClient(configuration=cfg))
+
+
+async def load_api(
+    conn: Connection,
+    *,
+    resolver: SecretResolver | None = None,
+    policy: CredentialPolicy = OPEN_POLICY,
+    tmp_root: str | None = None,
+    pool: int | None = None,
+) -> client.ApiClient:
+    """An ``ApiClient`` for ``conn`` that the caller closes; every staged file is gone before it
+    is returned. ``pool``: the most connections it opens at once (0: no limit; None: the
+    client's default of 100)."""
+    tmp = tempfile.mkdtemp(prefix="nymph-kube-", dir=tmp_root)
+    try:
+        with staged_kubeconfig(
+            conn.kubeconfig, resolver=resolver, tmpdir=tmp, policy=policy, context=conn.context
+        ) as path:
+            try:
+                return await _load(path, conn=conn, tmp=tmp, pool=pool)
+            except (ConfigException, OSError, ValueError, KeyError, TypeError) as exc:
+                raise CredentialsError(
+                    f"{conn.describe()}: cannot be loaded as a kubeconfig ({exc.__class__.__name__})"
+                ) from None
+    finally:
+        _forget_loader_files(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager
@@ -102,29 +131,15 @@ async def open_api(
     policy: CredentialPolicy = OPEN_POLICY,
     tmp_root: str | None = None,
 ) -> AsyncIterator[client.ApiClient]:
-    """An ``ApiClient`` for ``conn``; every staged file is gone before it is yielded."""
-    tmp = tempfile.mkdtemp(prefix="nymph-kube-", dir=tmp_root)
-    try:
-        with staged_kubeconfig(
-            conn.kubeconfig, resolver=resolver, tmpdir=tmp, policy=policy, context=conn.context
-        ) as path:
-            try:
-                api = await _load(path, conn=conn, tmp=tmp)
-            except (ConfigException, OSError, ValueError, KeyError, TypeError) as exc:
-                raise CredentialsError(
-                    f"{conn.describe()}: cannot be loaded as a kubeconfig ({exc.__class__.__name__})"
-                ) from None
-    finally:
-        _forget_loader_files(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
+    """An ``ApiClient`` for ``conn`` for the block; every staged file is gone before it is yielded."""
+    api = await load_api(conn, resolver=resolver, policy=policy, tmp_root=tmp_root)
     try:
         yield api
     finally:
         await api.close()
 
 
-def _plain(api: client.ApiClient, obj: Any) -> dict[str, Any]:
-    data: dict[str, Any] = api.sanitize_for_serialization(obj)
+def _pod(data: dict[str, Any]) -> dict[str, Any]:
     data.setdefault("apiVersion", "v1")
     data.setdefault("kind", "Pod")
     return data
@@ -134,46 +149,35 @@ async def create_pod(api: client.ApiClient, manifest: Mapping[str, Any]) -> tupl
     """Create the Pod; ``(pod, created)``. A Pod already there under its fixed name is adopted."""
     meta = manifest["metadata"]
     v1 = client.CoreV1Api(api)
+    body: Any = dict(manifest)  # plain JSON: the client sends a dict as it is
     try:
-        obj = await v1.create_namespaced_pod(meta["namespace"], dict(manifest))  # type: ignore[arg-type]
-        return _plain(api, obj), True
-    except Exception as exc:
-        err = api_error(exc)
-        if not isinstance(err, AlreadyExists):
-            raise err from None
+        return _pod(
+            await raw_json(v1.create_namespaced_pod(meta["namespace"], body, _preload_content=False))
+        ), True
+    except AlreadyExists:
+        pass
     return await read_pod(api, namespace=meta["namespace"], name=meta["name"]), False
 
 
 async def dry_run_pod(api: client.ApiClient, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """A server-side dry run of creating the Pod (admission, quota and validation included)."""
     v1 = client.CoreV1Api(api)
-    try:
-        obj = await v1.create_namespaced_pod(
-            manifest["metadata"]["namespace"],
-            dict(manifest),  # type: ignore[arg-type]
-            dry_run="All",
-        )
-    except Exception as exc:
-        raise api_error(exc) from None
-    return _plain(api, obj)
+    body: Any = dict(manifest)
+    call = v1.create_namespaced_pod(
+        manifest["metadata"]["namespace"], body, dry_run="All", _preload_content=False
+    )
+    return _pod(await raw_json(call))
 
 
 async def read_pod(api: client.ApiClient, *, namespace: str, name: str) -> dict[str, Any]:
     v1 = client.CoreV1Api(api)
-    try:
-        return _plain(api, await v1.read_namespaced_pod(name, namespace))
-    except Exception as exc:
-        raise api_error(exc) from None
+    return _pod(await raw_json(v1.read_namespaced_pod(name, namespace, _preload_content=False)))
 
 
 async def list_pods(api: client.ApiClient, *, namespace: str, selector: str) -> list[dict[str, Any]]:
     v1 = client.CoreV1Api(api)
-    try:
-        resp = await v1.list_namespaced_pod(namespace, label_selector=selector)
-    except Exception as exc:
-        raise api_error(exc) from None
-    data = api.sanitize_for_serialization(resp)
-    return [{"apiVersion": "v1", "kind": "Pod", **p} for p in data.get("items") or []]
+    data = await raw_json(v1.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))
+    return [_pod(p) for p in data.get("items") or []]
 
 
 async def delete_pod(api: client.ApiClient, *, namespace: str, name: str, grace_seconds: int | None) -> bool:

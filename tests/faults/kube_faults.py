@@ -76,6 +76,9 @@ class PodRecord:
     uids: set[str] = field(default_factory=set)
     phase: str = ""
     deleted: bool = False
+    #: The last few events seen of it (kind, phase, node, deletion, conditions), to tell who
+    #: ended a Pod a test did not expect to end.
+    events: list[str] = field(default_factory=list)
 
 
 class PodWatch:
@@ -102,7 +105,9 @@ class PodWatch:
 
     def snapshot(self) -> dict[str, PodRecord]:
         with self._lock:
-            return {k: PodRecord(set(v.uids), v.phase, v.deleted) for k, v in self.pods.items()}
+            return {
+                k: PodRecord(set(v.uids), v.phase, v.deleted, list(v.events)) for k, v in self.pods.items()
+            }
 
     def _path(self, **params: str) -> str:
         q = urllib.parse.urlencode({"labelSelector": "lakeshore=true", **params})
@@ -123,6 +128,16 @@ class PodWatch:
             rec = self.pods.setdefault(name, PodRecord())
             rec.uids.add(meta["uid"])
             rec.phase = (pod.get("status") or {}).get("phase") or rec.phase
+            status = pod.get("status") or {}
+            conds = ",".join(
+                f"{c.get('type')}={c.get('status')}:{c.get('reason') or ''}"
+                for c in status.get("conditions") or []
+            )
+            rec.events = [
+                *rec.events[-7:],
+                f"{time.strftime('%H:%M:%S')} {kind} {status.get('phase')} node={(pod.get('spec') or {}).get('nodeName')}"
+                f" deletion={meta.get('deletionTimestamp')} [{conds}]",
+            ]
             if kind == "DELETED":
                 rec.deleted = True
             elif kind == "ADDED" and len(rec.uids) > 1:

@@ -33,7 +33,7 @@ import pytest
 from nymph.client import QueueClient
 from nymph.localcluster import LocalCluster
 from tests.e2e.harness import pods
-from tests.faults.kube_faults import PodWatch, start_apiserver, stop_apiserver
+from tests.faults.kube_faults import PodRecord, PodWatch, start_apiserver, stop_apiserver
 from tests.faults.leaks import kubeconfig_secrets, scan_files
 from tests.faults.stack import FaultStack, running_stack
 from tests.faults.tally import TALLY
@@ -313,7 +313,7 @@ def check(run: Run, stack: FaultStack, seen: dict, *, reconnects: int) -> None: 
     failures += [f"lost: {x}" for x in lost]
     failures += [f"applied twice (Pods {sorted(seen[n].uids)}): {n}" for n in duplicated]
     failures += problems
-    detail = [history(run, f) + traces(stack, f) for f in [*lost, *problems]]
+    detail = [history(run, f) + traces(stack, f) + cluster_traces(stack, seen, f) for f in [*lost, *problems]]
     if verify.returncode != 0:
         failures.append(f"audit verify: {(verify.stdout + verify.stderr).strip()[-600:]}")
     if left_pods:
@@ -359,6 +359,21 @@ def traces(stack: FaultStack, failure: str) -> str:
     ]
     logged = [line[:300] for line in stack.daemon_log().splitlines() if iid in line][-8:]
     return "\n    audit: " + " ".join(audited) + "".join(f"\n    log: {line}" for line in logged)
+
+
+def cluster_traces(stack: FaultStack, seen: dict[str, PodRecord], failure: str) -> str:
+    """What the cluster did to the Pod a failure names: the test's own watch of it, and the
+    control-plane lines that name it (a controller that deleted it says so)."""
+    found = re.search(r"lakeshore-[0-9a-f]{8}", failure)
+    if found is None:
+        return ""
+    iid = found.group(0)
+    rec = seen.get(iid)
+    lines = [f"\n    pod: {e}" for e in (rec.events if rec is not None else [])]
+    for proc in stack.kube.procs:
+        named = [line[:300] for line in proc.tail(2_000_000).splitlines() if iid in line][-4:]
+        lines += [f"\n    {proc.name}: {line}" for line in named]
+    return "".join(lines)
 
 
 def grouped(failures: list[str]) -> list[str]:

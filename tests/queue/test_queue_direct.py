@@ -21,7 +21,7 @@ from nymph.kube.credentials import CredentialPolicy, staged_kubeconfig
 from nymph.kube.pods import Connection, open_api
 from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
-from nymph.queue.direct.wiring import DIRECT
+from nymph.queue.direct.wiring import CONNECTOR, DIRECT
 from tests.kube_fixtures import SaKubeconfig
 
 POD_RULES = [
@@ -192,6 +192,32 @@ async def test_finished_direct_pods_are_reaped_and_still_listed(
             break
         await asyncio.sleep(0.1)
     assert watches == {}
+
+
+async def test_one_client_serves_a_connection_until_its_secret_changes(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
+) -> None:
+    q = direct_queue
+    allowed = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="kept")
+    assert (await q.call("PUT", NS + "/secrets/kc", json_body={"value": allowed.read_text()})).status == 200
+    await _provider(q, "kept", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+    clients = q.app[CONNECTOR].clients
+    before = clients.opened
+    ids = []
+    for _ in range(6):
+        r = await _launch(q, "kept")
+        assert r.status == 202, r.body
+        ids.append(r.body["instanceId"])
+    assert clients.opened - before == 1  # launches, the watch and the log followers share it
+    assert set(ids) <= set(_pods(kube, namespace))
+
+    # the secret now holds an identity that may not create Pods: the next launch uses it
+    forbidden = sa_kubeconfig(namespace=namespace, rules=[], name="nobody")
+    assert (await q.call("PUT", NS + "/secrets/kc", json_body={"value": forbidden.read_text()})).status == 200
+    r = await _launch(q, "kept")
+    assert r.status == 403, r.body
+    assert clients.opened - before == 2
+    assert len(_pods(kube, namespace)) == len(ids)
 
 
 async def test_context_switches_identity_and_a_forbidden_one_leaves_nothing(

@@ -1,6 +1,7 @@
-"""fsyncs per launch: each audit record is made durable by one fsync of its own append; outbox
-items are written at once and fsynced together, once before they are sent (off the event loop);
-the outbox's ack and the audit log's head, which may lag, add none."""
+"""fsyncs per launch: outbox items are written at once and fsynced together, once before they
+are sent (off the event loop); the daemon's audit log (grouped) likewise, before a batch of
+tasks acts and before any send; a plain audit log fsyncs each append; the outbox's ack and the
+audit log's head, which may lag, add none."""
 
 from __future__ import annotations
 
@@ -111,3 +112,70 @@ def _hash_of(tmp: Path, seq: int) -> str:
         if rec["seq"] == seq:
             return str(rec["hash"])
     raise AssertionError(seq)
+
+
+def test_grouped_audit_records_are_written_at_once_and_made_durable_by_one_sync(
+    tmp_path: Path, fsyncs: list[int]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, grouped=True)
+    before = fsyncs[0]
+    for i in range(5):
+        log.append("claim", task=f"t{i}")
+    assert fsyncs[0] == before  # nothing fsynced yet ...
+    assert len(path.read_text().splitlines()) == 5  # ... but every record is in the file
+    assert log.unsynced == 5
+    assert log.sync() == 5 and fsyncs[0] == before + 1
+    assert json.loads((tmp_path / "audit.jsonl.head").read_text())["seq"] == 5
+    assert log.sync() == 0 and fsyncs[0] == before + 1  # nothing new: no fsync
+    assert verify(path).ok
+
+
+def test_a_grouped_audit_log_killed_before_its_sync_loses_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, grouped=True)
+    log.append("claim", task="t0")
+    log.sync()
+    for i in range(1, 4):
+        log.append("apply", task=f"t{i}", result="ok")
+    del log  # a kill: the head still says 1
+    again = AuditLog(path, grouped=True)
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r.get("task") for r in recs[:4]] == ["t0", "t1", "t2", "t3"]
+    assert recs[-1]["event"] == "head-recovered" and recs[-1]["records"] == 3
+    again.sync()
+    assert verify(path).ok and verify(path).notes == ()
+
+
+async def test_the_outbox_sends_nothing_until_the_audit_log_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    audit = AuditLog(tmp_path / "audit.jsonl", grouped=True)
+    box = Outbox(tmp_path / "state")
+    box.also_sync = audit
+    audit.append("apply", task="task-1", result="ok")
+    box.complete(task_id="task-1", ok=True)
+    real = os.fsync
+    broken = [True]
+
+    def fsync(fd: int) -> None:
+        if broken[0] and os.readlink(f"/proc/self/fd/{fd}").endswith("audit.jsonl"):
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    sent: list[dict[str, Any]] = []
+
+    async def send(_kind: str, batch: list[dict[str, Any]]) -> None:
+        sent.extend(batch)
+
+    task = asyncio.create_task(box.run(send))
+    try:
+        assert not await box.flush(1.0)
+        assert sent == [] and audit.unsynced == 1
+        broken[0] = False  # the disk is back: the record is made durable, then the item sent
+        assert await box.flush(10.0)
+        assert [i["taskId"] for i in sent] == ["task-1"] and audit.unsynced == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -73,6 +73,21 @@ def test_stopping_after_stopped_is_not_reported() -> None:
     assert d.report is not None and d.report.state is InstanceState.STOPPING
 
 
+def test_a_pod_the_cluster_deleted_says_which_controller_and_why() -> None:
+    cond = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "DeletionByPodGC",
+        "message": "PodGC: node no longer exists",
+    }
+    d = decide_event("DELETED", pod("Pending", conditions=[cond]), Track(namespace="jobs"))
+    assert d.report is not None and d.report.reason is Reason.DELETED
+    assert d.report.message == "the cluster deleted the Pod (DeletionByPodGC: PodGC: node no longer exists)"
+    old = {**cond, "status": "False"}
+    d = decide_event("DELETED", pod("Pending", conditions=[old]), Track(namespace="jobs"))
+    assert d.report is not None and d.report.message == "the Pod was deleted outside nymph"
+
+
 def test_a_deleted_pod_nobody_asked_to_stop_is_reported_deleted() -> None:
     d = decide_event("DELETED", pod(), Track(namespace="jobs", last=("running", None)))
     assert d.report == Report(InstanceState.STOPPED, Reason.DELETED, "the Pod was deleted outside nymph")

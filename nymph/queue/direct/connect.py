@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
 
 from nymph.errors import ConfigError, CredentialsError
+from nymph.kube.clientcache import ClientCache
 from nymph.kube.credentials import SECRET_NAME, allowed_path, check_kubeconfig_text, looks_like_path
-from nymph.kube.pods import Connection, open_api
+from nymph.kube.pods import Connection, load_api
 from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
 from nymph.queue.direct.errors import service_error
 from nymph.queue.direct.settings import DirectSettings
@@ -36,6 +39,7 @@ class Connector:
     def __init__(self, *, secrets: SecretStore, settings: DirectSettings) -> None:
         self.secrets = secrets
         self.settings = settings
+        self.clients = ClientCache()
 
     async def prepare(self, *, ns: str, kind: str, name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Kwargs as stored: an inline kubeconfig becomes a ``$secret`` ref (its content in the
@@ -99,23 +103,56 @@ class Connector:
                 values[name] = await self.secrets.plaintext(ns=ns, name=name)
         return FetchedSecrets(values=values, namespace=ns)
 
+    def _fingerprint(self, *, ns: str, conn: Connection, resolver: FetchedSecrets) -> str:
+        """Changes when the credential behind ``conn`` does: the secret's content, or the
+        kubeconfig file's identity and times (a hash, held in memory only)."""
+        h = hashlib.sha256(json.dumps([ns, conn.key()]).encode())
+        for name in sorted(resolver.values):
+            h.update(b"\0" + name.encode() + b"\0" + resolver.values[name].encode())
+        ref = conn.kubeconfig
+        if isinstance(ref, str) and looks_like_path(ref):
+            try:
+                st = os.stat(os.path.realpath(os.path.expanduser(ref)))
+                h.update(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode())
+            except OSError:
+                h.update(b"missing")  # opening it says why
+        return h.hexdigest()
+
     @contextlib.asynccontextmanager
     async def api(self, *, ns: str, conn: Connection, what: str) -> AsyncIterator[client.ApiClient]:
-        """An API client for ``conn`` on behalf of control-plane namespace ``ns``; a failure to
-        load it is the queue's HTTP error for ``what``."""
+        """An API client for ``conn`` on behalf of control-plane namespace ``ns`` (kept open for
+        the next call while its credential is unchanged); a failure to load it is the queue's
+        HTTP error for ``what``."""
         if isinstance(conn.kubeconfig, str) and not looks_like_path(conn.kubeconfig):
             raise BadRequest(
                 "kubeconfig content is never stored: store it as a secret", code="invalid_kubeconfig"
             )
         try:
             resolver = await self._resolver(ns=ns, conn=conn)
-            opened = open_api(
-                conn, resolver=resolver, policy=self.settings.policy, tmp_root=self.settings.tmp_root
-            )
-            api = await opened.__aenter__()
+
+            def opener() -> Awaitable[client.ApiClient]:
+                # no limit on connections: each live log stream holds one for the Pod's life
+                return load_api(
+                    conn,
+                    resolver=resolver,
+                    policy=self.settings.policy,
+                    tmp_root=self.settings.tmp_root,
+                    pool=0,
+                )
+
+            fingerprint = self._fingerprint(ns=ns, conn=conn, resolver=resolver)
+            used = self.clients.use(json.dumps([ns, conn.key()]), fingerprint, opener)
+            api = await used.__aenter__()
         except Exception as exc:
             raise service_error(exc, what=what) from None
         try:
             yield api
         finally:
-            await opened.__aexit__(None, None, None)
+            await used.__aexit__(None, None, None)
+
+    async def sweep(self) -> None:
+        """Close the clients nobody used for a while."""
+        await self.clients.sweep()
+
+    async def close(self) -> None:
+        await self.clients.close()

@@ -123,6 +123,7 @@ class WatchManager:
                 w.idle_since = t
             elif t - w.idle_since >= self.settings.watch_idle:
                 await self._stop(key)
+        await self.connector.sweep()
 
     async def _stop(self, key: WatchKey) -> None:
         w = self.watches.pop(key)

@@ -94,5 +94,6 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
                 await t
         await watches.close()
         await followers.close()
+        await connector.close()
 
     app.cleanup_ctx.append(ctx)
