@@ -88,6 +88,19 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+def write_in_place(path: Path, data: bytes, *, mode: int = 0o640) -> None:
+    """Overwrite the start of ``path`` with ``data`` (created if missing), not fsynced: for a
+    small position of fixed width that may lag and is rewritten often. Cheaper than
+    :func:`replace_atomically` (no temp file, no rename); a write of one page is never torn by a
+    kill of the process, and a reader takes anything unreadable for "from the start"."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, mode)
+    try:
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(5, "short write")
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)

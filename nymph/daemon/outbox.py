@@ -28,7 +28,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from nymph.daemon.durable import TornAppend, Writer, append_whole, fsync_file, replace_atomically, truncate_to
+from nymph.daemon.durable import (
+    TornAppend,
+    Writer,
+    append_whole,
+    fsync_file,
+    replace_atomically,
+    truncate_to,
+    write_in_place,
+)
 from nymph.errors import NymphError
 from nymph.logs import get_logger
 
@@ -202,7 +210,9 @@ class Outbox:
             # queue ignores by (stream, seq) and chunk offset; it never runs ahead of the file
             # since the last (durable) reset or compaction. Each send then costs no fsync
             # beyond its items' own appends.
-            replace_atomically(self.ack_file, str(self.acked).encode(), durable=False)
+            # Written in place (one fixed-width write, no temp file and rename: a kill never
+            # tears a write of one page; a torn one after a power cut reads as 0 and re-sends).
+            write_in_place(self.ack_file, f"{self.acked:020d}\n".encode())
         if drained:
             self.idle.set()
         elif not self.mem and self.backlog:
