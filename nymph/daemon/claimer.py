@@ -73,7 +73,7 @@ class Claimer:
         self.slot_freed = asyncio.Event()  # the claim loop's wake-up
         self.work_done = asyncio.Event()  # the runner's
         #: Tasks claimed ahead of a free slot (held, renewed, waiting in ``local``).
-        self.prefetch = max(1, settings.concurrency // 2)
+        self.prefetch = max(1, settings.in_flight // 2)
         self.inflight = 0
         self.last_progress = time.monotonic()
         self.queue_ok = False
@@ -81,7 +81,7 @@ class Claimer:
     # -- capacity -----------------------------------------------------------------------------
 
     def capacity(self) -> int:
-        return self.s.concurrency + self.prefetch - self.inflight - self.local.qsize()
+        return self.s.in_flight + self.prefetch - self.inflight - self.local.qsize()
 
     async def wait_slot(self, concurrency: int) -> int:
         """Wait until fewer than ``concurrency`` tasks run; how many more may start."""

@@ -122,12 +122,15 @@ class Runner:
         context: TaskContext,
         concurrency: int,
         batch_max: int,
+        linger: float = 0.0,
     ) -> None:
         self.claimer = claimer
         self.registry = registry
         self.ctx = context
         self.concurrency = concurrency
         self.batch_max = batch_max
+        #: How long a batch may wait to fill while other work runs (kubectl: see _linger).
+        self.linger = linger
         self.work: set[asyncio.Task[None]] = set()
         self.log = get_logger("runner", node=context.node)
 
@@ -142,6 +145,8 @@ class Runner:
             batch = [first]
             while len(batch) < min(self.batch_max, room) and not local.empty():
                 batch.append(local.get_nowait())
+            if self.linger > 0 and len(batch) < self.batch_max and self.work:
+                await self._linger(batch)
             self.claimer.begin(batch)
             groups, unknown = self.registry.group(self._checked(batch))
             for task, exc in unknown:
@@ -151,6 +156,38 @@ class Runner:
                 job = asyncio.create_task(self._run(handler, tasks), name=f"work:{tasks[0]['taskId']}")
                 self.work.add(job)
                 job.add_done_callback(self.work.discard)
+
+    async def _linger(self, batch: list[TaskJSON]) -> None:
+        """While other work runs, wait up to ``linger`` seconds for ``batch`` to fill (as slots
+        free and claims arrive): one kubectl run costs about the same for one Pod as for
+        sixteen, so a run started for a single launch while another runs wastes most of it.
+        With nothing else running a batch starts at once (no latency added at low load)."""
+        local = self.claimer.local
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger
+        while self.work:
+            room = self.concurrency - self.claimer.inflight - len(batch)
+            while room > 0 and len(batch) < self.batch_max and not local.empty():
+                batch.append(local.get_nowait())
+                room -= 1
+            left = deadline - loop.time()
+            if len(batch) >= self.batch_max or left <= 0:
+                return
+            self.claimer.work_done.clear()
+            freed = asyncio.ensure_future(self.claimer.work_done.wait())
+            got: asyncio.Future[TaskJSON] | None = None
+            if room > 0:
+                got = asyncio.ensure_future(local.get())
+            waits: list[asyncio.Future[Any]] = [freed] if got is None else [freed, got]
+            try:
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                freed.cancel()
+                if got is not None:
+                    if got.done() and not got.cancelled():
+                        batch.append(got.result())
+                    else:
+                        got.cancel()
 
     def _checked(self, batch: list[TaskJSON]) -> list[TaskJSON]:
         """The tasks of ``batch`` whose every field checks out; the others fail for good."""

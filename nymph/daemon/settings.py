@@ -42,11 +42,20 @@ class WorkSettings:
     log_limit_bytes: int = 256 * 1024
 
 
+#: Default tasks in flight with ``--apply-with api`` (concurrent creates).
+API_CONCURRENCY = 8
+#: Default kubectl runs in flight with ``--apply-with kubectl`` (each of up to ``batch_max``).
+KUBECTL_RUNS = 2
+
+
 @dataclass(frozen=True)
 class DaemonSettings:
     daemon_id: str = ""
     node: str | None = None
-    concurrency: int = 8
+    #: Most tasks in flight at once; 0: the apply path's default (8 with api; with kubectl, two
+    #: runs of ``batch_max`` and at least 8: a run costs about the same for one Pod as for a
+    #: full batch).
+    concurrency: int = 0
     batch_max: int = 16
     listen: str = "127.0.0.1:9700"
     shutdown_grace_seconds: float = 20.0
@@ -55,6 +64,15 @@ class DaemonSettings:
     queue: DaemonQueueSettings = field(default_factory=DaemonQueueSettings)
     kube: KubeSettings = field(default_factory=KubeSettings)
     work: WorkSettings = field(default_factory=WorkSettings)
+
+    @property
+    def in_flight(self) -> int:
+        """Most tasks in flight at once: ``concurrency``, or the apply path's default."""
+        if self.concurrency > 0:
+            return self.concurrency
+        if self.kube.apply_with == "api":
+            return API_CONCURRENCY
+        return max(API_CONCURRENCY, KUBECTL_RUNS * self.batch_max)
 
     @property
     def state_dir(self) -> Path:
@@ -67,10 +85,12 @@ class DaemonSettings:
     def check(self) -> DaemonSettings:
         if self.kube.apply_with not in ("kubectl", "api"):
             raise ConfigError(f"--apply-with {self.kube.apply_with!r}: use kubectl or api")
-        if self.concurrency < 1:
-            raise ConfigError("--concurrency must be at least 1")
+        if self.concurrency < 0:
+            raise ConfigError("--concurrency must be at least 1 (or 0: the apply path's default)")
         if self.batch_max < 1:
             raise ConfigError("--batch-max must be at least 1")
+        if self.concurrency == 0:
+            return replace(self, concurrency=self.in_flight).check()
         if not self.queue.token:
             raise ConfigError(
                 "no queue token: pass --token or set NYMPH_TOKEN (create one with `nymph queue token create --role daemon`)"

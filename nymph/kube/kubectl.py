@@ -21,7 +21,7 @@ from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.binaries import kubectl_path
 from nymph.kube.errors import Invalid, KubeError, NotFound, Unavailable, classify_kubectl
 from nymph.launch.names import LABEL_MANAGED, check_dns_subdomain, check_namespace
-from nymph.launch.render import to_yaml_stream
+from nymph.launch.render import to_json_list
 
 FIELD_MANAGER = "nymph"
 
@@ -126,7 +126,7 @@ class Kubectl:
         args = ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-o", "json", "-f", "-"]
         if dry_run:
             args.insert(1, "--dry-run=server")
-        res = await self.run(args, stdin=to_yaml_stream([dict(m) for m in manifests]))
+        res = await self.run(args, stdin=to_json_list(manifests))
         applied: dict[tuple[str, str, str], Mapping[str, Any]] = {}
         if res.stdout.strip():
             try:

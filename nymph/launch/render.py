@@ -26,6 +26,7 @@ import json
 import posixpath
 import string
 import zlib
+from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, TypedDict
 
 import yaml
@@ -245,6 +246,14 @@ def to_yaml(obj: Any) -> str:
 def to_yaml_stream(objs: list[Any]) -> str:
     return yaml.dump_all(
         objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096
+    )
+
+
+def to_json_list(objs: Sequence[Mapping[str, Any]]) -> str:
+    """Objects as one ``v1`` List in compact JSON, what kubectl reads on stdin: encoding it is
+    a small part of the cost of YAML (a pure-Python dumper), and kubectl decodes it faster."""
+    return json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": list(objs)}, ensure_ascii=False, separators=(",", ":")
     )
 
 

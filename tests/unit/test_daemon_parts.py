@@ -227,11 +227,29 @@ def test_settings_precedence_file_env_flags(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({}, 32),  # kubectl (the default): two runs of --batch-max 16
+        ({"batch_max": 4}, 8),
+        ({"batch_max": 1}, 8),
+        ({"batch_max": 20}, 40),
+        ({"apply_with": "api"}, 8),
+        ({"apply_with": "api", "batch_max": 4}, 8),
+        ({"concurrency": 3}, 3),
+        ({"concurrency": 0, "apply_with": "api"}, 8),
+    ],
+)
+def test_concurrency_defaults_to_what_the_apply_path_needs(flags: dict[str, Any], expected: int) -> None:
+    s = load_settings(config_file=None, environ={"NYMPH_TOKEN": "t", "NYMPH_NAMESPACES": "a"}, **flags)
+    assert s.concurrency == expected == s.in_flight
+
+
+@pytest.mark.parametrize(
     ("env", "flags", "message"),
     [
         ({}, {}, "no queue token"),
         ({"NYMPH_TOKEN": "t"}, {"apply_with": "helm"}, "use kubectl or api"),
-        ({"NYMPH_TOKEN": "t"}, {"concurrency": 0}, "at least 1"),
+        ({"NYMPH_TOKEN": "t"}, {"concurrency": -1}, "at least 1"),
         ({"NYMPH_TOKEN": "t"}, {"workdir_root": "rel/path"}, "absolute"),
     ],
 )

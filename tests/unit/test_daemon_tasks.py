@@ -147,7 +147,7 @@ async def test_the_runner_fails_unknown_kinds_for_good_and_runs_the_rest(tmp_pat
     assert done["r1"]["ok"] is False and done["r1"]["retryable"] is False
     assert done["r1"]["error"] == "unknown task kind 'reboot'"
     assert done["p1"]["ok"] and done["p2"]["ok"]
-    assert claimer.inflight == 0 and claimer.capacity() == settings.concurrency + claimer.prefetch
+    assert claimer.inflight == 0 and claimer.capacity() == settings.in_flight + claimer.prefetch
 
 
 # --- retry policy --------------------------------------------------------------------------------

@@ -14,8 +14,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from nymph.daemon.tasks.apply import apply_each
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.identity import (
@@ -31,7 +29,7 @@ from nymph.daemon.workdirs import WorkdirWriteError
 from nymph.errors import NymphError, ValidationError
 from nymph.kube.applier import ApplyOutcome
 from nymph.kube.errors import AlreadyExists, Conflict, Invalid, KubeError
-from nymph.launch.render import PodManifest, manifest_sha256, render_pod, to_yaml_stream
+from nymph.launch.render import PodManifest, manifest_sha256, render_pod
 from nymph.launch.spec import LaunchSpec
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
@@ -125,16 +123,13 @@ def _render(ctx: TaskContext, task: TaskJSON) -> _Ready | None:
         spec = LaunchSpec.from_json(raw)
         manifest = render_pod(spec, node=ctx.node, workdir_root=str(ctx.workdir_root))
         identity = annotate(manifest, launch_identity(spec))
-        # Serialize it the way the applier will, so a Pod that cannot travel fails here, alone.
-        if ctx.applier.name == "api":
-            json.dumps(manifest)
-        else:
-            to_yaml_stream([manifest])
+        # Serialize it as the appliers will (JSON), so a Pod that cannot travel fails here, alone.
+        json.dumps(manifest)
         sha = manifest_sha256(manifest)
     except ValidationError as exc:
         ctx.refuse_spec(task, what="launch", error=exc)
         return None
-    except (RecursionError, ValueError, TypeError, OverflowError, yaml.YAMLError) as exc:
+    except (RecursionError, ValueError, TypeError, OverflowError) as exc:
         error = ValidationError("spec", f"cannot be rendered as a Pod ({exc.__class__.__name__})")
         ctx.refuse_spec(task, what="launch", error=error)
         return None
