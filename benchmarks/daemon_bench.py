@@ -95,9 +95,24 @@ async def run(kube: LocalCluster, tmp: Path, p: Params) -> dict[str, Any]:
     ns = make_namespace(kube, "bench-raw")
     results["raw"] = {
         "concurrent": await raw_create(
-            kube, namespace=ns, n=top, concurrency=p.concurrency, node=NODE, run=p.run
+            kube,
+            namespace=ns,
+            n=top,
+            concurrency=p.concurrency,
+            node=NODE,
+            run=p.run,
+            settle_seconds=p.settle_seconds,
         ),
-        "serial": await raw_create(kube, namespace=ns, n=top, concurrency=1, node=NODE, run=p.run, start=top),
+        "serial": await raw_create(
+            kube,
+            namespace=ns,
+            n=top,
+            concurrency=1,
+            node=NODE,
+            run=p.run,
+            start=top,
+            settle_seconds=p.settle_seconds,
+        ),
         "latency": await raw_latency(kube, namespace=ns, n=p.latency_n, node=NODE, run=p.run),
     }
     results["nymph"] = {}

@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, watch
 
+from benchmarks.scoreboard import procstat
 from nymph.launch.render import render_pod
 from nymph.launch.spec import LaunchSpec
 from nymph.localcluster import LocalCluster
@@ -113,7 +114,15 @@ def raw_pod(*, namespace: str, index: int, node: str, run: str) -> dict[str, Any
 
 
 async def raw_create(
-    kube: LocalCluster, *, namespace: str, n: int, concurrency: int, node: str, run: str, start: int = 0
+    kube: LocalCluster,
+    *,
+    namespace: str,
+    n: int,
+    concurrency: int,
+    node: str,
+    run: str,
+    start: int = 0,
+    settle_seconds: float = 30.0,
 ) -> dict[str, Any]:
     """Create ``n`` Pods with ``concurrency`` workers, each as fast as the server answers;
     creates/s from the first request to the last ADDED event, and per-create latency."""
@@ -136,10 +145,15 @@ async def raw_create(
                     await resp.read()
                     lat.append((time.monotonic() - t) * 1000)
 
+            pids = {p.name: p.popen.pid for p in kube.procs}
+            before = procstat.snapshot(pids)
             t0 = time.monotonic()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             t_end = await watcher.wait_for({b["metadata"]["name"] for b in bodies})
+            window = procstat.cpu_delta(before, procstat.snapshot(pids))
             added = [(watcher.seen[b["metadata"]["name"]] - t0) for b in bodies]
+            await _quiet(pids, seconds=settle_seconds)
+            life = procstat.cpu_delta(before, procstat.snapshot(pids))
     finally:
         await api.close()
     return {
@@ -149,7 +163,21 @@ async def raw_create(
         "create_p50_ms": pct(lat, 50),
         "create_p95_ms": pct(lat, 95),
         "last_added_s": round(max(added), 3),
+        # The control plane's CPU per Pod until the last ADDED, and over the Pods' lives (until
+        # the control plane is quiet again: scheduling, kwok's status updates, the watches).
+        "cpu_ms_per_launch": {k: round(v * 1000 / n, 2) for k, v in window.items()},
+        "cpu_ms_per_pod_life": {k: round(v * 1000 / n, 2) for k, v in life.items()},
     }
+
+
+async def _quiet(pids: dict[str, int], *, seconds: float, quiet_cpu: float = 0.1) -> None:
+    """Wait (at most ``seconds``) until ``pids`` spend under ``quiet_cpu`` CPU-seconds a second."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        before = procstat.snapshot(pids)
+        await asyncio.sleep(1.0)
+        if sum(procstat.cpu_delta(before, procstat.snapshot(pids)).values()) < quiet_cpu:
+            return
 
 
 async def raw_latency(kube: LocalCluster, *, namespace: str, n: int, node: str, run: str) -> dict[str, Any]:
