@@ -151,6 +151,7 @@ async def run(kube: LocalCluster, tmp: Path, p: Params) -> dict[str, Any]:
         paced_seconds=p.queue_paced_seconds,
     )
     results.update(report.ratios(results))
+    results["lifecycle_limit_per_s"] = report.lifecycle_limit(results)
     results["targets"] = report.targets(results) if p.targets else None
     results["machine"]["load_average_end"] = procstat.machine()["load_average"]
     results["seconds"] = round(time.time() - started, 1)
