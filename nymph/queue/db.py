@@ -13,11 +13,18 @@ transaction is short, so the queue in front of that thread stays short.
 Durability: WAL journal, ``synchronous=FULL`` (a committed transaction survives a ``kill -9``
 and a power cut), and each state change is one transaction (``BEGIN IMMEDIATE`` for writes, so
 a claim reads and updates the tasks it hands out with the write lock held).
+
+Group commit: writes that queue up while the thread is busy run together, in order, each in a
+savepoint of one transaction, with one commit (one fsync) for all of them. Each caller gets its
+own result or exception (a failed write rolls back to its savepoint alone) only after that
+commit, so what it was told is as durable as before; under load the fsyncs per launch fall
+from one per request to one per group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -114,6 +121,36 @@ def transaction(conn: sqlite3.Connection, *, write: bool) -> Iterator[sqlite3.Co
     conn.execute("COMMIT")
 
 
+#: Most writes committed together.
+GROUP_MAX = 64
+
+
+def _run_group(
+    conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]
+) -> list[tuple[bool, Any]]:
+    """Each of ``fns`` in its own savepoint of one write transaction, then one commit; per
+    function ``(True, result)`` or ``(False, exception)`` (its savepoint rolled back)."""
+    out: list[tuple[bool, Any]] = []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for fn in fns:
+            conn.execute("SAVEPOINT nymph_write")
+            try:
+                result = fn(conn)
+            except Exception as exc:
+                conn.execute("ROLLBACK TO nymph_write")
+                conn.execute("RELEASE nymph_write")
+                out.append((False, exc))
+                continue
+            conn.execute("RELEASE nymph_write")
+            out.append((True, result))
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return out
+
+
 class Database:
     """The service's connection, owned by one thread; see the module docstring."""
 
@@ -121,6 +158,11 @@ class Database:
         self.path = path
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+        #: Transactions committed, and the writes they carried (group commit; for tests).
+        self.commits = 0
+        self.grouped_writes = 0
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nymph-queue-db")
@@ -130,6 +172,9 @@ class Database:
     async def close(self) -> None:
         if self._executor is None:
             return
+        if self._drainer is not None and not self._drainer.done():
+            with contextlib.suppress(Exception):
+                await self._drainer  # the writes already accepted are committed first
         conn, self._conn = self._conn, None
         if conn is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
@@ -142,9 +187,51 @@ class Database:
         return str(self.path)
 
     async def write(self, fn: Callable[[sqlite3.Connection], T], *, concurrent: bool = False) -> T:
-        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction on the database thread.
+        """Run ``fn`` in a ``BEGIN IMMEDIATE`` transaction on the database thread (with the
+        writes queued beside it: see group commit above); its result once committed.
         ``concurrent`` (a claim) matters on PostgreSQL only (:mod:`nymph.queue.pgdb`)."""
-        return await self._run(fn, write=True)
+        if self._executor is None or self._conn is None:
+            raise DatabaseError("the queue database is not open")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._pending.append((fn, fut))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = loop.create_task(self._drain(), name="nymph-queue-db-commit")
+        return await fut
+
+    async def _drain(self) -> None:
+        """Hand the queued writes to the database thread, a group at a time, until none wait."""
+        try:
+            while self._pending and self._executor is not None and self._conn is not None:
+                group, self._pending = self._pending[:GROUP_MAX], self._pending[GROUP_MAX:]
+                conn = self._conn
+                fns = [fn for fn, _ in group]
+                try:
+                    results = await asyncio.get_running_loop().run_in_executor(
+                        self._executor, _run_group, conn, fns
+                    )
+                except BaseException as exc:  # the transaction as a whole failed (commit, BEGIN)
+                    for _, fut in group:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    continue
+                self.commits += 1
+                self.grouped_writes += len(group)
+                for (_, fut), (ok, value) in zip(group, results, strict=True):
+                    if fut.done():
+                        continue
+                    if ok:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(value)
+        finally:
+            if self._executor is None or self._conn is None:  # closed meanwhile
+                stranded, self._pending = self._pending, []
+                for _, fut in stranded:
+                    if not fut.done():
+                        fut.set_exception(DatabaseError("the queue database is not open"))
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` in one read transaction (a consistent snapshot) on the database thread."""
