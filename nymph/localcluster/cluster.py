@@ -82,6 +82,9 @@ class LocalCluster:
     images: Sequence[NodeImage] | None = None
     #: KubeletConfiguration fields over the real node's defaults (e.g. log rotation).
     kubelet_settings: Mapping[str, object] = field(default_factory=dict)
+    #: Pods each kwok node admits at once (a kubelet's default is 110; a benchmark's burst of
+    #: short jobs needs more, or it measures the node's Pod slots instead of dispatch).
+    kwok_max_pods: int = 110
     procs: list[Proc] = field(default_factory=list)
     server: str = ""
     kubeconfig: Path = field(init=False)
@@ -312,14 +315,14 @@ class LocalCluster:
                 "allocatable": {
                     "cpu": "32",
                     "memory": "256Gi",
-                    "pods": "110",
+                    "pods": str(self.kwok_max_pods),
                     "nvidia.com/gpu": "8",
                     "ephemeral-storage": "1Ti",
                 },
                 "capacity": {
                     "cpu": "32",
                     "memory": "256Gi",
-                    "pods": "110",
+                    "pods": str(self.kwok_max_pods),
                     "nvidia.com/gpu": "8",
                     "ephemeral-storage": "1Ti",
                 },
