@@ -9,7 +9,6 @@ no change, deletions included, is missed. Every change reaches ``on_event(type, 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +16,8 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from nymph.kube.api import raw_json
+from nymph.kube.errors import KubeError
 from nymph.logs import get_logger
 
 OnEvent = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -96,10 +97,14 @@ class PodWatcher:
 
     async def _relist(self) -> str:
         v1 = client.CoreV1Api(self.api)
-        resp: Any = await v1.list_namespaced_pod(
-            self.namespace, label_selector=self.selector, _preload_content=False
+        # raw_json checks the status: a refused list (a 403 while a restarted API server's
+        # authorizer warms up, a 500, a 429) is an error to retry, never an empty list, which
+        # would report every Pod in the cache as deleted.
+        data = await raw_json(
+            v1.list_namespaced_pod(self.namespace, label_selector=self.selector, _preload_content=False)
         )
-        data = json.loads(await resp.read())
+        if not isinstance(data.get("items"), list):
+            raise KubeError(f"listing Pods in {self.namespace}: the answer was not a list")
         self.connected = True
         fresh = {p["metadata"]["name"]: slim(p) for p in data.get("items") or []}
         for name, pod in fresh.items():
