@@ -28,7 +28,6 @@ class _Entry:
     opened: float
     last_used: float
     users: int = 0
-    retired: bool = False
 
 
 @dataclass
@@ -69,7 +68,6 @@ class ClientCache:
 
     def _retire(self, key: str) -> None:
         entry = self._entries.pop(key)
-        entry.retired = True
         self._retired.append(entry)
 
     @contextlib.asynccontextmanager
