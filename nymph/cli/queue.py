@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,11 +17,20 @@ from nymph.netaddr import parse_listen
 from nymph.queue.auth import create_token, import_token
 from nymph.queue.db import connect, transaction
 from nymph.queue.direct.settings import DirectSettings
-from nymph.queue.models import LeaseSettings, OutputSettings, QueueSettings, RetrySettings, Role
+from nymph.queue.models import (
+    LeaseSettings,
+    OutputSettings,
+    QueueSettings,
+    RetrySettings,
+    Role,
+    TenancySettings,
+)
 from nymph.queue.serve import DEFAULT_LISTEN, default_db_path, serve
 from nymph.queue.sql.dialect import Conn
 
 T = TypeVar("T")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 DB_URL_ENV = "NYMPH_DB_URL"
 
 
@@ -94,6 +104,31 @@ def _size(text: str, flag: str) -> int:
     return value
 
 
+def _ns_map(specs: list[str], flag: str, *, many: bool) -> dict[str, tuple[str, ...]]:
+    """``NS=A,B`` (``many``) or ``NS=A`` pairs, repeatable: NS -> (A, B, ...), each a DNS-1123 label."""
+    out: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        ns, sep, rest = spec.partition("=")
+        values = [v.strip() for v in rest.split(",")] if many else [rest.strip()]
+        if not sep or not _LABEL.match(ns) or not all(_LABEL.match(v) or _SUBDOMAIN.match(v) for v in values):
+            example = "team-a=team-a,team-a-gpu" if many else "team-a=trainer"
+            raise ConfigError(
+                f"{flag} {spec!r}: expected NS={'K1,K2' if many else 'NAME'}, e.g. {flag} {example}"
+            )
+        out[ns] = tuple(dict.fromkeys(out.get(ns, ()) + tuple(values)))
+    return out
+
+
+def tenancy_settings(args: argparse.Namespace) -> TenancySettings:
+    if args.max_replicas < 1:
+        raise ConfigError(f"--max-replicas {args.max_replicas}: at least 1")
+    return TenancySettings(
+        kube_namespaces=_ns_map(args.kube_namespaces, "--kube-namespaces", many=True),
+        service_accounts=_ns_map(args.service_account, "--service-account", many=False),
+        max_replicas=args.max_replicas,
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen, example=DEFAULT_LISTEN)
     _import_tokens(_db_path(args), args.import_token)
@@ -106,6 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             secret_key_file=Path(args.secret_key_file).expanduser() if args.secret_key_file else None,
             reap_after=args.reap_after,
         ),
+        tenancy=tenancy_settings(args),
         output=OutputSettings(
             log_cap_bytes=_size(args.log_cap, "--log-cap"),
             results_cap_bytes=_size(args.results_cap, "--results-cap"),
@@ -200,6 +236,34 @@ def register(sub: Any) -> None:
         type=float,
         default=600.0,
         help="seconds after a direct Pod ends before it is deleted, its log tail kept (default 600)",
+    )
+    t = p.add_argument_group(
+        "teams sharing a cluster",
+        "What a namespace-scoped token may reach in the cluster (unscoped tokens may reach "
+        "any Kubernetes namespace; ServiceAccounts and replica caps apply to every token).",
+    )
+    t.add_argument(
+        "--kube-namespaces",
+        action="append",
+        default=[],
+        metavar="NS=K1,K2",
+        help="the Kubernetes namespaces control-plane namespace NS may launch into (repeatable; "
+        "default: only the one of the same name)",
+    )
+    t.add_argument(
+        "--service-account",
+        action="append",
+        default=[],
+        metavar="NS=NAME",
+        help="a ServiceAccount launches of control-plane namespace NS may run as (repeatable). "
+        "With none, a mode or launch naming service_account is refused",
+    )
+    t.add_argument(
+        "--max-replicas",
+        type=int,
+        default=64,
+        metavar="N",
+        help="the most worker replicas one dockyard launch may ask for (default 64)",
     )
     o = p.add_argument_group("logs and results")
     o.add_argument(

@@ -5,6 +5,7 @@ The wire types (task kinds, statuses, JSON shapes, time) live in :mod:`nymph.pro
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nymph.launch.placement import NodeOffer
@@ -118,6 +119,34 @@ class OutputSettings:
 
 
 @dataclass(frozen=True)
+class TenancySettings:
+    """What each team (control-plane namespace) may reach in the cluster, set by the operator.
+
+    ``kube_namespaces``: control-plane namespace -> the Kubernetes namespaces its scoped tokens
+    may target (absent: only the one of the same name); unscoped tokens may target any.
+    ``service_accounts``: control-plane namespace -> the ServiceAccounts its launches may run as
+    (none: no ``service_account`` is accepted). ``max_replicas``: the most worker replicas one
+    dockyard launch may ask for.
+    """
+
+    kube_namespaces: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    service_accounts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    max_replicas: int = 64
+
+    def kube_namespaces_of(self, namespace: str) -> tuple[str, ...]:
+        return self.kube_namespaces.get(namespace) or (namespace,)
+
+    def may_target(self, principal: Principal, kube_namespace: str) -> bool:
+        """Whether ``principal`` may launch into ``kube_namespace``."""
+        if principal.namespace is None:
+            return True
+        return kube_namespace in self.kube_namespaces_of(principal.namespace)
+
+    def may_run_as(self, namespace: str, service_account: str) -> bool:
+        return service_account in self.service_accounts.get(namespace, ())
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     """All tunables of the service, grouped; passed to :func:`nymph.queue.app.create_app`."""
 
@@ -128,6 +157,7 @@ class QueueSettings:
     sessions: SessionSettings = field(default_factory=SessionSettings)
     direct: DirectSettings = field(default_factory=DirectSettings)
     output: OutputSettings = field(default_factory=OutputSettings)
+    tenancy: TenancySettings = field(default_factory=TenancySettings)
 
 
 @dataclass(frozen=True)
