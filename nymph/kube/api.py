@@ -18,6 +18,7 @@ from nymph.errors import ValidationError
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import Conflict, Invalid, KubeError, NotFound, Unavailable, from_status
 from nymph.kube.kubectl import FIELD_MANAGER
+from nymph.kube.netguard import refusal_of
 from nymph.launch.names import LABEL_MANAGED, check_dns_subdomain, check_namespace
 
 
@@ -31,23 +32,47 @@ async def make_api_client(*, kubeconfig: str | None = None, context: str | None 
     return without_env_lookups(client.ApiClient(configuration=cfg))
 
 
+#: The most characters of an API server's Status message relayed.
+MESSAGE_LIMIT = 500
+
+
 def status_error(status: int, reason: str | None, body: str | bytes | None) -> KubeError:
-    """The KubeError for an API server answer ``status`` (its Status ``message`` when it has one)."""
-    message = reason or ""
+    """The KubeError for an API server answer ``status``: its Status ``message`` (cut to
+    :data:`MESSAGE_LIMIT`) when the body is a Kubernetes Status, else only "the server answered
+    HTTP N". Nothing else of the answer (its reason phrase, any other body) is kept: a server a
+    kubeconfig names may be anything, and its text is relayed to users."""
+    del reason  # the server's own words; not relayed
+    message = f"the server answered HTTP {status}"
     try:
         decoded = json.loads(body or "{}")
-        if isinstance(decoded, dict):
-            message = decoded.get("message") or message
     except (ValueError, TypeError):
-        pass
+        decoded = None
+    if isinstance(decoded, dict) and decoded.get("kind") == "Status":
+        said = decoded.get("message")
+        if isinstance(said, str) and said.strip():
+            said = said.strip()
+            message = said if len(said) <= MESSAGE_LIMIT else said[: MESSAGE_LIMIT - 3] + "..."
     return from_status(status, message)
 
 
 def api_error(exc: BaseException) -> KubeError:
-    """Classify an exception from kubernetes_asyncio / aiohttp into a KubeError."""
+    """Classify an exception from kubernetes_asyncio / aiohttp into a KubeError (a server the
+    guard refused stays that refusal). No text the server sent is echoed."""
+    refused = refusal_of(exc)
+    if refused is not None:
+        return refused
+    if isinstance(exc, KubeError):
+        return exc
     if isinstance(exc, ApiException):
         return status_error(int(exc.status or 0), exc.reason, exc.body)
-    return Unavailable(f"{exc.__class__.__name__}: {exc}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        # host, port and the OS's (or TLS's) reason: nothing the server sent
+        os_error = getattr(exc, "os_error", None)
+        why = getattr(os_error, "strerror", None) or exc.__class__.__name__
+        return Unavailable(f"cannot connect to {exc.host}:{exc.port} ({why})")
+    return Unavailable(
+        f"the API server could not be reached or gave no usable answer ({exc.__class__.__name__})"
+    )
 
 
 async def raw_json(call: Awaitable[Any]) -> dict[str, Any]:
@@ -65,7 +90,10 @@ async def raw_json(call: Awaitable[Any]) -> dict[str, Any]:
         raise api_error(exc) from None
     if not 200 <= resp.status <= 299:
         raise status_error(resp.status, resp.reason, raw)
-    data = json.loads(raw)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
     if not isinstance(data, dict):
         raise Unavailable("the API server answered with something other than an object")
     return data

@@ -16,6 +16,12 @@ A provider's ``kubeconfig`` kwarg is one of:
 Staged files are removed in a ``finally``, also when the call fails. Plaintext is registered
 with the log redactor while staged, and no error message ever includes it: a kubeconfig that
 does not parse is reported without quoting any of its bytes.
+
+Two levels of trust: a path kubeconfig was placed by the operator in a directory they allowed
+(a bare directory serves unscoped tokens, ``NS=DIR`` serves control-plane namespace NS) and
+keeps kubectl's full semantics; inline and ``$secret`` content is user-supplied and accepted by
+allow-list only (:mod:`nymph.kube.userconfig`), connecting only where the policy's
+:class:`~nymph.kube.netguard.ServerPolicy` lets it.
 """
 
 from __future__ import annotations
@@ -32,48 +38,85 @@ from typing import Protocol
 import yaml
 
 from nymph.errors import CredentialsError
+from nymph.kube.netguard import DEFAULT_SERVERS, ServerPolicy
+from nymph.kube.userconfig import check_user_fields
 from nymph.logs import forget_secret, register_secret
 
 SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _SECRET_NAME = SECRET_NAME
 
 
+DIR_FLAG = "--kubeconfig-dir"
+
+
 @dataclass(frozen=True)
 class CredentialPolicy:
     """What a kubeconfig ref may reach on this host.
 
-    ``kubeconfig_dirs``: the directories path kubeconfigs must resolve into (``None``: any path,
-    for a single user's own tools; ``()``: none, path kubeconfigs are refused). ``ambient``: a
-    ref that names no kubeconfig may use this host's own credentials (``KUBECONFIG``,
-    ``~/.kube/config`` or the in-cluster ServiceAccount).
+    ``kubeconfig_dirs``: the *bare* directories path kubeconfigs may resolve into, for unscoped
+    tokens (``None``: any path, for a single user's own tools; ``()``: none). ``team_dirs``:
+    ``(NS, DIR)`` pairs, DIR serving control-plane namespace NS only. ``ambient``: a ref that
+    names no kubeconfig may use this host's own credentials (``KUBECONFIG``, ``~/.kube/config``
+    or the in-cluster ServiceAccount). ``servers``: where a user-supplied (inline or
+    ``$secret``) kubeconfig may connect; ``allow_insecure_tls``: whether it may say
+    ``insecure-skip-tls-verify``.
     """
 
     kubeconfig_dirs: tuple[Path, ...] | None = None
     ambient: bool = True
+    team_dirs: tuple[tuple[str, Path], ...] = ()
+    servers: ServerPolicy = DEFAULT_SERVERS
+    allow_insecure_tls: bool = False
+
+    def dirs_for(self, namespace: str | None, *, bare: bool) -> tuple[Path, ...] | None:
+        """The directories a path kubeconfig of control-plane ``namespace`` may be read from
+        (``bare``: the caller may use the bare ones too); None: any path."""
+        if self.kubeconfig_dirs is None and not self.team_dirs:
+            return None
+        out = [d for ns, d in self.team_dirs if namespace is not None and ns == namespace]
+        if bare:
+            out += list(self.kubeconfig_dirs or ())
+        return tuple(out)
 
 
 #: A single user's own tools: any path, ambient credentials allowed.
 OPEN_POLICY = CredentialPolicy()
 
 
-def allowed_path(ref: str, *, policy: CredentialPolicy) -> str:
-    """The real path of a path kubeconfig, if the policy lets it be read; else a clear error."""
+def allowed_path(
+    ref: str, *, policy: CredentialPolicy, namespace: str | None = None, bare: bool = True
+) -> str:
+    """The real path of a path kubeconfig, if the policy lets control-plane ``namespace`` read
+    it (``bare``: the directories given without a namespace count too, for unscoped tokens and
+    for loading); else a clear error naming the flag that would allow it."""
+    if "\0" in ref:
+        raise CredentialsError("kubeconfig path: holds a NUL byte")
     path = os.path.realpath(os.path.expanduser(ref))
-    dirs = policy.kubeconfig_dirs
+    dirs = policy.dirs_for(namespace, bare=bare)
     if dirs is not None:
+        flag = (
+            f"'nymph queue serve {DIR_FLAG} {namespace}=DIR'"
+            if namespace
+            else f"'nymph queue serve {DIR_FLAG} DIR'"
+        )
         if not dirs:
+            scoped = (
+                f" (a bare '{DIR_FLAG} DIR' serves only tokens not scoped to a namespace)"
+                if not bare and policy.kubeconfig_dirs
+                else ""
+            )
             raise CredentialsError(
-                f"kubeconfig path {ref}: this queue reads no kubeconfig files (none of its "
-                "directories is allowed); the operator can allow one with "
-                "'nymph queue serve --kubeconfig-dir DIR', or store the kubeconfig as a secret "
-                "('nymph secrets set NAME --from-file FILE') and use {\"$secret\": NAME}"
+                f"kubeconfig path {ref}: this queue reads no kubeconfig files for namespace "
+                f"{namespace or '(unscoped)'}{scoped}; the operator can allow a directory with {flag}, "
+                "or store the kubeconfig as a secret ('nymph secrets set NAME --from-file FILE') "
+                'and use {"$secret": NAME}'
             )
         roots = [os.path.realpath(d) for d in dirs]
         if not any(os.path.commonpath([root, path]) == root for root in roots):
             raise CredentialsError(
-                f"kubeconfig path {ref} is outside the directories this queue may read "
-                f"({', '.join(str(d) for d in dirs)}, symlinks resolved): move it there, ask the "
-                "operator to add '--kubeconfig-dir DIR', or store it as a secret"
+                f"kubeconfig path {ref} is outside the directories this queue may read for "
+                f"namespace {namespace or '(unscoped)'} ({', '.join(str(d) for d in dirs)}, symlinks "
+                f"resolved): move it there, ask the operator to map one with {flag}, or store it as a secret"
             )
     if not os.path.isfile(path):
         raise CredentialsError(f"kubeconfig path {ref} does not exist or is not a file")
@@ -82,7 +125,8 @@ def allowed_path(ref: str, *, policy: CredentialPolicy) -> str:
 
 def check_kubeconfig_text(text: str, *, what: str, context: str | None = None) -> None:
     """Raise :class:`CredentialsError` unless ``text`` parses as a kubeconfig (and has
-    ``context`` when one is named). The message never quotes the text."""
+    ``context`` when one is named): the shape of an operator's path kubeconfig, whose
+    content is trusted. The message never quotes the text."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
@@ -204,11 +248,13 @@ def staged_kubeconfig(
     tmpdir: str | None = None,
     policy: CredentialPolicy = OPEN_POLICY,
     context: str | None = None,
+    namespace: str | None = None,
 ) -> Iterator[str | None]:
     """Yield a kubeconfig path for ``ref`` (``None`` = default loading); clean up afterwards.
 
     Inline content and resolved secrets are checked to be a kubeconfig (with ``context``, if
-    named), written 0600 under ``tmpdir`` and removed in a ``finally``.
+    named) of only the fields a user-supplied one may carry, written 0600 under ``tmpdir`` and
+    removed in a ``finally``.
     """
     if ref is None or ref == "":
         if not policy.ambient:
@@ -226,13 +272,15 @@ def staged_kubeconfig(
         if not isinstance(name, str) or not SECRET_NAME.match(name):
             raise CredentialsError("kubeconfig: $secret must name a secret (letters, digits, '.', '_', '-')")
         plaintext = (resolver or default_resolver()).resolve(name)
-        with _staged_text(plaintext, what=f"(secret {name})", context=context, tmpdir=tmpdir) as path:
+        with _staged_text(
+            plaintext, what=f"(secret {name})", context=context, tmpdir=tmpdir, policy=policy
+        ) as path:
             yield path
         return
     if not isinstance(ref, str):
         raise CredentialsError('kubeconfig: expected a path, inline content or {"$secret": NAME}')
     if looks_like_path(ref):
-        path = allowed_path(ref, policy=policy)
+        path = allowed_path(ref, policy=policy, namespace=namespace)
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -242,15 +290,18 @@ def staged_kubeconfig(
         check_kubeconfig_text(text, what=f"(path {ref})", context=context)
         yield path
         return
-    with _staged_text(ref, what="(inline)", context=context, tmpdir=tmpdir) as path:
+    with _staged_text(ref, what="(inline)", context=context, tmpdir=tmpdir, policy=policy) as path:
         yield path
 
 
 @contextlib.contextmanager
-def _staged_text(plaintext: str, *, what: str, context: str | None, tmpdir: str | None) -> Iterator[str]:
+def _staged_text(
+    plaintext: str, *, what: str, context: str | None, tmpdir: str | None, policy: CredentialPolicy
+) -> Iterator[str]:
     register_secret(plaintext)
     try:
         check_kubeconfig_text(plaintext, what=what, context=context)
+        check_user_fields(plaintext, what=what, allow_insecure=policy.allow_insecure_tls)
         path = _stage(plaintext, tmpdir)
         try:
             yield path

@@ -1,8 +1,10 @@
 """Pods through the API server with a provider's own connection (kubernetes_asyncio).
 
 :func:`open_api` turns a :class:`Connection` (a kubeconfig ref, a context, a namespace) into an
-``ApiClient``: the kubeconfig is staged in a private temp directory (0700, the file 0600), loaded,
-and the directory (with any certificate files the loader wrote from ``*-data`` fields) is removed
+``ApiClient``. A user-supplied kubeconfig (inline or ``$secret``) is checked against the
+allow-list of :mod:`nymph.kube.userconfig` and built into a client there, every connection held
+to the operator's server policy; a path kubeconfig (the operator's) is loaded with kubectl's
+semantics, its certificate files written in a private temp directory (0700) that is removed
 before the client is handed out, also when loading fails. Then: create (adopting a Pod that
 already exists under the fixed name), list by labels, read, delete (``False`` when already gone),
 logs, a server-side dry run and an RBAC self-check. Every failure is a
@@ -28,12 +30,17 @@ from nymph.errors import CredentialsError
 from nymph.kube.api import api_error, raw_json, without_env_lookups
 from nymph.kube.credentials import (
     OPEN_POLICY,
+    SECRET_NAME,
     CredentialPolicy,
     SecretResolver,
+    default_resolver,
     describe,
+    looks_like_path,
     staged_kubeconfig,
 )
 from nymph.kube.errors import AlreadyExists, NotFound
+from nymph.kube.userconfig import build_client, check_user_kubeconfig
+from nymph.logs import forget_secret, register_secret
 
 #: The accesses the direct path needs in the provider's namespace.
 REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
@@ -96,6 +103,20 @@ async def _load(path: str | None, *, conn: Connection, tmp: str, pool: int | Non
     return without_env_lookups(client.ApiClient(configuration=cfg))
 
 
+def _user_text(ref: object, *, resolver: SecretResolver | None) -> tuple[str, str] | None:
+    """``(plaintext, what)`` of a user-supplied kubeconfig ref (inline or ``$secret``), else None."""
+    if isinstance(ref, Mapping):
+        if set(ref) != {"$secret"}:
+            raise CredentialsError('kubeconfig: a secret reference is exactly {"$secret": NAME}')
+        name = ref["$secret"]
+        if not isinstance(name, str) or not SECRET_NAME.match(name):
+            raise CredentialsError("kubeconfig: $secret must name a secret (letters, digits, '.', '_', '-')")
+        return (resolver or default_resolver()).resolve(name), f"(secret {name})"
+    if isinstance(ref, str) and ref and not looks_like_path(ref):
+        return ref, "(inline)"
+    return None
+
+
 async def load_api(
     conn: Connection,
     *,
@@ -103,14 +124,36 @@ async def load_api(
     policy: CredentialPolicy = OPEN_POLICY,
     tmp_root: str | None = None,
     pool: int | None = None,
+    namespace: str | None = None,
 ) -> client.ApiClient:
     """An ``ApiClient`` for ``conn`` that the caller closes; every staged file is gone before it
     is returned. ``pool``: the most connections it opens at once (0: no limit; None: the
-    client's default of 100)."""
+    client's default of 100). ``namespace``: the control-plane namespace it is opened for (a
+    path kubeconfig must be in a directory serving it, or in a bare one).
+
+    A user-supplied kubeconfig (inline or ``$secret``) is checked against the allow-list each
+    time and built into a client here, held to ``policy.servers``; a path kubeconfig (the
+    operator's) and the host's own credentials go through kubernetes_asyncio's loader."""
+    user = _user_text(conn.kubeconfig, resolver=resolver)
+    if user is not None:
+        text, what = user
+        register_secret(text)
+        try:
+            checked = check_user_kubeconfig(
+                text, what=what, context=conn.context, allow_insecure=policy.allow_insecure_tls
+            )
+            return await build_client(checked, servers=policy.servers, tmp_root=tmp_root, pool=pool)
+        finally:
+            forget_secret(text)
     tmp = tempfile.mkdtemp(prefix="nymph-kube-", dir=tmp_root)
     try:
         with staged_kubeconfig(
-            conn.kubeconfig, resolver=resolver, tmpdir=tmp, policy=policy, context=conn.context
+            conn.kubeconfig,
+            resolver=resolver,
+            tmpdir=tmp,
+            policy=policy,
+            context=conn.context,
+            namespace=namespace,
         ) as path:
             try:
                 return await _load(path, conn=conn, tmp=tmp, pool=pool)
@@ -130,9 +173,10 @@ async def open_api(
     resolver: SecretResolver | None = None,
     policy: CredentialPolicy = OPEN_POLICY,
     tmp_root: str | None = None,
+    namespace: str | None = None,
 ) -> AsyncIterator[client.ApiClient]:
     """An ``ApiClient`` for ``conn`` for the block; every staged file is gone before it is yielded."""
-    api = await load_api(conn, resolver=resolver, policy=policy, tmp_root=tmp_root)
+    api = await load_api(conn, resolver=resolver, policy=policy, tmp_root=tmp_root, namespace=namespace)
     try:
         yield api
     finally:
@@ -262,6 +306,7 @@ __all__ = [
     "delete_pod",
     "dry_run_pod",
     "list_pods",
+    "load_api",
     "open_api",
     "pod_logs",
     "read_pod",
