@@ -24,7 +24,8 @@ from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.launch.config import MODE_FIELDS, Mode, Provider, merged_kwargs
 
-#: Env vars nymph sets itself; a mode or launch may not override them.
+#: Env vars nymph sets itself; a mode or launch may not set any name of this prefix.
+RESERVED_ENV_PREFIX = "NYMPH_"
 RESERVED_ENV = frozenset({"NYMPH_INSTANCE_ID", "NYMPH_WORKDIR"})
 #: A script travels as one argv string of ``/bin/sh -c``; Linux caps a single argument at
 #: 128 KiB (MAX_ARG_STRLEN), so scripts are capped below that with room for the wrapper.
@@ -179,9 +180,12 @@ def _check_env(raw: object, fld: str) -> tuple[list[tuple[str, str]], list[str]]
     for k, v in raw.items():
         if not isinstance(k, str) or not k or "=" in k or not k.isprintable():
             raise ValidationError(f"{fld}.{k}", "is not a valid environment variable name")
-        if k in RESERVED_ENV:
-            notes.append(f"{fld}.{k} ignored: set by nymph")
-            continue
+        if k.startswith(RESERVED_ENV_PREFIX):
+            raise ValidationError(
+                f"{fld}.{k}",
+                f"names starting {RESERVED_ENV_PREFIX} are reserved: nymph sets "
+                f"{' and '.join(sorted(RESERVED_ENV))} itself; rename the variable",
+            )
         s = env_value(v)
         if s is None:
             notes.append(f"{fld}.{k} skipped: only strings, numbers and booleans are passed")

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from nymph.launch.config import Mode, Provider
+from nymph.launch.spec import LaunchSpec
 from nymph.protocol import (
     ActiveJSON,
     CompleteAnswer,
@@ -23,6 +24,7 @@ from nymph.protocol import (
     TaskStatusJSON,
     now,
 )
+from nymph.queue import tenancy
 from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, WorkSignal
@@ -96,6 +98,19 @@ class Store:
         provider = await self.db.read(lambda conn: catalog.get_provider(conn, ns=ns, name=name))
         return provider.to_json()
 
+    def guard(self, principal: Principal) -> launches.Guard:
+        """The tenancy check of every launch ``principal`` sends (run on the spec it would run)."""
+        settings = self.settings.tenancy
+
+        def check(spec: LaunchSpec) -> None:
+            tenancy.check_spec(settings, principal=principal, spec=spec)
+
+        return check
+
+    async def get_provider_config(self, *, ns: str, name: str) -> Provider:
+        """The provider as configured (NotFound when there is none)."""
+        return await self.db.read(lambda conn: catalog.get_provider(conn, ns=ns, name=name))
+
     async def provider_kube_namespace(self, *, ns: str, name: str) -> str:
         """The kube namespace a provider launches into (checked), or NotFound / BadRequest."""
         provider = await self.db.read(lambda conn: catalog.get_provider(conn, ns=ns, name=name))
@@ -136,6 +151,7 @@ class Store:
                 body=body,
                 idempotency_key=idempotency_key,
                 requester=principal.requester,
+                guard=self.guard(principal),
             )
         )
         if created:
@@ -221,7 +237,12 @@ class Store:
     async def probe(self, *, ns: str, provider: str, mode: str | None, principal: Principal) -> str:
         task_id = await self.db.write(
             lambda conn: launches.probe(
-                conn, ns=ns, provider_name=provider, mode_name=mode, requester=principal.requester
+                conn,
+                ns=ns,
+                provider_name=provider,
+                mode_name=mode,
+                requester=principal.requester,
+                guard=self.guard(principal),
             )
         )
         self.tasks_changed.notify(1)

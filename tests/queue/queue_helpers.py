@@ -22,15 +22,26 @@ from nymph.client import QueueClient
 from nymph.queue.app import create_app
 from nymph.queue.auth import create_token
 from nymph.queue.keys import STORE
-from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role
+from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role, TenancySettings
 from nymph.queue.runner import make_runner
 from nymph.queue.store import Store
 
 T = TypeVar("T")
 
+#: The teams the queue tests use, each allowed the Kubernetes namespaces its tests launch into
+#: (as an operator maps them with --kube-namespaces).
+TEAMS = TenancySettings(
+    kube_namespaces={
+        "team-a": ("team-a", "jobs", "a-jobs", "ns-a"),
+        "team-b": ("team-b", "jobs", "b-jobs"),
+        "team-c": ("team-c", "jobs"),
+    }
+)
+
 FAST = QueueSettings(
     lease=LeaseSettings(sweep_interval=0.2, stop_node_fallback=1.0),
     retry=RetrySettings(max_attempts=3, backoff_base=0.2, backoff_max=1.0),
+    tenancy=TEAMS,
 )
 
 

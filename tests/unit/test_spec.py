@@ -61,9 +61,16 @@ def test_launch_cannot_change_the_connection() -> None:
         build(body={"fields": {"namespace": "other"}})
 
 
-def test_reserved_env_cannot_be_overridden() -> None:
-    spec = build({"env": {"NYMPH_INSTANCE_ID": "x"}})
-    assert "NYMPH_INSTANCE_ID" not in dict(spec.env)
+def test_reserved_env_names_are_refused_by_name() -> None:
+    """An env name nymph reserves (its own prefix) is an error naming it, never dropped unsaid;
+    in a mode and in a launch body alike."""
+    with pytest.raises(ValidationError) as info:
+        build({"env": {"NYMPH_INSTANCE_ID": "x", "OK": "1"}})
+    assert info.value.field == "mode.env.NYMPH_INSTANCE_ID"
+    with pytest.raises(ValidationError) as info:
+        build(body={"env": {"NYMPH_ANYTHING": "x"}})
+    assert info.value.field == "launch.env.NYMPH_ANYTHING"
+    assert dict(build({"env": {"NOT_NYMPH_X": "1"}}).env)["NOT_NYMPH_X"] == "1"
 
 
 def test_namespace_defaults_and_is_validated() -> None:

@@ -67,6 +67,7 @@ class DirectDispatch:
                 body=body,
                 idempotency_key=idempotency_key,
                 requester=principal.requester,
+                guard=self.store.guard(principal),
             )
         )
         iid = rec.accepted["instanceId"]
@@ -200,7 +201,11 @@ class DirectDispatch:
 
         p, m = await self.store.db.read(read)
         spec = launches._build(
-            provider=p, mode=m, body={"script": launches.PROBE_SCRIPT, "tags": {"nymph-probe": "true"}}, ns=ns
+            provider=p,
+            mode=m,
+            body={"script": launches.PROBE_SCRIPT, "tags": {"nymph-probe": "true"}},
+            ns=ns,
+            guard=self.store.guard(principal),
         )
         conn = Connection.from_json({**connection_kwargs(p, m), "namespace": spec.namespace})
         checks: list[dict[str, Any]] = []

@@ -14,16 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nymph.errors import ConfigError
-from nymph.launch.config import check_dispatch_kwargs, connection_kwargs
+from nymph.launch.config import connection_kwargs
 from nymph.launch.render import render_pod
 from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
 from nymph.protocol import LaunchAccepted, TaskKind, now
-from nymph.queue.errors import BadRequest
 from nymph.queue.sql import catalog
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.idempotency import body_digest, remember, replay
-from nymph.queue.sql.launches import _build, _new_instance, new_task_id
+from nymph.queue.sql.launches import Guard, _build, _new_instance, new_task_id
 from nymph.queue.sql.rows import fetch_instance, record_termination, transition
 
 
@@ -43,6 +41,7 @@ def record_launch(
     body: Mapping[str, Any],
     idempotency_key: str | None,
     requester: str,
+    guard: Guard | None = None,
 ) -> DirectLaunch:
     """Record a direct launch (or find the one this Idempotency-Key recorded)."""
     digest = body_digest(body)
@@ -59,11 +58,13 @@ def record_launch(
         )
     provider = catalog.get_provider(conn, ns=ns, name=provider_name)
     mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
-    try:
-        check_dispatch_kwargs(provider, mode)
-    except ConfigError as exc:
-        raise BadRequest(str(exc), code="invalid_provider") from None
-    spec = _build(provider=provider, mode=mode, body={k: v for k, v in body.items() if k != "mode"}, ns=ns)
+    spec = _build(
+        provider=provider,
+        mode=mode,
+        body={k: v for k, v in body.items() if k != "mode"},
+        ns=ns,
+        guard=guard,
+    )
     connection = {**connection_kwargs(provider, mode), "namespace": spec.namespace}
     ts = now()
     accepted = _new_instance(

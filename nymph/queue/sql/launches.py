@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nymph.errors import ConfigError, ValidationError
 from nymph.launch import names
-from nymph.launch.config import Mode, Provider
+from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
 from nymph.launch.render import manifest_sha256, render_pod
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState, Reason
@@ -53,9 +53,20 @@ def new_launch_uid() -> str:
     return secrets.token_hex(16)
 
 
-def _build(*, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str) -> LaunchSpec:
+#: A check of the spec a launch would run (the team's tenancy); raises a ServiceError.
+Guard = Callable[[LaunchSpec], None]
+
+
+def _build(
+    *, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str, guard: Guard | None = None
+) -> LaunchSpec:
     """The launch's spec, accepted only if its Pod renders exactly as a daemon will render it
-    (same limits: nesting, the size of the container command)."""
+    (same limits: nesting, the size of the container command), its mode suits its provider's
+    dispatch and ``guard`` accepts it."""
+    try:
+        check_dispatch_kwargs(provider, mode)
+    except ConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_launch") from None
     try:
         spec = build_launch_spec(
             provider=provider,
@@ -74,6 +85,8 @@ def _build(*, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str) 
             "fields and launch fields",
             code="invalid_launch",
         ) from None
+    if guard is not None:
+        guard(spec)
     return spec
 
 
@@ -133,6 +146,7 @@ def launch(
     body: Mapping[str, Any],
     idempotency_key: str | None,
     requester: str,
+    guard: Guard | None = None,
 ) -> tuple[LaunchAccepted, bool]:
     digest = idempotency.body_digest(body)
     replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
@@ -140,7 +154,13 @@ def launch(
         return replay, False
     provider = catalog.get_provider(conn, ns=ns, name=provider_name)
     mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
-    spec = _build(provider=provider, mode=mode, body={k: v for k, v in body.items() if k != "mode"}, ns=ns)
+    spec = _build(
+        provider=provider,
+        mode=mode,
+        body={k: v for k, v in body.items() if k != "mode"},
+        ns=ns,
+        guard=guard,
+    )
     ts = now()
     accepted = _new_instance(
         conn,
@@ -179,6 +199,7 @@ def launch_dockyard(
     kube_ns: str,
     idempotency_key: str | None,
     requester: str,
+    guard: Guard | None = None,
 ) -> tuple[LaunchAccepted, bool]:
     """Queue a dockyard launch whose spec the route rendered and accepted for ``kube_ns``."""
     digest = idempotency.body_digest({"dockyard": body})
@@ -328,7 +349,15 @@ def stop(
     return True, True
 
 
-def probe(conn: Conn, *, ns: str, provider_name: str, mode_name: str | None, requester: str) -> str:
+def probe(
+    conn: Conn,
+    *,
+    ns: str,
+    provider_name: str,
+    mode_name: str | None,
+    requester: str,
+    guard: Guard | None = None,
+) -> str:
     provider = catalog.get_provider(conn, ns=ns, name=provider_name)
     if mode_name is not None:
         mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=mode_name)
@@ -339,6 +368,7 @@ def probe(conn: Conn, *, ns: str, provider_name: str, mode_name: str | None, req
         mode=mode,
         body={"script": PROBE_SCRIPT, "tags": {"nymph-probe": "true"}},
         ns=ns,
+        guard=guard,
     )
     return _insert_task(
         conn,
