@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -133,6 +134,26 @@ def _reachable_context() -> tuple[str | None, str | None]:
         return None, None
     nodes = res.stdout.split()
     return (paths if "KUBECONFIG" in os.environ else None), (nodes[0] if nodes else None)
+
+
+def _server_hosts(cluster: Cluster) -> list[str]:
+    """The host of the cluster's API server (the embedded one, or the current context's)."""
+    if cluster.local is not None:
+        return [cluster.local.api_host]
+    paths = cluster.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    try:
+        res = subprocess.run(
+            [kubectl_path(), "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={**os.environ, "KUBECONFIG": paths},
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired, NymphError):
+        return []
+    host = urllib.parse.urlsplit(res.stdout.strip()).hostname if res.returncode == 0 else None
+    return [host] if host else []
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -310,6 +331,9 @@ def run_dev(opts: DevOptions) -> int:
                     f"127.0.0.1:{qport}",
                     # one user on one machine: the queue may use this machine's own kubeconfig
                     "--ambient-kubeconfig",
+                    # and a kubeconfig the user hands it may reach this cluster (on loopback or
+                    # this host's own address, refused by default)
+                    *(a for h in _server_hosts(cluster) for a in ("--kube-server-allow", h)),
                 ],
                 log=qlog,
             )

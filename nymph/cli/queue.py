@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from nymph.cli import user
 from nymph.errors import ConfigError
+from nymph.kube.netguard import ServerPolicy
 from nymph.netaddr import parse_listen
 from nymph.queue.auth import create_token, import_token
 from nymph.queue.db import connect, transaction
@@ -129,14 +130,39 @@ def tenancy_settings(args: argparse.Namespace) -> TenancySettings:
     )
 
 
+def kubeconfig_dirs(values: list[str]) -> tuple[tuple[Path, ...], tuple[tuple[str, Path], ...]]:
+    """``--kubeconfig-dir`` values: ``DIR`` (bare: for tokens not scoped to a namespace) or
+    ``NS=DIR`` (for control-plane namespace NS only). A value starting with ``/``, ``.`` or
+    ``~`` is a directory whatever it holds."""
+    bare: list[Path] = []
+    team: list[tuple[str, Path]] = []
+    for value in values:
+        ns, sep, directory = value.partition("=")
+        if not sep or value.startswith(("/", ".", "~")):
+            bare.append(Path(value).expanduser())
+            continue
+        if not ns or not directory:
+            raise ConfigError(f"--kubeconfig-dir {value}: expected DIR or NS=DIR")
+        team.append((ns, Path(directory).expanduser()))
+    return tuple(bare), tuple(team)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen, example=DEFAULT_LISTEN)
+    bare_dirs, team_dirs = kubeconfig_dirs(args.kubeconfig_dir)
+    try:
+        ServerPolicy.from_allow(args.kube_server_allow)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     _import_tokens(_db_path(args), args.import_token)
     settings = QueueSettings(
         lease=LeaseSettings(sweep_interval=args.sweep_interval, stop_node_fallback=args.stop_node_fallback),
         retry=RetrySettings(max_attempts=args.max_attempts, backoff_base=args.backoff_base),
         direct=DirectSettings(
-            kubeconfig_dirs=tuple(Path(d).expanduser() for d in args.kubeconfig_dir),
+            kubeconfig_dirs=bare_dirs,
+            team_kubeconfig_dirs=team_dirs,
+            kube_server_allow=tuple(args.kube_server_allow),
+            allow_insecure_tls=args.allow_insecure_tls,
             ambient=args.ambient_kubeconfig,
             secret_key_file=Path(args.secret_key_file).expanduser() if args.secret_key_file else None,
             reap_after=args.reap_after,
@@ -220,9 +246,25 @@ def register(sub: Any) -> None:
         "--kubeconfig-dir",
         action="append",
         default=[],
-        metavar="DIR",
+        metavar="[NS=]DIR",
         help="a directory path kubeconfigs of direct providers may be read from (symlinks "
-        "resolved; repeatable). With none, path kubeconfigs are refused",
+        "resolved; repeatable): NS=DIR serves control-plane namespace NS only, a bare DIR only "
+        "tokens not scoped to a namespace. With none, path kubeconfigs are refused. These are "
+        "the operator's files and keep kubectl's full semantics (exec plugins, file paths)",
+    )
+    g.add_argument(
+        "--kube-server-allow",
+        action="append",
+        default=[],
+        metavar="HOST|CIDR",
+        help="a server a user-supplied (inline or secret) kubeconfig may connect to (repeatable); "
+        "when given, only these. Default: any but loopback, link-local (cloud metadata), "
+        "unspecified and this host's own addresses, checked on what a name resolves to",
+    )
+    g.add_argument(
+        "--allow-insecure-tls",
+        action="store_true",
+        help="let a user-supplied kubeconfig say insecure-skip-tls-verify (default: refused)",
     )
     g.add_argument(
         "--ambient-kubeconfig",

@@ -205,10 +205,12 @@ class _Checked:
     current: str | None
 
 
-def check_user_fields(text: str, *, what: str, allow_insecure: bool = False) -> None:
+def check_user_fields(text: str, *, what: str, allow_insecure: bool = False) -> tuple[str, ...]:
     """Refuse (:class:`CredentialsError`, naming the field, never quoting the text) a
-    user-supplied kubeconfig that carries anything outside the allow-list."""
-    _check(text, what=what, allow_insecure=allow_insecure)
+    user-supplied kubeconfig that carries anything outside the allow-list; else the hosts of
+    its servers."""
+    checked = _check(text, what=what, allow_insecure=allow_insecure)
+    return tuple(c.host for c in checked.clusters.values())
 
 
 def check_user_kubeconfig(

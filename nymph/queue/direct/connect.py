@@ -1,6 +1,8 @@
 """Connections of direct providers: checked when a provider or mode is saved (inline kubeconfig
-moved into the secret store, paths held to the allowed directories, ``dispatch: daemon`` refusing
-connection kwargs), and opened for a call with secrets read from the store only."""
+checked against the allow-list of user-supplied kubeconfigs and moved into the secret store, a
+``$secret`` checked the same way, paths held to the directories serving the team, ``dispatch:
+daemon`` refusing connection kwargs), and opened for a call with secrets read from the store
+only (checked again at every load: a secret can change after the provider was saved)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -17,11 +19,14 @@ from kubernetes_asyncio import client
 from nymph.errors import ConfigError, CredentialsError
 from nymph.kube.clientcache import ClientCache
 from nymph.kube.credentials import SECRET_NAME, allowed_path, check_kubeconfig_text, looks_like_path
+from nymph.kube.netguard import ServerNotAllowed
 from nymph.kube.pods import Connection, load_api
+from nymph.kube.userconfig import check_user_fields
 from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
 from nymph.queue.direct.errors import service_error
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.errors import BadRequest, NotFound
+from nymph.queue.models import Principal
 from nymph.queue.secrets import FetchedSecrets
 from nymph.queue.secretstore import SecretStore
 
@@ -41,16 +46,41 @@ class Connector:
         self.settings = settings
         self.clients = ClientCache()
 
-    async def prepare(self, *, ns: str, kind: str, name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    def check_user_text(self, text: str, *, what: str) -> None:
+        """Refuse a user-supplied kubeconfig that carries a field outside the allow-list, or
+        names an IP-literal server this queue may not reach (a name is checked when connecting)."""
+        policy = self.settings.policy
+        try:
+            hosts = check_user_fields(text, what=what, allow_insecure=policy.allow_insecure_tls)
+            for host in hosts:
+                policy.servers.check_literal(host)
+        except CredentialsError as exc:
+            raise BadRequest(str(exc), code="invalid_kubeconfig") from None
+        except ServerNotAllowed as exc:
+            raise service_error(exc, what="checking a kubeconfig") from None
+
+    async def check_secret(self, *, ns: str, name: str, value: str, configs: Iterable[object]) -> None:
+        """Before secret ``name`` of ``ns`` is set: when a provider's or mode's kwargs (``configs``)
+        use it as their kubeconfig, its new value must pass the same checks as inline content."""
+        ref = {"$secret": name}
+        if any(isinstance(c, Mapping) and c.get("kubeconfig") == ref for c in configs):
+            self.check_user_text(value, what=f"(secret {name})")
+
+    async def prepare(
+        self, *, ns: str, kind: str, name: str, kwargs: Mapping[str, Any], principal: Principal | None = None
+    ) -> dict[str, Any]:
         """Kwargs as stored: an inline kubeconfig becomes a ``$secret`` ref (its content in the
-        store), a path must be readable under the allowed directories."""
+        store, checked against the allow-list), a ``$secret`` already set is checked the same
+        way, a path must be readable under the directories serving ``ns`` (the bare ones only
+        for a token not scoped to a namespace; ``principal`` None: as such a token)."""
         out = dict(kwargs)
         ref = out.get("kubeconfig")
         if ref in (None, ""):
             return out
         if isinstance(ref, str) and looks_like_path(ref):
+            bare = principal is None or principal.namespace is None
             try:
-                allowed_path(ref, policy=self.settings.policy)
+                allowed_path(ref, policy=self.settings.policy, namespace=ns, bare=bare)
             except CredentialsError as exc:
                 raise BadRequest(str(exc), code="kubeconfig_path_refused") from None
             return out
@@ -64,6 +94,12 @@ class Connector:
                     'kwargs.kubeconfig: a secret reference is exactly {"$secret": NAME}',
                     code="invalid_kubeconfig",
                 )
+            secret = ref["$secret"]
+            try:
+                value = await self.secrets.plaintext(ns=ns, name=secret)
+            except NotFound:
+                return out  # set later: checked then, and at every load
+            self.check_user_text(value, what=f"(secret {secret})")
             return out
         if not isinstance(ref, str):
             raise BadRequest(
@@ -74,23 +110,30 @@ class Connector:
             check_kubeconfig_text(ref, what=f"(inline, kwargs of {kind} {name!r})")
         except CredentialsError as exc:
             raise BadRequest(str(exc), code="invalid_kubeconfig") from None
+        self.check_user_text(ref, what=f"(inline, kwargs of {kind} {name!r})")
         secret = inline_secret_name(kind, name)
         await self.secrets.put(ns=ns, name=secret, value=ref)
         out["kubeconfig"] = {"$secret": secret}
         return out
 
-    async def prepare_provider(self, *, ns: str, provider: Provider) -> Provider:
+    async def prepare_provider(
+        self, *, ns: str, provider: Provider, principal: Principal | None = None
+    ) -> Provider:
         try:
             check_dispatch_kwargs(provider)
         except ConfigError as exc:
             raise BadRequest(str(exc), code="invalid_provider") from None
-        kwargs = await self.prepare(ns=ns, kind="provider", name=provider.name, kwargs=provider.kwargs)
+        kwargs = await self.prepare(
+            ns=ns, kind="provider", name=provider.name, kwargs=provider.kwargs, principal=principal
+        )
         return Provider(
             name=provider.name, kwargs=kwargs, launcher=provider.launcher, dispatch=provider.dispatch
         )
 
-    async def prepare_mode(self, *, ns: str, mode: Mode) -> Mode:
-        fields = await self.prepare(ns=ns, kind="mode", name=mode.name, kwargs=mode.fields)
+    async def prepare_mode(self, *, ns: str, mode: Mode, principal: Principal | None = None) -> Mode:
+        fields = await self.prepare(
+            ns=ns, kind="mode", name=mode.name, kwargs=mode.fields, principal=principal
+        )
         return Mode(name=mode.name, provider=mode.provider, fields=fields)
 
     async def _resolver(self, *, ns: str, conn: Connection) -> FetchedSecrets:
@@ -114,7 +157,7 @@ class Connector:
             try:
                 st = os.stat(os.path.realpath(os.path.expanduser(ref)))
                 h.update(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode())
-            except OSError:
+            except (OSError, ValueError):  # ValueError: a NUL byte
                 h.update(b"missing")  # opening it says why
         return h.hexdigest()
 
@@ -138,6 +181,7 @@ class Connector:
                     policy=self.settings.policy,
                     tmp_root=self.settings.tmp_root,
                     pool=0,
+                    namespace=ns,
                 )
 
             fingerprint = self._fingerprint(ns=ns, conn=conn, resolver=resolver)

@@ -1,9 +1,12 @@
-"""Kubernetes and credential failures as the queue's HTTP errors, naming the API server's message."""
+"""Kubernetes and credential failures as the queue's HTTP errors. What the API server said is
+relayed only as the ``message`` of a Kubernetes Status (cut short, see
+:func:`nymph.kube.api.status_error`); any other answer is "the server answered HTTP N"."""
 
 from __future__ import annotations
 
 from nymph.errors import CredentialsError
 from nymph.kube import errors as kube
+from nymph.kube.netguard import ServerNotAllowed
 from nymph.queue.errors import BadRequest, ServiceError
 from nymph.queue.secrets import SecretKeyError
 
@@ -33,6 +36,13 @@ class KubeUnavailable(ServiceError):
     default_code = "kube_unavailable"
 
 
+class KubeServerRefused(ServiceError):
+    """A user-supplied kubeconfig named a server the queue may not connect to."""
+
+    status = 403
+    default_code = "kube_server_refused"
+
+
 class SecretKeyProblem(ServiceError):
     status = 500
     default_code = "secret_key"
@@ -49,6 +59,8 @@ def service_error(exc: Exception, *, what: str) -> ServiceError:
         return SecretKeyProblem(str(exc))
     if isinstance(exc, CredentialsError):
         return BadRequest(str(exc), code="invalid_kubeconfig")
+    if isinstance(exc, ServerNotAllowed):  # before anything was sent: the message names the flag
+        return KubeServerRefused(f"refused {what}: {exc.message}")
     if isinstance(exc, kube.KubeError):
         said = f"the Kubernetes API server refused {what}: {exc.message}"
         if isinstance(exc, (kube.Forbidden, kube.Unauthorized)):

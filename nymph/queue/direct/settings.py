@@ -6,12 +6,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nymph.kube.credentials import CredentialPolicy
+from nymph.kube.netguard import ServerPolicy
 
 
 @dataclass(frozen=True)
 class DirectSettings:
-    #: Directories path kubeconfigs may be read from (symlinks resolved); none: paths refused.
+    #: Directories path kubeconfigs may be read from (symlinks resolved) for tokens not scoped to
+    #: a namespace (``--kubeconfig-dir DIR``); none: paths refused to them.
     kubeconfig_dirs: tuple[Path, ...] = ()
+    #: ``(NS, DIR)``: DIR serves control-plane namespace NS only (``--kubeconfig-dir NS=DIR``).
+    team_kubeconfig_dirs: tuple[tuple[str, Path], ...] = ()
+    #: Where a user-supplied (inline or ``$secret``) kubeconfig may connect: hosts, IP addresses
+    #: and CIDRs (``--kube-server-allow``); empty: anything but loopback, link-local,
+    #: unspecified, metadata and the queue host's own addresses.
+    kube_server_allow: tuple[str, ...] = ()
+    #: A user-supplied kubeconfig may say ``insecure-skip-tls-verify`` (``--allow-insecure-tls``).
+    allow_insecure_tls: bool = False
     #: Let a provider without a kubeconfig use the queue host's own credentials.
     ambient: bool = False
     #: The secret store's key; None: a file beside the database, created on first use.
@@ -26,6 +36,20 @@ class DirectSettings:
     #: Where kubeconfigs are staged during a call (None: the system temp dir).
     tmp_root: str | None = None
 
+    def __post_init__(self) -> None:
+        # parsed once, so a malformed entry fails at start, not at the first load
+        object.__setattr__(self, "_policy", self._make_policy())
+
+    def _make_policy(self) -> CredentialPolicy:
+        return CredentialPolicy(
+            kubeconfig_dirs=tuple(self.kubeconfig_dirs),
+            team_dirs=tuple(self.team_kubeconfig_dirs),
+            ambient=self.ambient,
+            servers=ServerPolicy.from_allow(self.kube_server_allow),
+            allow_insecure_tls=self.allow_insecure_tls,
+        )
+
     @property
     def policy(self) -> CredentialPolicy:
-        return CredentialPolicy(kubeconfig_dirs=tuple(self.kubeconfig_dirs), ambient=self.ambient)
+        policy: CredentialPolicy = getattr(self, "_policy")  # noqa: B009 - set in __post_init__
+        return policy

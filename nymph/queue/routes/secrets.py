@@ -1,12 +1,15 @@
 """Secret routes: ``PUT .../secrets/{name}`` ``{"value": TEXT}``, ``GET .../secrets`` (names and
-dates only), ``DELETE .../secrets/{name}``. No route ever returns a value."""
+dates only), ``DELETE .../secrets/{name}``. No route ever returns a value. A secret that a
+provider or mode of the namespace uses as its kubeconfig is checked as a user-supplied
+kubeconfig before it is set."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from nymph.queue.bodies import Fields, read_object
-from nymph.queue.direct.wiring import SECRETS
+from nymph.queue.direct.wiring import CONNECTOR, SECRETS
+from nymph.queue.keys import STORE
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"
@@ -18,6 +21,11 @@ async def put_secret(request: web.Request) -> web.Response:
     f.reject_unknown({"value"})
     value = f.text("value") or ""
     m = request.match_info
+    # A secret a provider or mode uses as its kubeconfig passes the checks inline content does.
+    store = request.app[STORE]
+    configs = [p.get("kwargs") for p in await store.list_providers(ns=m["ns"])]
+    configs += [md.get("fields") for md in await store.list_modes(ns=m["ns"])]
+    await request.app[CONNECTOR].check_secret(ns=m["ns"], name=m["name"], value=value, configs=configs)
     return web.json_response(await request.app[SECRETS].put(ns=m["ns"], name=m["name"], value=value))
 
 

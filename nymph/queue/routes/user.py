@@ -127,7 +127,9 @@ def _json(data: Any, *, status: int = 200) -> web.Response:
 @routes.post(NS + "/providers")
 async def create_provider(request: web.Request) -> web.Response:
     provider = _provider_from(await read_object(request), path_name=None)
-    provider = await request.app[CONNECTOR].prepare_provider(ns=request.match_info["ns"], provider=provider)
+    provider = await request.app[CONNECTOR].prepare_provider(
+        ns=request.match_info["ns"], provider=provider, principal=request[PRINCIPAL]
+    )
     body = await request.app[STORE].put_provider(
         ns=request.match_info["ns"], provider=provider, replace=False
     )
@@ -137,7 +139,9 @@ async def create_provider(request: web.Request) -> web.Response:
 @routes.put(NS + "/providers/{name}")
 async def replace_provider(request: web.Request) -> web.Response:
     provider = _provider_from(await read_object(request), path_name=request.match_info["name"])
-    provider = await request.app[CONNECTOR].prepare_provider(ns=request.match_info["ns"], provider=provider)
+    provider = await request.app[CONNECTOR].prepare_provider(
+        ns=request.match_info["ns"], provider=provider, principal=request[PRINCIPAL]
+    )
     body = await request.app[STORE].put_provider(ns=request.match_info["ns"], provider=provider, replace=True)
     return _json(body)
 
@@ -167,7 +171,9 @@ async def delete_provider(request: web.Request) -> web.Response:
 @routes.post(NS + "/modes")
 async def create_mode(request: web.Request) -> web.Response:
     mode = _mode_from(await read_object(request), path_name=None)
-    mode = await request.app[CONNECTOR].prepare_mode(ns=request.match_info["ns"], mode=mode)
+    mode = await request.app[CONNECTOR].prepare_mode(
+        ns=request.match_info["ns"], mode=mode, principal=request[PRINCIPAL]
+    )
     body = await request.app[STORE].put_mode(ns=request.match_info["ns"], mode=mode, replace=False)
     return _json(body, status=201)
 
@@ -175,7 +181,9 @@ async def create_mode(request: web.Request) -> web.Response:
 @routes.put(NS + "/modes/{name}")
 async def replace_mode(request: web.Request) -> web.Response:
     mode = _mode_from(await read_object(request), path_name=request.match_info["name"])
-    mode = await request.app[CONNECTOR].prepare_mode(ns=request.match_info["ns"], mode=mode)
+    mode = await request.app[CONNECTOR].prepare_mode(
+        ns=request.match_info["ns"], mode=mode, principal=request[PRINCIPAL]
+    )
     body = await request.app[STORE].put_mode(ns=request.match_info["ns"], mode=mode, replace=True)
     return _json(body)
 
