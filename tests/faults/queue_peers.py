@@ -42,7 +42,9 @@ class Tenants:
 
 
 def start_tenants(tmp: Path) -> Tenants:
-    q = QueueProc(tmp / "queue.db")
+    # each team's scoped token launches into its own kube namespace, as an operator maps it
+    mapping = [arg for ns in TENANTS for arg in ("--kube-namespaces", f"{ns}=jobs-{ns}")]
+    q = QueueProc(tmp / "queue.db", extra=tuple(mapping))
     q.tokens()
     t = Tenants(q)
     for ns in TENANTS:

@@ -31,6 +31,9 @@ POD_RULES = [
 NS = "/v1/namespaces/default"
 
 
+DIRECT_TEST_SETTINGS = DirectSettings(reap_after=0.5, watch_idle=1.0, interval=0.2)
+
+
 @pytest.fixture
 async def direct_queue(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
     (tmp_path / "kubeconfigs").mkdir()
@@ -192,6 +195,36 @@ async def test_finished_direct_pods_are_reaped_and_still_listed(
             break
         await asyncio.sleep(0.1)
     assert watches == {}
+
+
+async def test_stopping_a_finished_direct_instance_deletes_its_pod_now(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path, queue_db: Path | str
+) -> None:
+    """DELETE of a direct instance that already ended removes its Pod at once (not after the
+    reaper's delay) and keeps its history; a second DELETE is a 204 too."""
+    (tmp_path / "stage").mkdir()
+    settings = replace(
+        FAST, direct=replace(DIRECT_TEST_SETTINGS, tmp_root=str(tmp_path / "stage"), reap_after=3600.0)
+    )
+    q, runner = await open_queue(tmp_path, settings, db=queue_db)
+    try:
+        kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="stopper")
+        await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+        await _provider(q, "done", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+        r = await _launch(q, "done", **{"sim.nymph.io/run": "1s"})
+        assert r.status == 202, r.body
+        iid = r.body["instanceId"]
+        await _wait_state(q, "done", iid, "stopped")
+        assert iid in _pods(kube, namespace)  # the reaper would wait an hour
+        for _ in range(2):
+            r = await q.call("DELETE", f"{NS}/providers/done/instances/{iid}")
+            assert r.status == 204, r.body
+            assert iid not in _pods(kube, namespace)
+        r = await q.call("GET", f"{NS}/providers/done/instances/{iid}")
+        assert r.status == 200 and r.body["state"] == "stopped", r.body
+    finally:
+        await q.close()
+        await runner.cleanup()
 
 
 async def test_one_client_serves_a_connection_until_its_secret_changes(

@@ -159,6 +159,7 @@ class DirectDispatch:
             lambda c: launches.instance_row(c, ns=ns, provider=provider, instance_id=instance_id)
         )
         if row["state"] == InstanceState.STOPPED.value:
+            await self._remove_finished(ns=ns, instance_id=instance_id, principal=principal)
             return
         ts = now()
         if await self.store.db.write(lambda c: sql.request_stop(c, instance_id=instance_id, ts=ts)):
@@ -189,6 +190,44 @@ class DirectDispatch:
         ):
             self.store.instance_changed.notify(instance_id)
         log.info("direct stop", instance=instance_id, pod_existed=existed, requester=principal.requester)
+
+    async def _remove_finished(self, *, ns: str, instance_id: str, principal: Principal) -> None:
+        """A stop of a finished instance deletes its Pod now (the contract of the route), its log
+        tail kept first, instead of leaving it to the reaper."""
+        if await self.store.db.read(lambda c: sql.is_reaped(c, instance_id=instance_id)):
+            return
+        data = await self.store.db.read(lambda c: sql.instance_connection(c, instance_id=instance_id))
+        if not data:
+            return
+        conn = Connection.from_json(data)
+        what = f"deleting finished Pod {instance_id} in namespace {conn.namespace}"
+        async with self.connector.api(ns=ns, conn=conn, what=what) as api:
+            try:
+                logs: str | None = await pods.pod_logs(
+                    api,
+                    namespace=conn.namespace,
+                    name=instance_id,
+                    limit_bytes=self.store.settings.limits.max_log_bytes,
+                )
+            except Exception:
+                logs = None
+            if logs is not None:
+                await self.store.keep_log_tail(instance_id=instance_id, logs=logs)
+            try:
+                existed = await pods.delete_pod(
+                    api, namespace=conn.namespace, name=instance_id, grace_seconds=0
+                )
+            except Exception as exc:
+                raise service_error(exc, what=what) from None
+        ts = now()
+        await self.store.db.write(lambda c: sql.mark_reaped(c, instance_id=instance_id, ts=ts))
+        log.info(
+            "direct stop of a finished instance",
+            instance=instance_id,
+            pod_existed=existed,
+            kept_log_bytes=len(logs or ""),
+            requester=principal.requester,
+        )
 
     async def probe(self, *, ns: str, provider: str, mode: str | None, principal: Principal) -> str:
         """RBAC and a server-side dry run with the provider's connection, as a finished task."""

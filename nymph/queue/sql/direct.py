@@ -179,6 +179,11 @@ def is_direct(conn: Conn, *, instance_id: str) -> bool:
     return row is not None and row[0] == "direct"
 
 
+def is_reaped(conn: Conn, *, instance_id: str) -> bool:
+    row = conn.execute("SELECT reaped_at FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
+    return row is None or row[0] is not None
+
+
 def instance_connection(conn: Conn, *, instance_id: str) -> dict[str, Any]:
     row = conn.execute("SELECT connection FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
     return dict(json.loads(row[0])) if row is not None and row[0] else {}
