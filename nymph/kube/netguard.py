@@ -191,6 +191,8 @@ class ServerPolicy:
             text = entry.strip()
             if not text:
                 raise ValueError(f"{ALLOW_FLAG}: an empty entry")
+            if text.startswith("[") != text.endswith("]"):
+                raise ValueError(f"{ALLOW_FLAG} {text}: unbalanced brackets")
             if "/" in text or parse_address(text) is not None:
                 try:
                     nets.append(ipaddress.ip_network(text.strip("[]"), strict=False))

@@ -12,8 +12,10 @@ import structlog
 from nymph.errors import CredentialsError
 from nymph.kube.credentials import (
     ChainSecretResolver,
+    CredentialPolicy,
     EnvSecretResolver,
     FileSecretResolver,
+    allowed_path,
     describe,
     looks_like_path,
     staged_kubeconfig,
@@ -118,3 +120,44 @@ def test_describe_never_returns_content() -> None:
     assert describe(SECRET) == "inline"
     assert describe("/p") == "path:/p"
     assert describe(None) == "default"
+
+
+def _dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
+    bare, a, b = tmp_path / "bare", tmp_path / "team-a", tmp_path / "team-b"
+    for d in (bare, a, b):
+        d.mkdir()
+        (d / "kc.yaml").write_text(SECRET)
+    return bare, a, b
+
+
+def test_a_team_directory_serves_its_namespace_and_a_bare_one_only_unscoped_callers(tmp_path: Path) -> None:
+    bare, a, b = _dirs(tmp_path)
+    policy = CredentialPolicy(kubeconfig_dirs=(bare,), team_dirs=(("team-a", a), ("team-b", b)))
+    assert allowed_path(str(a / "kc.yaml"), policy=policy, namespace="team-a", bare=False)
+    with pytest.raises(CredentialsError, match="--kubeconfig-dir team-a=DIR") as info:
+        allowed_path(str(b / "kc.yaml"), policy=policy, namespace="team-a", bare=False)
+    assert f"({a}, symlinks resolved)" in str(info.value)  # only its own directories are named
+    with pytest.raises(CredentialsError, match="--kubeconfig-dir team-a=DIR"):
+        allowed_path(str(bare / "kc.yaml"), policy=policy, namespace="team-a", bare=False)
+    # an unscoped caller (and a load) may use the bare directories, never another team's
+    assert allowed_path(str(bare / "kc.yaml"), policy=policy, namespace="team-a", bare=True)
+    with pytest.raises(CredentialsError):
+        allowed_path(str(b / "kc.yaml"), policy=policy, namespace="team-a", bare=True)
+    only_teams = CredentialPolicy(kubeconfig_dirs=(), team_dirs=(("team-a", a),))
+    with pytest.raises(CredentialsError, match="reads no kubeconfig files for namespace team-b"):
+        allowed_path(str(a / "kc.yaml"), policy=only_teams, namespace="team-b", bare=True)
+
+
+def test_a_path_with_a_nul_byte_is_a_clear_error() -> None:
+    with pytest.raises(CredentialsError, match="NUL"):
+        allowed_path("/etc/kube\0config", policy=CredentialPolicy(kubeconfig_dirs=()))
+
+
+def test_staged_inline_content_is_held_to_the_allow_list(tmp_path: Path) -> None:
+    text = "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    exec: {command: /bin/sh}\n"
+    with (
+        pytest.raises(CredentialsError, match=r"users\[0\]\.user\.exec"),
+        staged_kubeconfig(text, tmpdir=str(tmp_path)),
+    ):
+        pass
+    assert list(tmp_path.iterdir()) == []
