@@ -38,6 +38,7 @@ def test_kustomize_renders(overlay: str) -> None:
     assert kinds == sorted(
         [
             "Namespace",
+            "Namespace",
             "ServiceAccount",
             "ServiceAccount",
             "Role",

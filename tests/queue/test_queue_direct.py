@@ -31,7 +31,9 @@ POD_RULES = [
 NS = "/v1/namespaces/default"
 
 
-DIRECT_TEST_SETTINGS = DirectSettings(reap_after=0.5, watch_idle=1.0, interval=0.2)
+DIRECT_TEST_SETTINGS = DirectSettings(
+    reap_after=0.5, watch_idle=1.0, interval=0.2, kube_server_allow=("127.0.0.1",)
+)
 
 
 @pytest.fixture
