@@ -16,6 +16,7 @@ from typing import Any
 from nymph.errors import ConfigError, ValidationError
 from nymph.launch import names
 from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
+from nymph.launch.podpolicy import check_pod_spec
 from nymph.launch.render import manifest_sha256, render_pod
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState, Reason
@@ -76,7 +77,11 @@ def _build(
             owner_namespace=ns,
             launch_uid=new_launch_uid(),
         )
-        manifest_sha256(render_pod(spec, node=RENDER_CHECK_NODE, workdir_root=RENDER_CHECK_ROOT))
+        pod = render_pod(spec, node=RENDER_CHECK_NODE, workdir_root=RENDER_CHECK_ROOT)
+        manifest_sha256(pod)
+        # what nymph renders is held to the Pod policy too (a rule broken here is nymph's bug,
+        # or a mode field that reached the Pod unchecked)
+        check_pod_spec(pod["spec"], where=f"Pod/{spec.instance_id} spec", workdir_root=RENDER_CHECK_ROOT)
     except (ValidationError, ConfigError) as exc:
         raise BadRequest(str(exc), code="invalid_launch") from None
     except (RecursionError, TypeError, ValueError) as exc:
