@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from queue_helpers import FAST, Queue, Served, add_kind, open_queue
 
+from nymph.queue.models import QueueSettings
 from tests.pg_server import PgServer, PgUnavailable, running_server
 
 BACKENDS = ("sqlite", "postgresql")
@@ -81,11 +82,18 @@ async def kind(queue: Queue) -> Queue:
 
 
 @pytest.fixture
-def served(tmp_path: Path, queue_db: Path | str) -> Iterator[Served]:
+def served_settings() -> QueueSettings:
+    """The settings ``served`` runs with (a test module overrides this fixture for others)."""
+    return FAST
+
+
+@pytest.fixture
+def served(tmp_path: Path, queue_db: Path | str, served_settings: QueueSettings) -> Iterator[Served]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="queue-under-test", daemon=True)
     thread.start()
-    q, runner = asyncio.run_coroutine_threadsafe(open_queue(tmp_path, FAST, db=queue_db), loop).result(30)
+    opened = open_queue(tmp_path, served_settings, db=queue_db)
+    q, runner = asyncio.run_coroutine_threadsafe(opened, loop).result(30)
     try:
         yield Served(
             url=q.url, db_path=q.db_path, user_token=q.user_token, daemon_token=q.daemon_token, loop=loop

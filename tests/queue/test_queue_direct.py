@@ -18,6 +18,7 @@ import yaml
 from queue_helpers import FAST, Queue, open_queue
 
 from nymph.kube.credentials import CredentialPolicy, staged_kubeconfig
+from nymph.kube.netguard import ServerPolicy
 from nymph.kube.pods import Connection, open_api
 from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
@@ -48,6 +49,8 @@ async def direct_queue(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Qu
             reap_after=0.5,
             watch_idle=1.0,
             interval=0.2,
+            # the test cluster's API server is on loopback, refused to user kubeconfigs by default
+            kube_server_allow=("127.0.0.1",),
         ),
     )
     q, runner = await open_queue(tmp_path, settings, db=queue_db)
@@ -353,8 +356,9 @@ async def test_staged_files_are_0600_during_the_call_and_gone_after_also_on_fail
 ) -> None:
     text = kube.kubeconfig.read_text()
     _check_staging(text, tmp_path)
-    # Through the API client too: the certificate files the loader writes go with it.
-    policy = CredentialPolicy(kubeconfig_dirs=(), ambient=False)
+    # Through the API client too: the certificate and key files go before it is handed out.
+    servers = ServerPolicy.from_allow(["127.0.0.1"])
+    policy = CredentialPolicy(kubeconfig_dirs=(), ambient=False, servers=servers)
     async with open_api(Connection(kubeconfig=text), policy=policy, tmp_root=str(tmp_path)) as api:
         assert os.listdir(tmp_path) == []
         assert await api.call_api(

@@ -15,6 +15,7 @@ from queue_helpers import FAST, Served, open_queue
 from nymph.cli import main
 from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
+from nymph.queue.models import QueueSettings
 from nymph.queue.sql import direct as sql_direct
 from tests.kube_fixtures import SaKubeconfig
 
@@ -31,6 +32,12 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         structlog.reset_defaults()
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.fixture
+def served_settings() -> QueueSettings:
+    # the test cluster's API server is on loopback, refused to user kubeconfigs by default
+    return replace(FAST, direct=DirectSettings(kube_server_allow=("127.0.0.1",)))
 
 
 def test_direct_path_from_the_cli(
@@ -96,7 +103,9 @@ def test_direct_path_from_the_cli(
 async def test_a_restart_creates_recorded_pods_and_settles_vanished_ones(
     kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path, queue_db: Path | str
 ) -> None:
-    settings = replace(FAST, direct=DirectSettings(interval=0.2, reap_after=3600))
+    settings = replace(
+        FAST, direct=DirectSettings(interval=0.2, reap_after=3600, kube_server_allow=("127.0.0.1",))
+    )
     kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="restart")
     q, runner = await open_queue(tmp_path, settings, db=queue_db)
     try:

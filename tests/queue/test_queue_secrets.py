@@ -31,7 +31,9 @@ POD_RULES = [
 @pytest.fixture
 async def squeue(tmp_path: Path) -> AsyncIterator[Queue]:
     (tmp_path / "stage").mkdir()
-    settings = replace(FAST, direct=DirectSettings(tmp_root=str(tmp_path / "stage"), interval=0.2))
+    # the test cluster's API server is on loopback, refused to user kubeconfigs by default
+    direct = DirectSettings(tmp_root=str(tmp_path / "stage"), interval=0.2, kube_server_allow=("127.0.0.1",))
+    settings = replace(FAST, direct=direct)
     q, runner = await open_queue(tmp_path, settings)
     try:
         yield q
@@ -136,11 +138,17 @@ async def test_secret_text_is_nowhere_to_be_found(
 
         assert await call("PUT", "/secrets/good", {"value": kc_text}) == 200
         assert await call("PUT", "/secrets/broken", {"value": broken}) == 200
-        for name, ref in (
-            ("good", {"$secret": "good"}),
-            ("inline", kc_text),
-            ("broken", {"$secret": "broken"}),
-        ):
+        # a secret that is not a kubeconfig is refused when a provider names it, as inline content is
+        broken_ref = {"kubeconfig": {"$secret": "broken"}, "namespace": namespace}
+        assert (
+            await call(
+                "POST",
+                "/providers",
+                {"name": "broken", "launcher": "Kube", "dispatch": "direct", "kwargs": broken_ref},
+            )
+            == 400
+        )
+        for name, ref in (("good", {"$secret": "good"}), ("inline", kc_text)):
             kwargs = {"kubeconfig": ref, "namespace": namespace}
             assert (
                 await call(
@@ -197,7 +205,7 @@ async def test_secret_text_is_nowhere_to_be_found(
         for provider, status in (
             ("good", 202),
             ("inline", 202),
-            ("broken", 400),
+            ("broken", 404),
             ("ctx", 400),
             ("denied", 403),
         ):
