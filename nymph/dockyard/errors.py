@@ -21,5 +21,9 @@ class DockyardConfigError(ConfigError):
         super().__init__(": ".join([*parts, message]))
 
 
+class DockyardBudgetError(DockyardConfigError):
+    """Resolving the interpolations of user input ran out of its budget (steps or size)."""
+
+
 class DockyardLiveError(NymphError):
     """A live dockyard command failed: one line saying what failed and what to do next."""

@@ -180,11 +180,11 @@ def check_volumes(volumes: object, *, where: str, workdir_root: str | None) -> N
         host_path = _mapping(vol.get("hostPath"), f"{where}[{i}].hostPath")
         if not _workdir_allowed(host_path, workdir_root):
             allowed = (
-                f"only the daemon's workdir {posixpath.normpath(workdir_root)}/work/<instanceId>"
+                f" (only the daemon's workdir {posixpath.normpath(workdir_root)}/work/<instanceId> is)"
                 if workdir_root is not None
-                else "none is"
+                else ""
             )
-            raise _refuse(f"{where}[{i}].hostPath", f"hostPath volumes are not allowed ({allowed} allowed)")
+            raise _refuse(f"{where}[{i}].hostPath", f"hostPath volumes are not allowed{allowed}")
 
 
 def check_pod_spec(spec: Mapping[str, Any], *, where: str, workdir_root: str | None = None) -> None:

@@ -2,7 +2,9 @@
 
 Signals only set an event; shutdown then stops accepting connections, releases every held
 long-poll (claims answer ``{"tasks": []}``, instance polls answer the current instance), waits
-up to ``shutdown_timeout`` for in-flight requests, and closes the database.
+up to ``shutdown_timeout`` for in-flight requests, and closes the database. Work handed to
+threads (``asyncio.to_thread``) runs on a :class:`~nymph.queue.threads.BoundedExecutor`, whose
+shutdown does not wait for it: the process exits within the grace period whatever a thread does.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from nymph.queue.app import create_app
 from nymph.queue.keys import STORE
 from nymph.queue.models import QueueSettings
 from nymph.queue.runner import make_runner
+from nymph.queue.threads import BoundedExecutor
 
 log = structlog.get_logger(__name__, component="queue.serve")
 
@@ -44,11 +47,12 @@ async def serve(
     settings: QueueSettings | None = None,
     shutdown_timeout: float = 10.0,
 ) -> None:
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(BoundedExecutor())
     app = create_app(db_path=db_path, settings=settings)
     runner = make_runner(app, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:

@@ -216,7 +216,10 @@ def test_only_the_exact_workdir_hostpath_is_allowed(volume: dict[str, Any]) -> N
 
 def test_the_workdir_hostpath_needs_a_workdir_root() -> None:
     check_pod_spec(pod(volumes=[workdir_volume()]), where="Pod/x spec", workdir_root=ROOT)
-    assert "none is allowed" in refused(pod(volumes=[workdir_volume()]))
+    assert refused(pod(volumes=[workdir_volume()])).endswith("hostPath volumes are not allowed")
+    assert "only the daemon's workdir /var/lib/nymph/work/<instanceId> is" in refused(
+        pod(volumes=[{"name": "v", "hostPath": {"path": "/"}}]), workdir_root=ROOT
+    )
 
 
 @given(st.text(alphabet="/.abcdefgwork-0123456789lakeshore", max_size=60))

@@ -35,6 +35,8 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SUBMISSION_MODE = "HTTPMode"  # K8sJobMode adds a submitter Job outside the gang
 TTL_SECONDS_AFTER_FINISHED = 3600
 _SPEC = "infra.kuberay.spec"
+#: the most segments one worker group is split into (a render never builds more groups)
+MAX_SEGMENTS = 256
 
 
 def _group_path(i: int) -> str:
@@ -83,6 +85,12 @@ def _segments(groups: list[Any], size: int | None) -> list[dict[str, Any]]:
         if replicas % size:
             raise DockyardConfigError(
                 f"replicas {replicas} is not a multiple of kuberay.segmentSize {size}",
+                path=f"{_group_path(i)}.replicas",
+            )
+        if replicas // size > MAX_SEGMENTS:
+            raise DockyardConfigError(
+                f"replicas {replicas} in segments of kuberay.segmentSize {size} makes "
+                f"{replicas // size} worker groups; at most {MAX_SEGMENTS}",
                 path=f"{_group_path(i)}.replicas",
             )
         base = str(group.get("groupName", "workers"))

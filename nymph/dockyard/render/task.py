@@ -10,7 +10,10 @@ order, in the one namespace it serves for that task:
 * the namespace is the task's: an infra file that names another namespace is an error,
   never silently moved;
 * render-only kinds (ResourceQuota, LimitRange) are left out: namespace governance is an
-  administrator's call.
+  administrator's call;
+* the interpolations run under a :class:`~nymph.dockyard.spec.budget.RenderBudget` (steps
+  and resolved size): a recipe built to multiply work is refused with
+  :class:`~nymph.dockyard.errors.DockyardBudgetError`, and the render stops there.
 
 :data:`DOCKYARD_ROLE_RULES` are the Role rules the daemon needs on top of its Pod rules to
 apply and delete those kinds in the namespaces it serves, and nothing else.
@@ -24,6 +27,7 @@ from typing import Any
 
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.render.manifests import RENDER_ONLY_KINDS, render_manifests
+from nymph.dockyard.spec.budget import RenderBudget, limited
 from nymph.dockyard.spec.load import Environment, load_mappings
 
 #: apply = server-side apply (PATCH that creates when absent, which the API server also
@@ -64,12 +68,22 @@ def dockyard_task_manifests(
     infra: Mapping[str, Any],
     overrides: Sequence[str],
     namespace: str,
+    budget: RenderBudget | None = None,
 ) -> list[dict[str, Any]]:
     """The manifests of a dockyard task, in apply order, render-only kinds excluded.
 
     ``infra`` may be empty when the recipe carries an ``infra:`` block. Raises
-    :class:`DockyardConfigError` (one line naming the key path) on any invalid input.
+    :class:`DockyardConfigError` (one line naming the key path) on any invalid input, its
+    subclass :class:`~nymph.dockyard.errors.DockyardBudgetError` when the render needs more
+    than ``budget`` (default: a fresh :class:`RenderBudget`, shared by every step).
     """
+    with limited(budget if budget is not None else RenderBudget()):
+        return _task_manifests(recipe=recipe, infra=infra, overrides=overrides, namespace=namespace)
+
+
+def _task_manifests(
+    *, recipe: Mapping[str, Any], infra: Mapping[str, Any], overrides: Sequence[str], namespace: str
+) -> list[dict[str, Any]]:
     task_infra: Mapping[str, Any] | None = infra if infra else None
     loaded = load_mappings(
         recipe=recipe, infra=task_infra, overrides=overrides, environment=task_environment()

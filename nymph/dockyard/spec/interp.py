@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nymph.dockyard.errors import DockyardConfigError
+from nymph.dockyard.errors import DockyardBudgetError, DockyardConfigError
+from nymph.dockyard.spec import budget
 from nymph.dockyard.spec.keypath import KeyPath, fmt
 
 if TYPE_CHECKING:
@@ -87,12 +88,38 @@ def _env(var: Any = _MISSING, default: Any = _MISSING) -> str | None:
     raise _fail_resolver(f"environment variable {var} is not set (give a default: ${{oc.env:{var},VALUE}})")
 
 
+def _charge_steps() -> None:
+    """Make every interpolation OmegaConf evaluates one step of the running render's budget
+    (:mod:`nymph.dockyard.spec.budget`); a no-op outside :func:`budget.limited`. Installed once,
+    on ``Container.resolve_parse_tree``, the one method every ``${...}`` goes through."""
+    from omegaconf.base import Container
+
+    original = Container.resolve_parse_tree
+    if getattr(original, "_nymph_budget", False):
+        return
+
+    def resolve_parse_tree(self: Any, *args: Any, **kwargs: Any) -> Any:
+        spend = budget.current()
+        if spend is None:
+            return original(self, *args, **kwargs)
+        spend.step()
+        node: Any = kwargs["node"] if "node" in kwargs else args[1] if len(args) > 1 else None
+        spend.text(getattr(node, "_value", lambda: None)())
+        value = original(self, *args, **kwargs)
+        spend.text(value)
+        return value
+
+    resolve_parse_tree._nymph_budget = True  # type: ignore[attr-defined]
+    Container.resolve_parse_tree = resolve_parse_tree  # type: ignore[method-assign]
+
+
 def register_resolvers() -> None:
     """dockyard-k8s's resolvers (``user``; ``oc.env`` reading the injected environment)."""
     from omegaconf import OmegaConf
 
     OmegaConf.register_resolver("user", _user, replace=True, annotation_validation="off")
     OmegaConf.register_resolver("oc.env", _env, replace=True, annotation_validation="off")
+    _charge_steps()
 
 
 @contextmanager
@@ -126,6 +153,9 @@ def _malformed(tree: Any, *, strict: bool, path: KeyPath, fail: Callable[[KeyPat
     if isinstance(tree, list):
         return [_malformed(v, strict=strict, path=(*path, i), fail=fail) for i, v in enumerate(tree)]
     if isinstance(tree, str) and "${" in tree:
+        spend = budget.current()
+        if spend is not None:
+            spend.text(tree)
         try:
             grammar_parser.parse(tree)
         except GrammarParseError:
@@ -222,7 +252,10 @@ def resolve(
         full: KeyPath = ((label,) if label else ()) + at
         return DockyardConfigError(message, path=fmt(full), source=origin(at) if origin else None)
 
-    own = _malformed(dict(tree), strict=strict, path=(), fail=fail)
+    try:
+        own = _malformed(dict(tree), strict=strict, path=(), fail=fail)
+    except budget.BudgetSpent as spent:
+        raise DockyardBudgetError(f"refused: {spent}", path=label or None) from None
     extra = {k: escape(v) for k, v in (fallback or {}).items() if k not in own}
     try:
         root = OmegaConf.create({**extra, **own})
@@ -232,4 +265,11 @@ def resolve(
     resolution = _Resolution(root, strict=strict, fail=fail)
     resolution._label = label or "the tree"
     with context(ctx):
-        return {k: resolution.leaf(root, k, (k,)) for k in own}
+        try:
+            resolved = {k: resolution.leaf(root, k, (k,)) for k in own}
+        except budget.BudgetSpent as spent:
+            raise DockyardBudgetError(f"refused: {spent}", path=label or None) from None
+    spend = budget.current()
+    if spend is not None and spend.spent is not None:  # spent where an error was kept lenient
+        raise DockyardBudgetError(f"refused: {spend.spent}", path=label or None)
+    return resolved

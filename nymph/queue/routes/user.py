@@ -15,9 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from nymph.dockyard.errors import DockyardConfigError
+from nymph.dockyard.render.limits import ReplicaCap, check_replicas
 from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.errors import ConfigError
 from nymph.launch.config import DEFAULT_DISPATCH, LAUNCHER, Mode, Provider, check_launcher
+from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.launch.state import InstanceState
 from nymph.protocol import InstanceJSON
 from nymph.queue.bodies import Fields, query_int, query_number, read_object
@@ -98,17 +100,21 @@ def _mode_from(data: dict[str, Any], *, path_name: str | None) -> Mode:
         raise BadRequest(str(exc), code="invalid_mode") from None
 
 
-def check_dockyard(spec: Mapping[str, Any]) -> None:
-    """Render a dockyard task spec exactly as the daemon will (pure, CPU only); raises
-    :class:`BadRequest` with the renderer's one-line message (file, key path, what is allowed)."""
+def check_dockyard(spec: Mapping[str, Any], *, max_replicas: int) -> None:
+    """Render a dockyard task spec exactly as the daemon will (pure, CPU only, within the
+    render budget), then hold every pod template to the Pod policy (no hostPath at all) and
+    every replica count to ``max_replicas``; raises :class:`BadRequest` with the one-line
+    message (file or object, key path, what is allowed)."""
     try:
-        dockyard_task_manifests(
+        manifests = dockyard_task_manifests(
             recipe=spec["recipe"],
             infra=spec["infra"],
             overrides=spec["overrides"],
             namespace=spec["namespace"],
         )
-    except DockyardConfigError as exc:
+        check_manifests(manifests, prefix="dockyard: ")
+        check_replicas(manifests, cap=ReplicaCap(max_replicas=max_replicas), prefix="dockyard: ")
+    except (DockyardConfigError, PodPolicyError) as exc:
         raise BadRequest(str(exc), code="invalid_dockyard") from None
     except RecursionError:
         raise BadRequest(
@@ -256,8 +262,15 @@ async def launch_dockyard(request: web.Request) -> web.Response:
     overrides = f.strings("overrides", required=False, max_items=_MAX_OVERRIDES)
     store = request.app[STORE]
     kube_ns = await store.provider_kube_namespace(ns=m["ns"], name=m["name"])
+    if await request.app[DIRECT].is_direct(ns=m["ns"], provider=m["name"]):
+        raise BadRequest(
+            f"provider {m['name']!r} is a dispatch: direct provider; dockyard launches need a "
+            "dispatch: daemon provider (a nymph daemon in the cluster applies them)",
+            code="invalid_dockyard",
+        )
     body = {"recipe": dict(recipe), "infra": dict(infra), "overrides": list(overrides)}
-    await asyncio.to_thread(check_dockyard, {**body, "namespace": kube_ns})
+    max_replicas = request.app[SETTINGS].tenancy.max_replicas
+    await asyncio.to_thread(check_dockyard, {**body, "namespace": kube_ns}, max_replicas=max_replicas)
     accepted = await store.launch_dockyard(
         ns=m["ns"],
         provider=m["name"],
