@@ -214,12 +214,13 @@ def make_namespace(kube: LocalCluster, name: str) -> str:
     return name
 
 
-def new_queue(db: Path) -> QueueProc:
-    """A started queue with a user and a daemon token (made in this process: no CLI start-up)."""
+def new_queue(db: Path, *, extra: tuple[str, ...] = ()) -> QueueProc:
+    """A started queue with a user and a daemon token (made in this process: no CLI start-up);
+    ``extra``: more ``queue serve`` flags."""
     conn = connect(db)
     try:
         with transaction(conn, write=True):
-            q = QueueProc(db)
+            q = QueueProc(db, extra=extra)
             q.user_token = create_token(conn, role=Role.USER).token
             q.daemon_token = create_token(conn, role=Role.DAEMON).token
     finally:

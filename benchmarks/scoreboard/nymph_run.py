@@ -65,7 +65,8 @@ class Stack:
         self.namespace = make_namespace(self.kube, f"bench-{name.replace('_', '-')}")
         home = self.tmp / name
         home.mkdir(parents=True, exist_ok=True)
-        q = self.queue = new_queue(home / "queue.db")
+        # the local cluster's API server is on this host: a user kubeconfig reaches it when allowed
+        q = self.queue = new_queue(home / "queue.db", extra=("--kube-server-allow", self.kube.api_host))
         async with q.client() as c:
             if self.config.daemon_flags is None:
                 kwargs = {"namespace": self.namespace, "kubeconfig": self.kube.kubeconfig.read_text()}
