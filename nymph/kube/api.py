@@ -42,6 +42,12 @@ def status_error(status: int, reason: str | None, body: str | bytes | None) -> K
     HTTP N". Nothing else of the answer (its reason phrase, any other body) is kept: a server a
     kubeconfig names may be anything, and its text is relayed to users."""
     del reason  # the server's own words; not relayed
+    return from_status(status, status_message(status, body))
+
+
+def status_message(status: int, body: str | bytes | None) -> str:
+    """What may be relayed of an answer: its Kubernetes Status ``message`` (cut to
+    :data:`MESSAGE_LIMIT`), else "the server answered HTTP N"."""
     message = f"the server answered HTTP {status}"
     try:
         decoded = json.loads(body or "{}")
@@ -52,7 +58,7 @@ def status_error(status: int, reason: str | None, body: str | bytes | None) -> K
         if isinstance(said, str) and said.strip():
             said = said.strip()
             message = said if len(said) <= MESSAGE_LIMIT else said[: MESSAGE_LIMIT - 3] + "..."
-    return from_status(status, message)
+    return message
 
 
 def api_error(exc: BaseException) -> KubeError:

@@ -99,6 +99,7 @@ def allowed_path(
             if namespace
             else f"'nymph queue serve {DIR_FLAG} DIR'"
         )
+        who = f"namespace {namespace}" if namespace else "this caller"
         if not dirs:
             scoped = (
                 f" (a bare '{DIR_FLAG} DIR' serves only tokens not scoped to a namespace)"
@@ -106,8 +107,8 @@ def allowed_path(
                 else ""
             )
             raise CredentialsError(
-                f"kubeconfig path {ref}: this queue reads no kubeconfig files for namespace "
-                f"{namespace or '(unscoped)'}{scoped}; the operator can allow a directory with {flag}, "
+                f"kubeconfig path {ref}: this queue reads no kubeconfig files for "
+                f"{who}{scoped}; the operator can allow a directory with {flag}, "
                 "or store the kubeconfig as a secret ('nymph secrets set NAME --from-file FILE') "
                 'and use {"$secret": NAME}'
             )
@@ -115,8 +116,8 @@ def allowed_path(
         if not any(os.path.commonpath([root, path]) == root for root in roots):
             raise CredentialsError(
                 f"kubeconfig path {ref} is outside the directories this queue may read for "
-                f"namespace {namespace or '(unscoped)'} ({', '.join(str(d) for d in dirs)}, symlinks "
-                f"resolved): move it there, ask the operator to map one with {flag}, or store it as a secret"
+                f"{who} ({', '.join(str(d) for d in dirs)}, symlinks resolved): move it there, "
+                f"ask the operator to map one with {flag}, or store it as a secret"
             )
     if not os.path.isfile(path):
         raise CredentialsError(f"kubeconfig path {ref} does not exist or is not a file")

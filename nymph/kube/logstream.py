@@ -20,6 +20,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from nymph.kube.api import status_message
 from nymph.kube.errors import KubeError, Unavailable, from_status
 
 _NOT_READY = re.compile(
@@ -44,10 +45,13 @@ class NoContainerLog(KubeError):
     """The node serves no container log (no kubelet behind it)."""
 
 
-def classify(status: int, message: str) -> KubeError:
-    if status == 400 and _NOT_READY.search(message):
+def classify(status: int, message: str, *, said: str | None = None) -> KubeError:
+    """The error of a log answer: recognised on everything the server ``said`` (default:
+    ``message``), carrying only ``message`` (what may be relayed: a Status message)."""
+    seen = message if said is None else said
+    if status == 400 and _NOT_READY.search(seen):
         return LogNotReady(message, status=status)
-    if status in (400, 404, 500, 502, 503) and _NO_KUBELET.search(message):
+    if status in (400, 404, 500, 502, 503) and _NO_KUBELET.search(seen):
         return NoContainerLog(message, status=status)
     return from_status(status, message)
 
@@ -99,7 +103,8 @@ async def open_log(
             _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=None, connect=30),
         )
     except ApiException as exc:
-        raise classify(int(exc.status or 0), _message(exc)) from None
+        status = int(exc.status or 0)
+        raise classify(status, status_message(status, exc.body), said=_message(exc)) from None
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise Unavailable(f"cannot read the log of {namespace}/{name}: {exc.__class__.__name__}") from None
     try:
@@ -108,13 +113,15 @@ async def open_log(
                 body = (await resp.read()).decode("utf-8", errors="replace")
             except (aiohttp.ClientError, TimeoutError, OSError):
                 body = ""
-            raise classify(resp.status, f"{resp.reason or ''}: {body}"[:2000])
+            said = f"{resp.reason or ''}: {body}"[:2000]
+            raise classify(resp.status, status_message(resp.status, body), said=said)
         yield LogStream(resp, where=f"{namespace}/{name}")
     finally:
         resp.release()
 
 
 def _message(exc: ApiException) -> str:
+    """Everything the server said (to recognise the error by; never relayed)."""
     raw: object = exc.body
     body = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw or "")
     return f"{exc.reason or ''}: {body}"[:2000]

@@ -217,13 +217,14 @@ class ServerPolicy:
 
     def refusal(self, ip: IPAddress, *, host: str) -> ServerNotAllowed | None:
         """Why connecting to ``ip`` (for server ``host``) is refused; None when it is allowed."""
+        shown = host if parse_address(host) == ip else f"{host} ({ip})"
         if self.restricted:
             if self.name_allowed(host):
                 return None
             if any(as_ipv4(ip) in net or ip in net for net in self.networks):
                 return None
             return ServerNotAllowed(
-                f"kubeconfig server {host} ({ip}) is not among the servers this queue lets a "
+                f"kubeconfig server {shown} is not among the servers this queue lets a "
                 f"user-supplied kubeconfig reach; the operator allows it with "
                 f"'nymph queue serve {ALLOW_FLAG} {host}'",
                 status=403,
@@ -233,7 +234,6 @@ class ServerPolicy:
             kind = "one of the queue host's own addresses"
         if kind is None:
             return None
-        shown = host if parse_address(host) == ip else f"{host} ({ip})"
         return ServerNotAllowed(
             f"kubeconfig server {shown} is {kind}: a user-supplied kubeconfig may not make the "
             "queue connect to its own host, loopback, link-local or metadata addresses; the "
@@ -263,6 +263,10 @@ class ConnectGuard:
 
     policy: ServerPolicy
     _by_name: set[str] = field(default_factory=set)
+
+    def remember(self, ip: IPAddress) -> None:
+        """``ip`` is what a name the allow-list names resolved to: sockets may connect to it."""
+        self._by_name.add(str(as_ipv4(ip)))
 
     def check(self, ip: IPAddress, *, host: str) -> None:
         if str(as_ipv4(ip)) in self._by_name:
@@ -304,7 +308,7 @@ class GuardResolver(AbstractResolver):
             if ip is None:
                 raise ServerNotAllowed(f"kubeconfig server {host}: resolved to no IP address", status=403)
             if by_name:
-                self._guard._by_name.add(str(as_ipv4(ip)))
+                self._guard.remember(ip)
                 continue
             self._guard.check(ip, host=host)
         return results

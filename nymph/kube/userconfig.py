@@ -162,7 +162,7 @@ def _server(value: str | None, *, path: str, what: str) -> tuple[str, str]:
         raise CredentialsError(f"kubeconfig {what}: {path}.server is missing")
     try:
         url = urllib.parse.urlsplit(value)
-        port = url.port
+        _ = url.port  # a port that is not a number raises
     except ValueError:
         raise CredentialsError(f"kubeconfig {what}: {path}.server is not a URL") from None
     if url.scheme not in ("https", "http") or not url.hostname:
@@ -171,7 +171,6 @@ def _server(value: str | None, *, path: str, what: str) -> tuple[str, str]:
         raise CredentialsError(f"kubeconfig {what}: {path}.server must not carry credentials")
     if url.query or url.fragment:
         raise CredentialsError(f"kubeconfig {what}: {path}.server must not carry a query or fragment")
-    del port
     return value.rstrip("/"), url.hostname
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,11 +37,9 @@ class DirectSettings:
     #: Where kubeconfigs are staged during a call (None: the system temp dir).
     tmp_root: str | None = None
 
-    def __post_init__(self) -> None:
-        # parsed once, so a malformed entry fails at start, not at the first load
-        object.__setattr__(self, "_policy", self._make_policy())
-
-    def _make_policy(self) -> CredentialPolicy:
+    @functools.cached_property
+    def policy(self) -> CredentialPolicy:
+        """What a kubeconfig ref may reach (built once per settings object)."""
         return CredentialPolicy(
             kubeconfig_dirs=tuple(self.kubeconfig_dirs),
             team_dirs=tuple(self.team_kubeconfig_dirs),
@@ -48,8 +47,3 @@ class DirectSettings:
             servers=ServerPolicy.from_allow(self.kube_server_allow),
             allow_insecure_tls=self.allow_insecure_tls,
         )
-
-    @property
-    def policy(self) -> CredentialPolicy:
-        policy: CredentialPolicy = getattr(self, "_policy")  # noqa: B009 - set in __post_init__
-        return policy
