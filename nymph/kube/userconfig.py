@@ -28,6 +28,7 @@ import base64
 import binascii
 import contextlib
 import os
+import re
 import shutil
 import ssl
 import tempfile
@@ -111,10 +112,15 @@ def _refuse(path: str, key: str, what: str) -> CredentialsError:
     )
 
 
+_KEY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
 def _keys(obj: Mapping[Any, Any], allowed: set[str], *, path: str, what: str) -> None:
     for key in obj:
         if not isinstance(key, str) or key not in allowed:
-            raise _refuse(path, str(key) if isinstance(key, str) else "(a non-string key)", what)
+            # a key is named only when it looks like one (a pasted value is never quoted)
+            shown = key if isinstance(key, str) and _KEY_NAME.match(key) else "(an unknown key)"
+            raise _refuse(path, shown, what)
 
 
 def _mapping(obj: object, *, path: str, what: str) -> Mapping[str, Any]:

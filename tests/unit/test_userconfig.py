@@ -75,6 +75,12 @@ def test_each_forbidden_field_is_refused_by_its_path(section: str, inner: str, k
     assert f"{section}[0].{inner}.{key}:" in message
 
 
+def test_an_unknown_key_that_looks_like_a_value_is_not_quoted() -> None:
+    doc = base()
+    doc["users"][0]["user"][f"{SECRET}/x y"] = 1
+    assert "users[0].user.(an unknown key)" in refused(doc)
+
+
 def test_a_forbidden_field_in_an_unused_entry_is_refused_too() -> None:
     doc = base()
     doc["users"].append({"name": "other", "user": {"exec": {"command": "/bin/true"}}})
