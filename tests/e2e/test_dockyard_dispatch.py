@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from nymph.dockyard.render.ownership import LAUNCH_LABEL, mark
 from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.launch.render import manifest_sha256
 from nymph.localcluster import LocalCluster
@@ -140,6 +141,7 @@ async def test_dockyard_launch_is_applied_in_order_then_stopped(stack: Stack) ->
     assert by_kind["Deployment"]["spec"]["replicas"] == 2
     assert by_kind["RayJob"]["metadata"]["labels"]["nymph.io/managed-by"] == "nymph"
     assert by_kind["RayJob"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "dockyard-k8s"
+    assert {o["metadata"]["labels"][LAUNCH_LABEL] for o in live} == {iid}  # each marked as this launch's
     for obj in live:
         managers = {f["manager"] for f in obj["metadata"]["managedFields"] if f["operation"] == "Apply"}
         assert managers == {"nymph"}  # server-side applied by the daemon
@@ -148,7 +150,9 @@ async def test_dockyard_launch_is_applied_in_order_then_stopped(stack: Stack) ->
     assert [(r["kind"], r["name"], r["result"]) for r in applied] == [
         (m["kind"], m["metadata"]["name"], "ok") for m in manifests
     ]
-    assert [r["manifest_sha256"] for r in applied] == [manifest_sha256(m) for m in manifests]
+    assert [r["manifest_sha256"] for r in applied] == [
+        manifest_sha256(m) for m in mark(manifests, launch=iid)
+    ]
 
     async with stack.queue.client() as c:
         await c.stop(provider="local", instance_id=iid)

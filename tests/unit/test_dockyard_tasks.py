@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -85,29 +86,38 @@ def test_stop_tasks_of_dockyard_instances_are_told_apart() -> None:
 
 
 class _FlakyKubectl:
-    """Applies everything but the RayJob, which the API server keeps throttling; deletes all."""
+    """Applies everything but the RayJob, which the API server keeps throttling; answers gets
+    with what it applied; deletes what it is asked to (by API path, with a uid precondition)."""
 
     name = "kubectl"
 
     def __init__(self) -> None:
+        self.applied: dict[str, dict[str, Any]] = {}
         self.deleted: list[str] = []
 
     async def apply(self, manifests: Any, *, dry_run: bool = False) -> list[Any]:
         from nymph.kube.applier import ApplyOutcome, object_key
         from nymph.kube.errors import Throttled
 
-        return [
-            ApplyOutcome(*object_key(m), error=Throttled("slow down") if m["kind"] == "RayJob" else None)
-            for m in manifests
-        ]
+        outcomes = []
+        for m in manifests:
+            if m["kind"] == "RayJob":
+                outcomes.append(ApplyOutcome(*object_key(m), error=Throttled("slow down")))
+                continue
+            live = {**m, "metadata": {**m["metadata"], "uid": f"uid-{m['kind']}"}}
+            self.applied[DockyardObject.of(m).printed_name] = live
+            outcomes.append(ApplyOutcome(*object_key(m), obj=live))
+        return outcomes
 
     async def run(self, args: Any, *, stdin: str | None = None) -> Any:
         from nymph.kube.kubectl import KubectlResult
 
-        docs = [d for d in yaml.safe_load_all(stdin or "") if d]
-        names = [DockyardObject.of(d).printed_name for d in docs]
-        self.deleted.extend(names)
-        return KubectlResult(0, "\n".join(names), "")
+        if args[0] == "get":
+            items = [self.applied[a] for a in args if a in self.applied]
+            return KubectlResult(0, json.dumps({"kind": "List", "items": items}), "")
+        assert args[:2] == ["delete", "--raw"] and json.loads(stdin or "")["preconditions"]["uid"]
+        self.deleted.append(args[2])
+        return KubectlResult(0, "{}", "")
 
 
 def _task_context(tmp_path: Path, kubectl: _FlakyKubectl, completions: list[dict[str, Any]]) -> Any:
@@ -155,7 +165,7 @@ async def test_the_last_retryable_attempt_is_rolled_back(
     ctx = _task_context(tmp_path, kubectl, completions)
     task: dict[str, Any] = {
         "taskId": "t1",
-        "instanceId": "i1",
+        "instanceId": "lakeshore-0000aaaa",
         "kubeNamespace": "jobs",
         "spec": SPEC,
         "attempt": attempt,
@@ -165,7 +175,13 @@ async def test_the_last_retryable_attempt_is_rolled_back(
     await handler.launch(ctx, cast(TaskJSON, task))
     (done,) = completions
     assert done["ok"] is False and done["retryable"] is True
-    expected = [DockyardObject.of(m).printed_name for m in reversed(render(SPEC, namespace="jobs"))]
+    # what was applied (all but the RayJob), deleted in reverse order by its API path
+    expected = [
+        "/apis/policy/v1/namespaces/jobs/poddisruptionbudgets/dockyard-sandbox-pdb",
+        "/apis/networking.k8s.io/v1/namespaces/jobs/networkpolicies/dockyard-sandbox-netpol",
+        "/api/v1/namespaces/jobs/services/dockyard-sandbox",
+        "/apis/apps/v1/namespaces/jobs/deployments/dockyard-sandbox",
+    ]
     assert kubectl.deleted == (expected if rolled_back else [])
     assert ("rolled back" in done["error"]) is rolled_back
 

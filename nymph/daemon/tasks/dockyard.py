@@ -1,8 +1,17 @@
 """Dockyard tasks on the daemon: a recipe + infra becomes objects applied in order; a stop
 deletes them again.
 
-fetch -> render (pure: :func:`nymph.dockyard.render.task.dockyard_task_manifests`) -> apply (I/O:
-one ``kubectl apply --server-side`` of every object, in apply order) -> report.
+fetch -> render (pure: :func:`nymph.dockyard.render.task.dockyard_task_manifests`) -> label
+(every object gets ``nymph.io/launch=<instanceId>``) -> ownership (one ``kubectl get``) -> apply
+(I/O: one ``kubectl apply --server-side`` of every object, in apply order) -> report.
+
+* Ownership (:mod:`nymph.dockyard.render.ownership`): an object is applied only when it does
+  not exist or already carries this launch's label. A name taken by any other object (an
+  administrator's NetworkPolicy named like the launch's sandbox) fails the launch for good with
+  a message naming it, and nothing is applied or deleted but this launch's own objects of
+  earlier attempts. Rollbacks and stops delete with a selector on the label, so the API server
+  itself refuses to delete an object that is not the launch's. (Between the check and the apply
+  an object created under the same name in that instant would still be applied over.)
 
 * Exactly-once in effect: the render is deterministic and server-side apply under one field
   manager is idempotent, so a redelivered task re-applies the same objects, never duplicates.
@@ -18,7 +27,8 @@ one ``kubectl apply --server-side`` of every object, in apply order) -> report.
   default :data:`QUEUE_MAX_ATTEMPTS`): everything rendered is deleted, what earlier attempts
   applied included.
 * A stop task carries the dockyard spec again (``{"dockyard": spec}``): the same objects are
-  rendered and deleted in reverse order; an object already gone is fine.
+  rendered and deleted in reverse order; an object already gone is fine, one that is not the
+  launch's is left alone (and named in the report).
 * Always kubectl, whatever ``--apply-with`` says: the API applier handles only Pods.
 * Applies are retried as :func:`nymph.daemon.tasks.apply.apply_all` says; reports go through
   the tracker, unpinned (no node).
@@ -28,16 +38,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from nymph.daemon.tasks.apply import apply_all
 from nymph.daemon.tasks.context import TaskContext
+from nymph.daemon.tasks.dockyard_objects import Deleted, DockyardObject, Live, delete_owned, live_objects
 from nymph.daemon.tracker import Report
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.kube.errors import KubeError, NotFound, classify_kubectl
-from nymph.kube.kubectl import Kubectl
-from nymph.launch.render import manifest_sha256, to_yaml_stream
+from nymph.dockyard.render.ownership import LAUNCH_LABEL, Ownership, mark, ownership
+from nymph.kube.applier import ApplyOutcome, object_key
+from nymph.kube.errors import KubeError
+from nymph.launch.names import is_instance_id
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON
@@ -46,48 +57,7 @@ from nymph.protocol import TaskJSON
 #: for a task that does not say its own ``maxAttempts``
 QUEUE_MAX_ATTEMPTS = 5
 
-_DELETE_ARGS = ("delete", "-f", "-", "--ignore-not-found", "--wait=false", "-o", "name")
-
-
-@dataclass(frozen=True)
-class DockyardObject:
-    """One rendered object, as the audit log, the messages and the task result name it."""
-
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-    sha256: str
-
-    @classmethod
-    def of(cls, manifest: Mapping[str, Any]) -> DockyardObject:
-        meta = manifest.get("metadata") or {}
-        return cls(
-            api_version=str(manifest.get("apiVersion") or ""),
-            kind=str(manifest.get("kind") or ""),
-            namespace=str(meta.get("namespace") or ""),
-            name=str(meta.get("name") or ""),
-            sha256=manifest_sha256(manifest),
-        )
-
-    @property
-    def ref(self) -> str:
-        return f"{self.kind}/{self.name}"
-
-    @property
-    def printed_name(self) -> str:
-        """How ``kubectl ... -o name`` prints it: ``deployment.apps/x``, ``service/x``."""
-        group = self.api_version.rpartition("/")[0]
-        return f"{self.kind.lower()}{'.' + group if group else ''}/{self.name}"
-
-    def to_json(self) -> dict[str, str]:
-        return {
-            "apiVersion": self.api_version,
-            "kind": self.kind,
-            "namespace": self.namespace,
-            "name": self.name,
-            "manifestSha256": self.sha256,
-        }
+__all__ = ["QUEUE_MAX_ATTEMPTS", "DockyardObject", "last_attempt", "launch", "render", "stop"]
 
 
 # --- pure --------------------------------------------------------------------------------------
@@ -154,50 +124,19 @@ async def _render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
         raise DockyardConfigError("nested too deep to render", source="task") from None
 
 
-async def _delete(kubectl: Kubectl, manifests: Sequence[Mapping[str, Any]]) -> list[KubeError | bool]:
-    """Delete in the order given; per object True (deleted), False (already gone) or the error.
-
-    One kubectl invocation; when it fails, the objects it did not report deleted are deleted
-    one by one so that each gets its own answer.
-    """
-    objs = [DockyardObject.of(m) for m in manifests]
-    try:
-        res = await kubectl.run(_DELETE_ARGS, stdin=to_yaml_stream([dict(m) for m in manifests]))
-    except KubeError as exc:
-        return [exc for _ in objs]
-    printed = set(res.stdout.split())
-    if res.code == 0:
-        return [o.printed_name in printed for o in objs]
-    results: list[KubeError | bool] = []
-    for obj, manifest in zip(objs, manifests, strict=True):
-        if obj.printed_name in printed:
-            results.append(True)
-            continue
-        try:
-            one = await kubectl.run(_DELETE_ARGS, stdin=to_yaml_stream([dict(manifest)]))
-        except KubeError as exc:
-            results.append(exc)
-            continue
-        if one.code == 0:
-            results.append(obj.printed_name in one.stdout.split())
-            continue
-        err = classify_kubectl(one.stderr)
-        # NotFound covers a kind whose CRD is gone: no such object can exist.
-        results.append(False if isinstance(err, NotFound) else err)
-    return results
-
-
 # --- task handlers -----------------------------------------------------------------------------
 
 
 async def launch(ctx: TaskContext, task: TaskJSON) -> None:
-    """A ``dockyard`` task: render, apply every object in order, report, complete."""
+    """A ``dockyard`` task: render, check ownership, apply every object in order, report."""
     tid = str(task["taskId"])
     iid = str(task.get("instanceId"))
     ns = str(task.get("kubeNamespace") or "")
     blog = _log(ctx, task)
     try:
         manifests = await _render(task.get("spec"), namespace=ns)
+        if not is_instance_id(iid):
+            raise DockyardConfigError(f"{iid!r} is not an instance id", path="instanceId", source="task")
     except DockyardConfigError as exc:
         ctx.refuse_spec(task, what="dockyard", error=exc, namespace=ns, requester=task.get("requester"))
         blog.warning("dockyard launch refused", error=str(exc))
@@ -208,12 +147,25 @@ async def launch(ctx: TaskContext, task: TaskJSON) -> None:
         return
     if ctx.stopping.is_set():
         return  # not started: the lease lapses and another daemon takes it
+    manifests = mark(manifests, launch=iid)
     objs = [DockyardObject.of(m) for m in manifests]
+    live = await live_objects(ctx.kubectl, manifests)
+    foreign = [o for o, lv in zip(objs, live, strict=True) if _owner(lv, iid) is Ownership.FOREIGN]
+    if foreign:
+        await _refuse_collision(ctx, task, manifests, live, foreign)
+        return
     if int(task.get("attempt") or 1) <= 1:
         ctx.tracker.report_unpinned(
             iid, Report(InstanceState.STARTING, None, f"applying {len(objs)} dockyard objects")
         )
-    outcomes = await apply_all(applier=ctx.kubectl, manifests=manifests, metrics=ctx.metrics)
+    unchecked = [lv for lv in live if isinstance(lv, KubeError)]
+    if unchecked:  # whose an object is could not be told: apply nothing
+        outcomes = [
+            ApplyOutcome(*object_key(m), error=lv if isinstance(lv, KubeError) else unchecked[0])
+            for m, lv in zip(manifests, live, strict=True)
+        ]
+    else:
+        outcomes = await apply_all(applier=ctx.kubectl, manifests=manifests, metrics=ctx.metrics)
     for obj, outcome in zip(objs, outcomes, strict=True):
         _audit_object(
             ctx, "apply", task, obj, result="ok" if outcome.ok else "failed", error=outcome.error, sha256=True
@@ -241,6 +193,42 @@ async def launch(ctx: TaskContext, task: TaskJSON) -> None:
     ctx.metrics.launches.labels("failed").inc()
     ctx.complete(task_id=tid, ok=False, error=message, retryable=retryable)
     blog.warning("dockyard launch failed", error=message, retryable=retryable)
+
+
+def _owner(live: Live, launch: str) -> Ownership | None:
+    """How a live object relates to the launch; ``None`` when it could not be read."""
+    return None if isinstance(live, KubeError) else ownership(live, launch=launch)
+
+
+def collision_message(foreign: Sequence[DockyardObject], *, launch: str) -> str:
+    """Why a launch whose object names are taken by objects it does not own failed."""
+    refs = ", ".join(o.ref for o in foreign)
+    return (
+        f"{refs} already exist{'s' if len(foreign) == 1 else ''} in namespace {foreign[0].namespace} "
+        f"and {'is' if len(foreign) == 1 else 'are'} not this launch's (no label "
+        f"{LAUNCH_LABEL}={launch}): nothing was applied or deleted; rename the object in the infra "
+        "(sandbox.name, kuberay.name) or remove the other one"
+    )[:2000]
+
+
+async def _refuse_collision(
+    ctx: TaskContext,
+    task: Mapping[str, Any],
+    manifests: Sequence[Mapping[str, Any]],
+    live: Sequence[Live],
+    foreign: Sequence[DockyardObject],
+) -> None:
+    """A name taken by an object this launch does not own: apply nothing, fail for good; what
+    earlier attempts of this launch applied (its own objects) is deleted, nothing else."""
+    iid = str(task.get("instanceId"))
+    message = collision_message(foreign, launch=iid)
+    for obj in foreign:
+        _audit_object(ctx, "apply", task, obj, result="refused-not-owned", error=None, sha256=True)
+    ours = [m for m, lv in zip(manifests, live, strict=True) if _owner(lv, iid) is Ownership.OURS]
+    await _rollback(ctx, task, list(reversed(ours)))
+    ctx.metrics.launches.labels("failed").inc()
+    ctx.complete(task_id=str(task["taskId"]), ok=False, error=message, retryable=False)
+    _log(ctx, task).warning("dockyard launch refused: name taken", error=message)
 
 
 def _audit_object(
@@ -272,18 +260,19 @@ def _audit_object(
 async def _rollback(
     ctx: TaskContext, task: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]]
 ) -> None:
-    """After a permanent failure or the last attempt: delete ``manifests`` (in the order given)."""
+    """After a permanent failure or the last attempt: delete those of ``manifests`` (in the
+    order given) that carry this launch's label; any other object is left alone."""
     if not manifests:
         return
-    results = await _delete(ctx.kubectl, manifests)
+    results = await delete_owned(ctx.kubectl, manifests, launch=str(task.get("instanceId")))
+    names = {Deleted.DELETED: "rolled-back", Deleted.ABSENT: "already-gone", Deleted.NOT_OWNED: "not-owned"}
     for manifest, result in zip(manifests, results, strict=True):
-        failed = isinstance(result, KubeError)
         _audit_object(
             ctx,
             "delete",
             task,
             DockyardObject.of(manifest),
-            result="rollback-failed" if failed else "rolled-back" if result else "already-gone",
+            result="rollback-failed" if isinstance(result, KubeError) else names[result],
             error=result if isinstance(result, KubeError) else None,
         )
 
@@ -304,24 +293,26 @@ async def stop(ctx: TaskContext, task: TaskJSON) -> None:
         ctx.complete(task_id=tid, ok=False, error=f"bad dockyard spec: {exc}", retryable=False)
         return
     objs = [DockyardObject.of(m) for m in manifests]
-    results = await _delete(ctx.kubectl, manifests)
+    results = await delete_owned(ctx.kubectl, manifests, launch=iid)
     deleted: list[str] = []
     gone: list[str] = []
+    others: list[str] = []
     errors: list[tuple[DockyardObject, KubeError]] = []
     for obj, result in zip(objs, results, strict=True):
+        outcome = "deleted"
         if isinstance(result, KubeError):
             errors.append((obj, result))
-        elif result:
+            outcome = "failed"
+        elif result is Deleted.DELETED:
             deleted.append(obj.ref)
+        elif result is Deleted.NOT_OWNED:
+            others.append(obj.ref)
+            outcome = "not-owned"
         else:
             gone.append(obj.ref)
+            outcome = "already-gone"
         _audit_object(
-            ctx,
-            "delete",
-            task,
-            obj,
-            result="failed" if isinstance(result, KubeError) else "deleted" if result else "already-gone",
-            error=result if isinstance(result, KubeError) else None,
+            ctx, "delete", task, obj, result=outcome, error=result if isinstance(result, KubeError) else None
         )
     if errors:
         ctx.metrics.stops.labels("failed").inc()
@@ -336,8 +327,13 @@ async def stop(ctx: TaskContext, task: TaskJSON) -> None:
         Report(
             InstanceState.STOPPED,
             Reason.STOPPED,
-            f"stopped on request ({len(deleted)} objects deleted, {len(gone)} already gone)",
+            f"stopped on request ({len(deleted)} objects deleted, {len(gone)} already gone"
+            + (f", {len(others)} not this launch's left alone: {', '.join(others)}" if others else "")
+            + ")",
         ),
     )
-    ctx.complete(task_id=tid, ok=True, result={"deleted": deleted, "alreadyGone": gone})
+    summary: dict[str, Any] = {"deleted": deleted, "alreadyGone": gone}
+    if others:
+        summary["notOwned"] = others
+    ctx.complete(task_id=tid, ok=True, result=summary)
     _log(ctx, task).info("dockyard stop done", deleted=len(deleted), already_gone=len(gone))
