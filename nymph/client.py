@@ -24,12 +24,14 @@ import aiohttp
 
 from nymph.client_dispatch import DaemonIdentity, DispatchCalls
 from nymph.client_errors import (
+    BY_CODE,
     BY_STATUS,
     QueueAuthError,
     QueueBadRequest,
     QueueConflict,
     QueueError,
     QueueNotFound,
+    QueueNotInstanceDaemon,
     QueueRegistrationRefused,
     QueueUnavailable,
     safe_url,
@@ -50,6 +52,7 @@ __all__ = [
     "QueueConflict",
     "QueueError",
     "QueueNotFound",
+    "QueueNotInstanceDaemon",
     "QueueRegistrationRefused",
     "QueueUnavailable",
     "safe_url",
@@ -82,7 +85,8 @@ def _answer(*, method: str, path: str, where: str, status: int, raw: bytes) -> A
             code=code,
             detail=detail,
         )
-    cls = BY_STATUS.get(status, QueueError)
+    by_code = BY_CODE.get(code) if isinstance(code, str) else None
+    cls = by_code or BY_STATUS.get(status, QueueError)
     raise cls(f"{detail} (HTTP {status})", status=status, code=code, detail=detail)
 
 

@@ -28,6 +28,12 @@ class QueueAuthError(QueueError):
     """401 (missing or unknown token) or 403 (wrong role or namespace)."""
 
 
+class QueueNotInstanceDaemon(QueueAuthError):
+    """403 ``not_instance_daemon``: a report, log or result for an instance this daemon does not
+    run (another daemon applied it, or holds its task). Nothing was stored, and the same item is
+    refused every time it is sent again: drop it."""
+
+
 class QueueNotFound(QueueError):
     """404."""
 
@@ -53,6 +59,11 @@ BY_STATUS: dict[int, type[QueueError]] = {
     409: QueueConflict,
     413: QueueBadRequest,
     422: QueueBadRequest,
+}
+
+#: Answers told apart by their code (checked before :data:`BY_STATUS`).
+BY_CODE: dict[str, type[QueueError]] = {
+    "not_instance_daemon": QueueNotInstanceDaemon,
 }
 
 

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nymph.client import QueueBadRequest, QueueClient, QueueConflict, QueueNotFound, QueueUnavailable
+from nymph.client import (
+    QueueBadRequest,
+    QueueClient,
+    QueueConflict,
+    QueueNotFound,
+    QueueNotInstanceDaemon,
+    QueueUnavailable,
+)
 from nymph.daemon.durable import replace_atomically
 from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
@@ -178,7 +185,7 @@ class ResultUploads:
                     )
             if problems:
                 await self._send(instance_id=name, error="; ".join(problems)[:2000])
-        except (QueueConflict, QueueNotFound, QueueBadRequest) as exc:
+        except (QueueConflict, QueueNotFound, QueueBadRequest, QueueNotInstanceDaemon) as exc:
             self.log.warning("the queue refused results", instance=name, detail=str(exc)[:300])
         self.dir.mkdir(parents=True, exist_ok=True)
         # Not fsynced: a marker lost to a power cut uploads again, which the queue takes as

@@ -1,4 +1,11 @@
-"""The outbox's sender: reports, completions and logs go to the queue from here."""
+"""The outbox's sender: reports, completions and logs go to the queue from here.
+
+What the queue refuses for good is dropped (logged), never retried: a lost lease (409), an
+instance it does not know (404), an invalid item (400), and a report, log chunk or log tail for
+an instance this daemon does not run (403 ``not_instance_daemon``: another daemon applied it or
+holds its task). The queue refuses a report batch whole when one of its reports is such; the
+batch is then sent again one report at a time, so only the refused ones are dropped.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,18 @@ import base64
 import time
 from typing import Any
 
-from nymph.client import QueueBadRequest, QueueClient, QueueConflict, QueueNotFound, QueueRegistrationRefused
+from nymph.client import (
+    QueueBadRequest,
+    QueueClient,
+    QueueConflict,
+    QueueNotFound,
+    QueueNotInstanceDaemon,
+    QueueRegistrationRefused,
+)
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import DropItem, Outbox
+from nymph.logs import get_logger
 
 #: Outbox fields that are not part of the report the queue receives.
 _LOCAL_FIELDS = ("kind", "stream", "_line", "_bytes")
@@ -24,17 +39,14 @@ class QueueSender:
         self.claimer = claimer
         self.outbox = outbox
         self.metrics = metrics
+        self.log = get_logger("sender", daemon=daemon_id)
 
     async def __call__(self, kind: str, batch: list[dict[str, Any]]) -> None:
         """Send one outbox batch; raise :class:`DropItem` for what the queue refuses for good."""
         t0 = time.monotonic()
         try:
             if kind == "report":
-                reports = [
-                    {k: v for k, v in item.items() if k not in _LOCAL_FIELDS and v is not None}
-                    for item in batch
-                ]
-                await self.client.report(daemon_id=self.daemon_id, stream=batch[0]["stream"], reports=reports)
+                await self._reports(batch)
             elif kind == "complete":
                 await self._complete(batch[0])
             elif kind == "logchunk":
@@ -55,11 +67,35 @@ class QueueSender:
                 )
         except QueueRegistrationRefused:
             raise  # about the daemon, not the item: the outbox keeps it and retries
-        except (QueueConflict, QueueNotFound, QueueBadRequest) as exc:
+        except (QueueConflict, QueueNotFound, QueueBadRequest, QueueNotInstanceDaemon) as exc:
             raise DropItem(f"{kind}: {exc}") from exc
         finally:
             self.metrics.queue_seconds.labels(kind).observe(time.monotonic() - t0)
             self.metrics.reports_buffered.set(self.outbox.pending)
+
+    async def _reports(self, batch: list[dict[str, Any]]) -> None:
+        reports = [
+            {k: v for k, v in item.items() if k not in _LOCAL_FIELDS and v is not None} for item in batch
+        ]
+        stream = batch[0]["stream"]
+        try:
+            await self.client.report(daemon_id=self.daemon_id, stream=stream, reports=reports)
+            return
+        except QueueNotInstanceDaemon:
+            if len(reports) == 1:
+                raise
+        # One report refused the batch: send them one by one (in order; the queue applies each
+        # once by its seq, so those it took before are not applied twice) and drop the refused.
+        for report in reports:
+            try:
+                await self.client.report(daemon_id=self.daemon_id, stream=stream, reports=[report])
+            except QueueNotInstanceDaemon as exc:
+                self.log.warning(
+                    "queue refused a report: not this daemon's instance; dropping it",
+                    instance=report.get("instanceId"),
+                    seq=report.get("seq"),
+                    detail=str(exc)[:300],
+                )
 
     async def _complete(self, item: dict[str, Any]) -> None:
         try:

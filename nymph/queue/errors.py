@@ -43,6 +43,20 @@ class Forbidden(ServiceError):
     default_code = "forbidden"
 
 
+class NotInstanceDaemon(Forbidden):
+    """A daemon session sent a report, log or result for an instance that is not its own: it
+    holds no lease of the instance's tasks and is not the daemon that applied it (403).
+
+    ``instance_id`` and ``action`` say what was refused (for the queue's log; no secrets)."""
+
+    default_code = "not_instance_daemon"
+
+    def __init__(self, detail: str, *, instance_id: str, action: str) -> None:
+        super().__init__(detail)
+        self.instance_id = instance_id
+        self.action = action
+
+
 class NotFound(ServiceError):
     status = 404
     default_code = "not_found"

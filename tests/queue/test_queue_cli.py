@@ -112,12 +112,19 @@ def test_verbs_round_trip(env: Served, capsys: pytest.CaptureFixture[str], tmp_p
     code, _, err = run(capsys, "logs", "kind", iid)
     assert code == 1 and "no logs" in err
 
+    # A log tail comes from the daemon that runs the instance: one it claimed and applied.
+    code, out, _ = run(capsys, "launch", "kind", "--mode", "small", "--script", "job.py")
+    ran = out.strip()
+
     async def upload() -> None:
         async with env.client(env.daemon_token) as d:
-            await d.upload_logs(daemon_id="d1", instance_id=iid, logs="hello\n")
+            [task] = await d.claim(daemon_id="d1", node="n1", capacity=1, wait=5)
+            assert task["instanceId"] == ran
+            await d.complete(daemon_id="d1", task_id=task["taskId"], ok=True)
+            await d.upload_logs(daemon_id="d1", instance_id=ran, logs="hello\n")
 
     env.run(upload())
-    code, out, _ = run(capsys, "logs", "kind", iid)
+    code, out, _ = run(capsys, "logs", "kind", ran)
     assert code == 0 and out == "hello\n"
     code, _, err = run(capsys, "stop", "kind", "lakeshore-00000000")
     assert code == 2 and "no instance 'lakeshore-00000000'" in err

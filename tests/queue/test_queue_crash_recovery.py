@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dispatch_helpers import apply
 from queue_helpers import Queue
 
 from nymph.client import DaemonIdentity, QueueClient
@@ -47,8 +48,10 @@ async def test_a_pod_found_gone_after_a_stop_request_ended_on_request(kind: Queu
 
 async def test_a_pod_deleted_outside_nymph_without_a_stop_request_stays_deleted(kind: Queue) -> None:
     iid = (await kind.user().launch(provider="kind", mode="small", script="print(1)"))["instanceId"]
+    d = _daemon(kind)
+    assert await apply(d, daemon_id="d1", node="n1") == [iid]
     gone = {"seq": 1, "instanceId": iid, "state": "stopped", "reason": "Deleted", "message": "deleted"}
-    await _daemon(kind).report(daemon_id="d1", stream="s1", reports=[gone])
+    await d.report(daemon_id="d1", stream="s1", reports=[gone])
     inst = await kind.user().get_instance(provider="kind", instance_id=iid)
     assert (inst["state"], inst["reason"], inst["message"]) == ("stopped", "Deleted", "deleted")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from dispatch_helpers import apply, take
 from queue_helpers import FAST, Queue, add_kind, open_queue
 
 from nymph.client import QueueConflict
@@ -184,6 +185,7 @@ async def test_permanent_failure_fails_at_once(kind: Queue) -> None:
 async def test_reports_are_idempotent_and_ordered(kind: Queue) -> None:
     [iid] = await _launch(kind)
     d = kind.daemon()
+    assert await take(d, daemon_id="d1", node="n1") == [iid]
     batch = [
         {"seq": 1, "instanceId": iid, "state": "starting", "node": "n1", "at": "2030-01-01T00:00:01Z"},
         {"seq": 2, "instanceId": iid, "state": "running", "at": "2030-01-01T00:00:02Z"},
@@ -234,14 +236,19 @@ async def test_report_validation(kind: Queue) -> None:
 async def test_active_for_reconciliation(kind: Queue) -> None:
     a, b, c = await _launch(kind, 3)
     d = kind.daemon()
+    assert await apply(d, daemon_id="d1", node="n1", count=2) == [a, b]
+    d2 = kind.daemon()
+    assert await apply(d2, daemon_id="d2", node="n2") == [c]
     await d.report(
         daemon_id="d1",
         stream="s",
         reports=[
             {"seq": 1, "instanceId": a, "state": "running", "node": "n1"},
             {"seq": 2, "instanceId": b, "state": "stopped", "reason": "Completed", "node": "n1"},
-            {"seq": 3, "instanceId": c, "state": "starting", "node": "n2"},
         ],
+    )
+    await d2.report(
+        daemon_id="d2", stream="s2", reports=[{"seq": 1, "instanceId": c, "state": "starting", "node": "n2"}]
     )
     assert await d.active(node="n1") == [
         {"instanceId": a, "namespace": "default", "kubeNamespace": "jobs", "state": "running", "node": "n1"}

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from dispatch_helpers import take
 from queue_helpers import Queue
 
 from nymph.client import QueueConflict, QueueNotFound
@@ -128,7 +129,9 @@ async def test_idempotency_key(kind: Queue) -> None:
 async def test_list_and_filter_instances(kind: Queue) -> None:
     a = await _launch(kind)
     b = await _launch(kind)
-    await kind.daemon().report(
+    d = kind.daemon()
+    assert await take(d, daemon_id="d", node="n1", count=2) == [a, b]
+    await d.report(
         daemon_id="d", stream="s", reports=[{"seq": 1, "instanceId": b, "state": "running", "node": "n1"}]
     )
     r = await kind.call("GET", INSTANCES)
@@ -146,6 +149,8 @@ async def test_list_and_filter_instances(kind: Queue) -> None:
 async def test_long_poll_wakes_on_change(kind: Queue) -> None:
     iid = await _launch(kind)
     user = kind.user()
+    d = kind.daemon()
+    assert await take(d, daemon_id="d", node="n1") == [iid]
     t0 = time.monotonic()
     same = await user.get_instance(provider="kind", instance_id=iid, after=0, wait=5)
     assert same["version"] == 1 and time.monotonic() - t0 < 2  # already newer: at once (wait was 5 s)
@@ -155,7 +160,7 @@ async def test_long_poll_wakes_on_change(kind: Queue) -> None:
 
     async def report_later() -> float:
         await asyncio.sleep(0.3)
-        await kind.daemon().report(
+        await d.report(
             daemon_id="d",
             stream="s",
             reports=[{"seq": 1, "instanceId": iid, "state": "starting", "node": "n1"}],
@@ -244,6 +249,7 @@ async def test_logs(kind: Queue) -> None:
     r = await kind.call("GET", f"{INSTANCES}/{iid}/logs")
     assert r.status == 200 and r.body == {"instanceId": iid, "logs": None}
     d = kind.daemon()
+    assert await take(d, daemon_id="d1", node="n1") == [iid]
     await d.upload_logs(daemon_id="d1", instance_id=iid, logs="line 1\nline 2\n")
     assert await kind.user().get_logs(provider="kind", instance_id=iid) == "line 1\nline 2\n"
     big = "".join(f"{i:07d}\n" for i in range(60_000))  # 480 KB

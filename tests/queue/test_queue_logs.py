@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from dispatch_helpers import apply
 from queue_helpers import FAST, Queue, add_kind, open_queue
 
 from nymph.client_errors import QueueConflict, QueueNotFound
@@ -44,8 +45,10 @@ async def small(tmp_path: Path) -> AsyncIterator[Queue]:
 
 
 async def _launch(q: Queue) -> str:
+    """A launch applied by daemon ``d1`` (which knows no node: any session of that id writes it)."""
     r = await q.call("POST", NS + "/providers/kind/launch", json_body={"mode": "small", "script": "print(1)"})
     assert r.status == 202, r.body
+    assert await apply(q.daemon(), daemon_id="d1", node="") == [r.body["instanceId"]]
     return str(r.body["instanceId"])
 
 

@@ -86,7 +86,12 @@ async def test_kill_9_loses_no_accepted_launch_or_report(tmp_path: Path, queue_d
 
         async def reporter() -> None:
             await some.wait()
-            batch = accepted[:10]
+            # Reports come from the daemon that claimed the launches; it hands the leases back
+            # (a daemon shutting down), and stays their last holder until another claims them.
+            tasks = await daemon.claim(daemon_id="d1", node="n1", capacity=10, wait=0)
+            batch = [t["instanceId"] for t in tasks]
+            assert len(batch) == 10
+            await daemon.release(daemon_id="d1", task_ids=[t["taskId"] for t in tasks])
             answer = await daemon.report(
                 daemon_id="d1",
                 stream="d1",

@@ -39,13 +39,15 @@ def _version_1_file(path: Path) -> None:
                    ('lakeshore-0000000a', 'stopping', 'stop requested', 3),
                    ('lakeshore-0000000b', 'queued', '', 4);
         INSERT INTO tasks (seq, task_id, kind, status, namespace, kube_namespace, provider,
-            instance_id, spec, requester, attempts, after_task, created_at, updated_at, finished_at)
+            instance_id, spec, requester, attempts, lease_owner, after_task, created_at,
+            updated_at, finished_at)
             VALUES (1, 'task-launch-a', 'launch', 'done', 'default', 'jobs', 'kind',
-                    'lakeshore-0000000a', '{"x": 1}', 'alice (tok-1)', 1, NULL, 1, 2, 2),
+                    'lakeshore-0000000a', '{"x": 1}', 'alice (tok-1)', 1, 'd1', NULL, 1, 2, 2),
                    (2, 'task-stop-a', 'stop', 'pending', 'default', 'jobs', 'kind',
-                    'lakeshore-0000000a', NULL, 'alice (tok-1)', 0, 'task-launch-a', 3, 3, NULL),
+                    'lakeshore-0000000a', NULL, 'alice (tok-1)', 0, NULL, 'task-launch-a', 3, 3,
+                    NULL),
                    (7, 'task-launch-b', 'launch', 'pending', 'default', 'jobs', 'kind',
-                    'lakeshore-0000000b', '{"y": 2}', 'alice (tok-1)', 0, NULL, 4, 4, NULL);
+                    'lakeshore-0000000b', '{"y": 2}', 'alice (tok-1)', 0, NULL, NULL, 4, 4, NULL);
         INSERT INTO idempotency_keys VALUES ('default', 'kind', 'k-1', 'abc', 'lakeshore-0000000b',
             '{"instanceId": "lakeshore-0000000b"}', 4);
         COMMIT;
@@ -67,15 +69,26 @@ def test_a_version_1_file_migrates_keeping_rows_and_indexes(tmp_path: Path) -> N
     path = tmp_path / "queue.db"
     _version_1_file(path)
     before = sqlite3.connect(str(path))
-    old_rows = before.execute("SELECT * FROM tasks ORDER BY seq").fetchall()
+    cur = before.execute("SELECT * FROM tasks ORDER BY seq")
+    old_rows = cur.fetchall()
+    old_columns = ", ".join(d[0] for d in cur.description)
     old_indexes = _schema(before)
     before.close()
 
     conn = connect(path)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
-        assert [tuple(r) for r in conn.execute("SELECT * FROM tasks ORDER BY seq")] == [
+        assert [tuple(r) for r in conn.execute(f"SELECT {old_columns} FROM tasks ORDER BY seq")] == [
             tuple(r) for r in old_rows
+        ]
+        # An instance applied before is bound to the daemon that completed its launch, on the
+        # node its Pod runs on; one never applied to nobody.
+        bound = conn.execute(
+            "SELECT instance_id, applied_daemon, applied_node, applied_pinned FROM instances ORDER BY 1"
+        ).fetchall()
+        assert [tuple(r) for r in bound] == [
+            ("lakeshore-0000000a", "d1", "n1", 1),
+            ("lakeshore-0000000b", None, None, 0),
         ]
         assert _schema(conn) == old_indexes
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+from dispatch_helpers import take
 from queue_helpers import REGISTER, Queue, add_kind
 
 from nymph.client import DaemonIdentity, QueueAuthError, QueueConflict, QueueRegistrationRefused
@@ -96,6 +97,7 @@ async def test_stream_marks_are_per_daemon(kind: Queue) -> None:
     )
     assert r.status == 200 and r.body["lastSeq"] == 2**62
     victim = kind.daemon()
+    assert await take(victim, daemon_id="victim", node="n1") == [iid]
     ack = await victim.report(
         daemon_id="victim",
         stream="victim-1",

@@ -27,6 +27,7 @@ from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
 from nymph.queue.keys import PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report
 from nymph.queue.notify import wait_for_event
+from nymph.queue.routes.refusals import logged_refusal
 
 routes = web.RouteTableDef()
 log = structlog.get_logger(__name__, component="queue.dispatch")
@@ -306,9 +307,9 @@ async def report(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
     stream = f.req_string("stream")
     reports = [_report(r, i) for i, r in enumerate(f.objects("reports", max_items=10_000))]
-    accepted, last = await request.app[STORE].report(
-        session=_session(request, f), stream=stream, reports=reports
-    )
+    session = _session(request, f)
+    with logged_refusal(session=session, route="report"):
+        accepted, last = await request.app[STORE].report(session=session, stream=stream, reports=reports)
     return web.json_response(ReportAck(accepted=accepted, lastSeq=last))
 
 
@@ -317,7 +318,9 @@ async def upload_logs(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
     logs = f.text("logs", required=False) or ""
     instance_id = f.req_string("instanceId")
-    await request.app[STORE].upload_logs(session=_session(request, f), instance_id=instance_id, logs=logs)
+    session = _session(request, f)
+    with logged_refusal(session=session, route="logs"):
+        await request.app[STORE].upload_logs(session=session, instance_id=instance_id, logs=logs)
     return web.Response(status=204)
 
 

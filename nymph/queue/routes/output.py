@@ -25,6 +25,7 @@ from nymph.queue.bodies import Fields, query_int, read_object
 from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
 from nymph.queue.keys import PRINCIPAL, STORE
 from nymph.queue.output import follow_over
+from nymph.queue.routes.refusals import logged_refusal
 from nymph.queue.sql.logchunks import LogStatus
 
 routes = web.RouteTableDef()
@@ -160,13 +161,14 @@ async def log_chunk(request: web.Request) -> web.Response:
         raise Unprocessable("body.data must be base64") from None
     if len(data) > _MAX_CHUNK:
         raise Unprocessable(f"body.data holds more than {_MAX_CHUNK} bytes: ship smaller chunks")
-    st = await request.app[STORE].output.daemon_append(
-        session=session,
-        instance_id=instance_id,
-        offset=offset,
-        data=data,
-        cursor=f.string("cursor", required=False, max_len=1024),
-        final=f.boolean("final", default=False),
-        note=f.string("note", required=False, max_len=2000),
-    )
+    with logged_refusal(session=session, route="logchunks"):
+        st = await request.app[STORE].output.daemon_append(
+            session=session,
+            instance_id=instance_id,
+            offset=offset,
+            data=data,
+            cursor=f.string("cursor", required=False, max_len=1024),
+            final=f.boolean("final", default=False),
+            note=f.string("note", required=False, max_len=2000),
+        )
     return web.json_response({"instanceId": instance_id, "size": st.total, "complete": st.complete})

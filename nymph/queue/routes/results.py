@@ -13,6 +13,7 @@ from nymph.launch.results import BadResultPath, check_result_path
 from nymph.queue.bodies import Fields, read_object
 from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
 from nymph.queue.keys import PRINCIPAL, STORE
+from nymph.queue.routes.refusals import logged_refusal
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"
@@ -73,13 +74,18 @@ async def put_result(request: web.Request) -> web.Response:
         raise Unprocessable("body.data must be base64") from None
     if len(data) > _MAX_CHUNK:
         raise Unprocessable(f"body.data holds more than {_MAX_CHUNK} bytes: send smaller chunks")
-    size = await request.app[STORE].output.put_result(
-        session=session,
-        instance_id=f.req_string("instanceId"),
-        path=path,
-        offset=f.integer("offset", default=0, minimum=0, maximum=2**62),
-        data=data,
-        eof=f.boolean("eof", default=False),
-        error=f.string("error", required=False, max_len=2000),
-    )
+    instance_id = f.req_string("instanceId")
+    offset = f.integer("offset", default=0, minimum=0, maximum=2**62)
+    eof = f.boolean("eof", default=False)
+    error = f.string("error", required=False, max_len=2000)
+    with logged_refusal(session=session, route="results"):
+        size = await request.app[STORE].output.put_result(
+            session=session,
+            instance_id=instance_id,
+            path=path,
+            offset=offset,
+            data=data,
+            eof=eof,
+            error=error,
+        )
     return web.json_response({"size": size})

@@ -20,7 +20,7 @@ from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, DaemonJSON, iso
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
-from nymph.queue.sql import placement
+from nymph.queue.sql import binding, placement
 from nymph.queue.sql.dialect import Conn, for_update
 from nymph.queue.sql.retire import retire
 from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, task_json, transition
@@ -222,7 +222,7 @@ def release(conn: Conn, *, session: DaemonSession, task_ids: Sequence[str], now:
     where, params = session_filter(session)
     for task_id in task_ids:
         cur = conn.execute(
-            "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "  # noqa: S608 - placeholders only
+            "UPDATE tasks SET status = 'pending', last_owner = lease_owner, lease_owner = NULL, lease_expires = NULL, "  # noqa: S608 - placeholders only
             "attempts = GREATEST(attempts - 1, 0), updated_at = ? "
             "WHERE task_id = ? AND status = 'leased' AND lease_owner = ?" + where,
             (now, task_id, session.daemon_id, *params),
@@ -294,6 +294,10 @@ def complete(
         )
         # A Pod is pinned to its daemon's node; a dockyard launch's objects are not, so its
         # instance keeps no node and any daemon serving its namespace may take its stop task.
+        # Either way the instance is bound to the daemon that applied it (its reports, logs
+        # and results are accepted from it alone, see queue.sql.binding).
+        if kind in START_KINDS and instance_id:
+            binding.record_applied(conn, instance_id=instance_id, session=session, pinned=kind == "launch")
         if kind == "launch" and instance_id:
             inst = fetch_instance(conn, instance_id)
             if session.node and inst is not None and inst["node"] is None:
@@ -323,7 +327,7 @@ def complete(
     elif retryable and row["attempts"] < retry.max_attempts:
         not_before = now + retry.backoff(row["attempts"])
         conn.execute(
-            "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "
+            "UPDATE tasks SET status = 'pending', last_owner = lease_owner, lease_owner = NULL, lease_expires = NULL, "
             "not_before = ?, error = ?, updated_at = ? WHERE seq = ?",
             (not_before, error_text, now, row["seq"]),
         )
@@ -352,7 +356,7 @@ def sweep(conn: Conn, *, now: float) -> tuple[int, set[str]]:
     handed back and the instances that changed."""
     settled = retire(conn, now=now)
     cur = conn.execute(
-        "UPDATE tasks SET status = 'pending', lease_owner = NULL, lease_expires = NULL, "
+        "UPDATE tasks SET status = 'pending', last_owner = lease_owner, lease_owner = NULL, lease_expires = NULL, "
         "updated_at = ? WHERE status = 'leased' AND lease_expires <= ?",
         (now, now),
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from nymph.launch.logcap import Dropped, Piece, keep_outside, overlap_skip, plan_drop, read_from
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import DaemonSession
+from nymph.queue.sql import binding
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.rows import fetch_instance, session_may_act
 
@@ -179,6 +180,7 @@ def daemon_append(
         raise NotFound(
             f"no instance {instance_id!r}: ship logs only for instances you run", code="instance_not_found"
         )
+    binding.check_writer(conn, session=session, inst=inst, action="a log chunk")
     return append(
         conn,
         instance_id=instance_id,

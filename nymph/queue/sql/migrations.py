@@ -235,4 +235,27 @@ MIGRATIONS: tuple[str, ...] = (
         expires_at REAL NOT NULL
     );
     """,
+    # 7: who may write an instance (see nymph.queue.sql.binding): the session, daemon id and
+    # node that applied it, and whether it is a Pod pinned to that node; and the daemon whose
+    # lease of a task was handed back (released, expired, requeued) until another claims it.
+    # Instances applied before are bound to the daemon that completed their launch, on the node
+    # they run on.
+    """
+    ALTER TABLE instances ADD COLUMN applied_session TEXT;
+    ALTER TABLE instances ADD COLUMN applied_daemon TEXT;
+    ALTER TABLE instances ADD COLUMN applied_node TEXT;
+    ALTER TABLE instances ADD COLUMN applied_pinned INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tasks ADD COLUMN last_owner TEXT;
+    UPDATE instances SET applied_daemon = (
+        SELECT t.lease_owner FROM tasks t
+        WHERE t.instance_id = instances.instance_id AND t.kind IN ('launch', 'dockyard')
+          AND t.status = 'done'
+        ORDER BY t.seq DESC LIMIT 1
+    );
+    UPDATE instances SET applied_node = node, applied_pinned = 1
+        WHERE applied_daemon IS NOT NULL AND node IS NOT NULL AND node != '';
+    UPDATE instances SET applied_node = COALESCE(
+        (SELECT d.node FROM daemons d WHERE d.daemon_id = instances.applied_daemon), '')
+        WHERE applied_daemon IS NOT NULL AND applied_pinned = 0;
+    """,
 )

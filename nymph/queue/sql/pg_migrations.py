@@ -186,4 +186,23 @@ PG_MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE instances ADD COLUMN termination_message {_T};
     ALTER TABLE instances ADD COLUMN results_error {_T};
     """,
+    # 4: who may write an instance (SQLite migration 7; see there).
+    """
+    ALTER TABLE instances ADD COLUMN applied_session TEXT COLLATE "C";
+    ALTER TABLE instances ADD COLUMN applied_daemon TEXT COLLATE "C";
+    ALTER TABLE instances ADD COLUMN applied_node TEXT COLLATE "C";
+    ALTER TABLE instances ADD COLUMN applied_pinned INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tasks ADD COLUMN last_owner TEXT COLLATE "C";
+    UPDATE instances SET applied_daemon = (
+        SELECT t.lease_owner FROM tasks t
+        WHERE t.instance_id = instances.instance_id AND t.kind IN ('launch', 'dockyard')
+          AND t.status = 'done'
+        ORDER BY t.seq DESC LIMIT 1
+    );
+    UPDATE instances SET applied_node = node, applied_pinned = 1
+        WHERE applied_daemon IS NOT NULL AND node IS NOT NULL AND node != '';
+    UPDATE instances SET applied_node = COALESCE(
+        (SELECT d.node FROM daemons d WHERE d.daemon_id = instances.applied_daemon), '')
+        WHERE applied_daemon IS NOT NULL AND applied_pinned = 0;
+    """,
 )

@@ -10,7 +10,7 @@ from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import ActiveJSON
 from nymph.queue.errors import NotFound
 from nymph.queue.models import DaemonSession, Report
-from nymph.queue.sql import placement
+from nymph.queue.sql import binding, placement
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.rows import (
     fetch_instance,
@@ -35,7 +35,11 @@ def report(
     now: float,
 ) -> tuple[int, int, set[str]]:
     """Apply reports with seq above the mark of the session daemon's stream, in the order given;
-    reports on instances outside the session's namespaces count but change nothing.
+    reports on instances outside the session's namespaces count but change nothing. A report on
+    an instance the session may not write (:mod:`nymph.queue.sql.binding`) refuses the whole
+    batch with :class:`NotInstanceDaemon`: the transaction rolls back, nothing of it is written
+    and the stream's mark stays. One from a node the instance was moved off counts and changes
+    nothing, as before the move.
 
     Returns (accepted, last_seq, changed instance ids); ``last_seq`` is -1 for a new stream.
     """
@@ -52,6 +56,11 @@ def report(
         inst = fetch_instance(conn, r.instance_id)
         if inst is None or not session_may_act(session, inst):
             continue
+        if not binding.may_write(conn, session=session, inst=inst):
+            if placement.moved_off(conn, instance_id=r.instance_id, node=session.node):
+                continue  # moved off this node: what its old daemon says no longer counts
+            # The whole batch is refused (the transaction rolls back: nothing is written).
+            raise binding.refusal(session=session, instance_id=r.instance_id, action="a state report")
         if r.termination is not None and record_termination(
             conn, instance_id=r.instance_id, termination=r.termination
         ):
@@ -119,6 +128,7 @@ def store_logs(
         raise NotFound(
             f"no instance {instance_id!r}: upload logs only for instances you run", code="instance_not_found"
         )
+    binding.check_writer(conn, session=session, inst=inst, action="a log tail")
     keep_log_tail(conn, instance_id=instance_id, logs=logs, max_bytes=max_bytes, now=now)
 
 
@@ -137,11 +147,12 @@ def keep_log_tail(conn: Conn, *, instance_id: str, logs: str, max_bytes: int, no
 
 
 def active(conn: Conn, *, session: DaemonSession) -> list[ActiveJSON]:
-    """The live instances on the session's node, within its namespaces."""
+    """The live instances on the session's node, within its namespaces: the Pods applied there,
+    which the daemon of that node writes (:mod:`nymph.queue.sql.binding`)."""
     where, extra = session_filter(session)
     sql = (
         "SELECT instance_id, namespace, kube_namespace, state, node FROM instances "  # noqa: S608 - placeholders only
-        "WHERE node = ? AND state != 'stopped'" + where
+        "WHERE node = ? AND state != 'stopped' AND applied_pinned = 1 AND applied_node = node" + where
     )
     params: list[Any] = [session.node, *extra]
     return [

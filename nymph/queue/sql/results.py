@@ -8,6 +8,7 @@ from typing import Any
 from nymph.launch.logcap import overlap_skip
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import DaemonSession
+from nymph.queue.sql import binding
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.launches import instance_row
 from nymph.queue.sql.rows import fetch_instance, session_may_act
@@ -43,6 +44,7 @@ def put_chunk(
             f"no instance {instance_id!r}: upload results only for instances you run",
             code="instance_not_found",
         )
+    binding.check_writer(conn, session=session, inst=inst, action="a result file")
     if error:
         _set_error(conn, instance_id=instance_id, error=error)
     if path is None:

@@ -30,7 +30,8 @@ KEEP = Keep.KEEP
 INSTANCE_COLUMNS = (
     "instance_id, namespace, provider, kube_namespace, state, reason, message, node, "
     "launched_at, updated_at, version, requester, stop_requested_at, waiting, exit_code, "
-    "termination_reason, termination_message, results_error"
+    "termination_reason, termination_message, results_error, "
+    "applied_session, applied_daemon, applied_node, applied_pinned"
 )
 
 
@@ -97,7 +98,8 @@ def session_filter(session: DaemonSession, *, alias: str = "") -> tuple[str, lis
 
 
 def session_may_act(session: DaemonSession, row: Row) -> bool:
-    """Whether a task or instance row is within a daemon session's namespaces and scope."""
+    """Whether a task or instance row is within a daemon session's namespaces and scope (what
+    it may see; which instances it may write is :mod:`nymph.queue.sql.binding`'s)."""
     return session.serves(row["kube_namespace"]) and (
         session.scope is None or row["namespace"] == session.scope
     )
