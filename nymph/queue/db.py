@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 
 from nymph.errors import NymphError
+from nymph.queue.dbfiles import DatabaseFileError, make_private
 from nymph.queue.sql.dialect import Conn, setup_sqlite
 from nymph.queue.sql.migrations import MIGRATIONS
 
@@ -74,10 +75,14 @@ class Backend(Protocol):
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """Open ``path`` with the service's pragmas and bring its schema up to date."""
+    """Open ``path`` with the service's pragmas and bring its schema up to date. The file and
+    its -wal / -shm files are 0600, whoever creates them (:mod:`nymph.queue.dbfiles`)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        make_private(path)
         conn = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
+    except DatabaseFileError as exc:
+        raise DatabaseError(str(exc)) from exc
     except (OSError, sqlite3.Error) as exc:
         raise DatabaseError(f"cannot open the queue database {path}: {exc}") from exc
     conn.row_factory = sqlite3.Row
