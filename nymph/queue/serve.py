@@ -4,7 +4,8 @@ Signals only set an event; shutdown then stops accepting connections, releases e
 long-poll (claims answer ``{"tasks": []}``, instance polls answer the current instance), waits
 up to ``shutdown_timeout`` for in-flight requests, and closes the database. Work handed to
 threads (``asyncio.to_thread``) runs on a :class:`~nymph.queue.threads.BoundedExecutor`, whose
-shutdown does not wait for it: the process exits within the grace period whatever a thread does.
+shutdown does not wait for it, and renders not started yet are refused first (503): the process
+exits within the grace period whatever a thread does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from nymph.queue.app import create_app
 from nymph.queue.keys import STORE
 from nymph.queue.models import QueueSettings
 from nymph.queue.runner import make_runner
-from nymph.queue.threads import BoundedExecutor
+from nymph.queue.threads import BoundedExecutor, stop_cpu
 
 log = structlog.get_logger(__name__, component="queue.serve")
 
@@ -69,6 +70,7 @@ async def serve(
         await stop.wait()
         log.info("stopping")
     finally:
+        stop_cpu()  # renders not started yet are answered at once; running ones end on budget
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()

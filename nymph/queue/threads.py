@@ -1,17 +1,23 @@
-"""The queue's worker threads for CPU work off the event loop (``asyncio.to_thread``).
+"""The queue's worker threads: the default executor (``asyncio.to_thread``) and the renders.
 
 asyncio's default executor is a :class:`~concurrent.futures.ThreadPoolExecutor`: ``asyncio.run``
 waits for every job in it before it returns, and the interpreter joins its threads at exit,
 so one long job kept a stopping queue alive after it said "stopped". :class:`BoundedExecutor`
 has a fixed number of daemon threads; its shutdown cancels what has not started and never
 waits for what has: a stopping queue exits within its grace period whatever a thread is doing.
-(Renders of user input also have a budget of their own, so such a thread ends soon anyway:
-:mod:`nymph.dockyard.spec.budget`.)
+
+CPU-bound renders of user input (:func:`run_cpu`) have an executor of their own with as many
+threads as it takes to keep a core busy, not more: under the GIL more threads would only starve
+the event loop. A stopping queue shuts it first (:func:`stop_cpu`): renders not started are
+answered "the queue is stopping" at once, the ones running end within their budget
+(:mod:`nymph.dockyard.spec.budget`), so the grace period goes to the other requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -22,6 +28,8 @@ T = TypeVar("T")
 
 #: worker threads of a queue process
 DEFAULT_WORKERS = 8
+#: render threads of a queue process
+CPU_WORKERS = 2
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
@@ -39,10 +47,15 @@ class BoundedExecutor(ThreadPoolExecutor):
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
+        self.name = name
         self._workers = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)
         ]
         self._started = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
@@ -89,3 +102,42 @@ class BoundedExecutor(ThreadPoolExecutor):
                     job[0].cancel()
         for _ in self._workers:
             self._jobs.put(None)
+
+
+class Stopping(Exception):
+    """A render was not started because the queue is stopping."""
+
+
+_cpu: BoundedExecutor | None = None
+_cpu_lock = threading.Lock()
+
+
+def cpu_executor() -> BoundedExecutor:
+    """The process's render executor (a new one after :func:`stop_cpu`)."""
+    global _cpu
+    with _cpu_lock:
+        if _cpu is None or _cpu.closed:
+            _cpu = BoundedExecutor(workers=CPU_WORKERS, name="nymph-queue-render")
+        return _cpu
+
+
+def stop_cpu() -> None:
+    """Refuse renders not started yet; the running ones end on their own (their budget)."""
+    with _cpu_lock:
+        if _cpu is not None:
+            _cpu.shutdown()
+
+
+async def run_cpu(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on a render thread, in this context; raises :class:`Stopping`
+    when the queue stops before it started. A caller that gives up frees its place."""
+    ex = cpu_executor()
+    ctx = contextvars.copy_context()
+    fut = ex.submit(ctx.run, fn, *args, **kwargs)
+    try:
+        return await asyncio.wrap_future(fut)
+    except asyncio.CancelledError:
+        if fut.cancelled() and ex.closed:
+            raise Stopping("the queue is stopping") from None
+        fut.cancel()
+        raise

@@ -24,9 +24,10 @@ from nymph.launch.state import InstanceState
 from nymph.protocol import InstanceJSON
 from nymph.queue.bodies import Fields, query_int, query_number, read_object
 from nymph.queue.direct.wiring import CONNECTOR, DIRECT
-from nymph.queue.errors import BadRequest
+from nymph.queue.errors import BadRequest, Unavailable
 from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.notify import wait_for_event
+from nymph.queue.threads import Stopping, run_cpu
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"
@@ -270,7 +271,10 @@ async def launch_dockyard(request: web.Request) -> web.Response:
         )
     body = {"recipe": dict(recipe), "infra": dict(infra), "overrides": list(overrides)}
     max_replicas = request.app[SETTINGS].tenancy.max_replicas
-    await asyncio.to_thread(check_dockyard, {**body, "namespace": kube_ns}, max_replicas=max_replicas)
+    try:
+        await run_cpu(check_dockyard, {**body, "namespace": kube_ns}, max_replicas=max_replicas)
+    except Stopping:
+        raise Unavailable("the queue is stopping: send the launch again", code="stopping") from None
     accepted = await store.launch_dockyard(
         ns=m["ns"],
         provider=m["name"],
