@@ -3,12 +3,14 @@
 A schema-driven fuzz (schemathesis, from nymph/queue/openapi.yaml) with every kind of token,
 then hand-written cases: broken and unknown encodings, bodies at and over the limits, absurd
 nesting, NUL bytes, a script that exhausts the heredoc delimiter rule, hostile ids in paths, and
-dispatch calls across namespaces and across daemons. Never a 5xx; every error a documented 4xx
+dispatch calls across namespaces and across daemons (another daemon's forged reports, logs
+and results for an instance it does not run included). Never a 5xx; every error a documented 4xx
 with a ``{error, detail}`` body; what is accepted must be renderable by the daemon.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -57,14 +59,14 @@ def launch_body(**extra: Any) -> dict[str, Any]:
     return {"mode": "py", "script": "print(1)\n", **extra}
 
 
-def session(http: Checked, token: str, *, daemon_id: str, namespaces: list[str]) -> str:
+def session(http: Checked, token: str, *, daemon_id: str, namespaces: list[str], node: str = "n1") -> str:
     """Register a daemon with the bootstrap ``token``: its own session credential."""
     resp = http.send(
         "POST",
         "/v1/dispatch/register",
         token=token,
         bad=False,
-        json_body={"daemonId": daemon_id, "node": "n1", "namespaces": namespaces},
+        json_body={"daemonId": daemon_id, "node": node, "namespaces": namespaces},
     )
     assert resp.status_code == 201, resp.text
     return str(resp.json()["sessionToken"])
@@ -387,6 +389,95 @@ def test_cross_namespace_and_cross_daemon_calls_are_refused(tenants: Tenants, ht
                 f"team-a user sees other tenants' daemons: {[d['daemonId'] for d in foreign]}"
             )
     assert not http.failures, http.failures
+
+
+def test_forged_writes_from_another_daemon_are_refused(tenants: Tenants, http: Checked) -> None:
+    """A daemon writes only the instances it runs (it holds a lease of their tasks, or applied
+    them). Another team-b daemon on another node, and a daemon registered for every namespace,
+    have a forged final report (stopped, Completed, exit code 0, another node), log chunks, a
+    log tail and a result file refused with 403 ``not_instance_daemon``; the instance's state,
+    node, logs and results stay as its own daemon left them, and that daemon is still heard."""
+    ub, boot_b = tenants.user["team-b"], tenants.daemon["team-b"]
+    inst_path = f"{B}/providers/local/instances"
+    launched = http.send("POST", f"{B}/providers/local/launch", token=ub, bad=False, json_body=launch_body())
+    assert launched.status_code == 202, launched.text
+    vid = launched.json()["instanceId"]
+
+    def dispatch(route: str, token: str, body: dict[str, Any], *, bad: bool = True) -> Any:
+        return http.send("POST", f"/v1/dispatch/{route}", token=token, bad=bad, json_body=body)
+
+    # Its daemon claims it (handing back whatever else it got), applies it, reports and logs.
+    owner = session(http, boot_b, daemon_id="db-runs", namespaces=["jobs-team-b"], node="n1")
+    got = dispatch("claim", owner, {"capacity": 50, "wait": 0}, bad=False).json()["tasks"]
+    (task,) = [t for t in got if t["instanceId"] == vid]
+    others = [t["taskId"] for t in got if t["instanceId"] != vid]
+    if others:
+        dispatch("release", owner, {"taskIds": others}, bad=False)
+    done = dispatch("complete", owner, {"taskId": task["taskId"], "ok": True}, bad=False)
+    assert done.status_code == 200, done.text
+    running = [{"seq": 1, "instanceId": vid, "state": "running", "node": "n1"}]
+    assert dispatch("report", owner, {"stream": "db-runs", "reports": running}, bad=False).status_code == 200
+    real = b"real line\n"
+    chunk = {"instanceId": vid, "offset": 0, "data": _b64(real)}
+    assert dispatch("logchunks", owner, chunk, bad=False).status_code == 200
+    before = http.send("GET", f"{inst_path}/{vid}", token=ub, bad=False).json()
+
+    forged_line = b"FORGED LOG LINE\n"
+    forgers = (
+        ("a team-b daemon on another node", make_other_daemon_token(tenants), "db-forges", ["jobs-team-b"]),
+        ("a daemon registered for every namespace", tenants.queue.daemon_token, "d-everywhere", []),
+    )
+    for n, (who, boot, did, namespaces) in enumerate(forgers, 2):
+        forger = session(http, boot, daemon_id=did, namespaces=namespaces, node=f"n{n}")
+        final = {
+            "seq": 1,
+            "instanceId": vid,
+            "state": "stopped",
+            "reason": "Completed",
+            "exitCode": 0,
+            "node": f"n{n}",
+        }
+        for what, route, body in (
+            ("a final report", "report", {"stream": f"{did}-s", "reports": [final]}),
+            ("a log chunk", "logchunks", {"instanceId": vid, "offset": len(real), "data": _b64(forged_line)}),
+            ("a log from offset 0", "logchunks", {"instanceId": vid, "offset": 0, "data": _b64(forged_line)}),
+            ("a final log chunk", "logchunks", {"instanceId": vid, "offset": len(real), "final": True}),
+            ("a log tail", "logs", {"instanceId": vid, "logs": forged_line.decode()}),
+            (
+                "a result file",
+                "results",
+                {"instanceId": vid, "path": "out.txt", "data": _b64(b"x"), "eof": True},
+            ),
+            ("a results error", "results", {"instanceId": vid, "error": "FORGED"}),
+        ):
+            resp = dispatch(route, forger, body)
+            code = resp.json().get("error") if resp.status_code < 500 else None
+            if resp.status_code != 403 or code != "not_instance_daemon":
+                http.failures.append(f"{who}: {what} answered {resp.status_code} {resp.text[:160]!r}")
+
+    after = http.send("GET", f"{inst_path}/{vid}", token=ub, bad=False).json()
+    for key in ("state", "reason", "node", "version", "exitCode", "resultsError"):
+        if after.get(key) != before.get(key):
+            http.failures.append(
+                f"forged writes changed the instance's {key}: {before.get(key)!r} -> {after.get(key)!r}"
+            )
+    logs = http.send("GET", f"{inst_path}/{vid}/logs", token=ub, bad=False).json()
+    if logs.get("logs") != real.decode():
+        http.failures.append(f"forged writes changed the instance's log: {logs.get('logs')!r}")
+    results = http.send("GET", f"{inst_path}/{vid}/results", token=ub, bad=False).json()
+    if results.get("items") or results.get("error"):
+        http.failures.append(f"forged writes left results: {results}")
+    # Its own daemon is still heard.
+    ended = [{"seq": 2, "instanceId": vid, "state": "stopped", "reason": "Completed", "exitCode": 0}]
+    assert dispatch("report", owner, {"stream": "db-runs", "reports": ended}, bad=False).status_code == 200
+    final_state = http.send("GET", f"{inst_path}/{vid}", token=ub, bad=False).json()
+    if (final_state["state"], final_state.get("exitCode"), final_state["node"]) != ("stopped", 0, "n1"):
+        http.failures.append(f"its own daemon's report was not applied: {final_state}")
+    assert not http.failures, http.failures
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def test_fuzzed_requests_on_every_route(tenants: Tenants, http: Checked) -> None:

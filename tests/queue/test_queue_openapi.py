@@ -192,6 +192,14 @@ def test_every_operation_conforms(served: Served) -> None:
         expect=200,
     )
     call("POST", "/v1/dispatch/report", body={"daemonId": "d1", "stream": "s"}, token="daemon", expect=422)
+    # Another node's daemon does not run the instance: what it sends for it is refused.
+    other = call.daemon_session("d9", "n9", ())
+    forged = {"daemonId": "d9", "stream": "s9", "reports": [{**report, "state": "stopped"}]}
+    call("POST", "/v1/dispatch/report", body=forged, token=other, expect=403)
+    foreign = {"daemonId": "d9", "instanceId": iid}
+    call("POST", "/v1/dispatch/logs", body={**foreign, "logs": "x"}, token=other, expect=403)
+    call("POST", "/v1/dispatch/logchunks", body={**foreign, "offset": 0, "data": ""}, token=other, expect=403)
+    call("POST", "/v1/dispatch/results", body={**foreign, "error": "x"}, token=other, expect=403)
     call("GET", "/v1/dispatch/active?node=n1", token="daemon", expect=200)
     call("GET", "/v1/dispatch/active", token="daemon", expect=400)
     logs = {"daemonId": "d1", "instanceId": iid, "logs": "hi\n"}
