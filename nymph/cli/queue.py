@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from nymph.cli import user
 from nymph.errors import ConfigError
 from nymph.kube.netguard import ServerPolicy
+from nymph.launch.placement import QuantityError, parse_quantity
 from nymph.netaddr import parse_listen
 from nymph.queue.auth import create_token, import_token
 from nymph.queue.db import connect, transaction
@@ -32,6 +33,8 @@ from nymph.queue.sql.dialect import Conn
 T = TypeVar("T")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+#: a resource name: ``cpu``, ``memory``, ``ephemeral-storage``, ``nvidia.com/gpu``
+_RESOURCE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
 DB_URL_ENV = "NYMPH_DB_URL"
 
 
@@ -120,6 +123,24 @@ def _ns_map(specs: list[str], flag: str, *, many: bool) -> dict[str, tuple[str, 
     return out
 
 
+def _pod_requests(specs: list[str]) -> dict[str, str]:
+    """``--max-pod-request RESOURCE=QUANTITY`` values (repeatable): resource -> quantity."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        resource, sep, quantity = (part.strip() for part in spec.partition("="))
+        try:
+            ok = bool(sep) and _RESOURCE.match(resource) is not None and parse_quantity(quantity) > 0
+        except QuantityError:
+            ok = False
+        if not ok:
+            raise ConfigError(
+                f"--max-pod-request {spec!r}: expected RESOURCE=QUANTITY, e.g. cpu=64, memory=512Gi "
+                "or nvidia.com/gpu=8"
+            )
+        out[resource] = quantity
+    return out
+
+
 def tenancy_settings(args: argparse.Namespace) -> TenancySettings:
     if args.max_replicas < 1:
         raise ConfigError(f"--max-replicas {args.max_replicas}: at least 1")
@@ -127,6 +148,7 @@ def tenancy_settings(args: argparse.Namespace) -> TenancySettings:
         kube_namespaces=_ns_map(args.kube_namespaces, "--kube-namespaces", many=True),
         service_accounts=_ns_map(args.service_account, "--service-account", many=False),
         max_replicas=args.max_replicas,
+        max_pod_requests=_pod_requests(args.max_pod_request),
     )
 
 
@@ -306,6 +328,14 @@ def register(sub: Any) -> None:
         default=64,
         metavar="N",
         help="the most worker replicas one dockyard launch may ask for (default 64)",
+    )
+    t.add_argument(
+        "--max-pod-request",
+        action="append",
+        default=[],
+        metavar="RESOURCE=QUANTITY",
+        help="the most of a resource one pod of a dockyard launch may request, e.g. cpu=64, "
+        "memory=512Gi, nvidia.com/gpu=8 (repeatable; default: no cap)",
     )
     o = p.add_argument_group("logs and results")
     o.add_argument(

@@ -126,12 +126,14 @@ class TenancySettings:
     may target (absent: only the one of the same name); unscoped tokens may target any.
     ``service_accounts``: control-plane namespace -> the ServiceAccounts its launches may run as
     (none: no ``service_account`` is accepted). ``max_replicas``: the most worker replicas one
-    dockyard launch may ask for.
+    dockyard launch may ask for. ``max_pod_requests``: resource -> the most of it (a Kubernetes
+    quantity) one pod of a dockyard launch may request (none: no cap).
     """
 
     kube_namespaces: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     service_accounts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     max_replicas: int = 64
+    max_pod_requests: Mapping[str, str] = field(default_factory=dict)
 
     def kube_namespaces_of(self, namespace: str) -> tuple[str, ...]:
         return self.kube_namespaces.get(namespace) or (namespace,)

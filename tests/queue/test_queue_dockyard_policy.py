@@ -31,9 +31,11 @@ SANDBOX = "dockyard: Deployment/dockyard-sandbox spec"
 
 @pytest.fixture
 async def kind(tmp_path: Path) -> AsyncIterator[Queue]:
-    """A queue on SQLite with a ``dispatch: daemon`` provider ``kind`` (kube namespace jobs) and
-    a replica cap of 16."""
-    settings = replace(FAST, tenancy=TenancySettings(max_replicas=16))
+    """A queue on SQLite with a ``dispatch: daemon`` provider ``kind`` (kube namespace jobs), a
+    replica cap of 16 and per-pod caps the example fits (its GPU workers ask for 96 CPUs, 768Gi
+    and 8 GPUs each)."""
+    caps = {"cpu": "128", "memory": "1Ti", "nvidia.com/gpu": "8"}
+    settings = replace(FAST, tenancy=TenancySettings(max_replicas=16, max_pod_requests=caps))
     q, runner = await open_queue(tmp_path, settings)
     await add_kind(q)
     try:
@@ -293,3 +295,56 @@ async def test_a_dockyard_launch_to_a_direct_provider_is_refused(kind: Queue) ->
     assert r.status == 400, r.body
     assert r.body["error"] == "invalid_dockyard"
     assert "dispatch: daemon" in r.body["detail"] and "dispatch: direct" in r.body["detail"]
+
+
+def _two_big_sandbox_containers(infra: dict[str, Any]) -> None:
+    big = {"resources": {"requests": {"cpu": "100"}}}
+    free_form_sandbox(infra, {"containers": [{"name": "a", **big}, {"name": "b", **big}]})
+
+
+@pytest.mark.parametrize(
+    ("infra", "needle"),
+    [
+        (
+            infra_with(
+                lambda i: worker(i)["containers"][0].update(resources={"requests": {"nvidia.com/gpu": "16"}})
+            ),
+            f"{RAYJOB}.workerGroupSpecs[0].template.spec.containers[0].resources.requests.nvidia.com/gpu: "
+            "asks for 16 nvidia.com/gpu, more than the 8 one pod may request here (the queue's --max-pod-request)",
+        ),
+        (
+            infra_with(lambda i: head(i)["containers"][0].update(resources={"limits": {"memory": "2Ti"}})),
+            f"{RAYJOB}.headGroupSpec.template.spec.containers[0].resources.limits.memory: asks for 2Ti memory",
+        ),
+        (
+            infra_with(_two_big_sandbox_containers),
+            f"{SANDBOX}.template.spec.containers: the containers ask for 200 cpu, more than the 128",
+        ),
+        (
+            infra_with(lambda i: head(i)["containers"][0].update(resources={"requests": {"cpu": "lots"}})),
+            f"{RAYJOB}.headGroupSpec.template.spec.containers[0].resources.requests.cpu: 'lots' is not a quantity",
+        ),
+    ],
+    ids=["gpus", "memory limit only", "sum of containers", "not a quantity"],
+)
+async def test_pods_asking_for_more_than_the_per_pod_caps_are_refused(
+    kind: Queue, infra: dict[str, Any], needle: str
+) -> None:
+    r = await kind.call("POST", DOCKYARD, json_body={"recipe": RECIPE, "infra": infra})
+    assert r.status == 400, r.body
+    assert r.body["error"] == "invalid_dockyard"
+    assert needle in r.body["detail"], r.body["detail"]
+
+
+def test_the_per_pod_caps_come_from_repeatable_flags() -> None:
+    from nymph.cli import build_parser
+    from nymph.cli.queue import tenancy_settings
+    from nymph.errors import ConfigError
+
+    argv = ["queue", "serve", "--max-pod-request", "cpu=64", "--max-pod-request", "nvidia.com/gpu=8"]
+    settings = tenancy_settings(build_parser().parse_args(argv))
+    assert settings.max_pod_requests == {"cpu": "64", "nvidia.com/gpu": "8"}
+    assert tenancy_settings(build_parser().parse_args(["queue", "serve"])).max_pod_requests == {}
+    for bad in ("cpu", "cpu=lots", "cpu=0", "=4", "Bad Name=1"):
+        with pytest.raises(ConfigError, match="--max-pod-request"):
+            tenancy_settings(build_parser().parse_args(["queue", "serve", "--max-pod-request", bad]))

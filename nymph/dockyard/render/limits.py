@@ -1,4 +1,5 @@
-"""How many pods a rendered dockyard launch asks for, against an operator's cap (pure).
+"""How many pods a rendered dockyard launch asks for, and how much each, against an operator's
+caps (pure).
 
 Counted on the rendered manifests, so that every way of asking (``sandbox.replicas``, a
 free-form ``sandbox.spec.replicas``, worker groups of ``kuberay.spec`` before or after
@@ -8,16 +9,23 @@ segmenting) is counted the same:
   RayCluster, RayService) and the ``replicas`` of a Deployment, StatefulSet or ReplicaSet is an
   integer of at most the cap;
 * the workers of one Ray cluster, ``max(replicas, maxReplicas) * numOfHosts`` summed over its
-  worker groups, are at most the cap too (a big group split into segments counts whole).
+  worker groups, are at most the cap too (a big group split into segments counts whole);
+* every pod template asks for at most the per-pod cap of each capped resource
+  (:func:`check_requests`), counted as the scheduler does: a container's requests (its limits
+  where it states no request), summed over the containers, or the largest init container's
+  when that is more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from nymph.dockyard.errors import DockyardConfigError
+from nymph.launch.placement import QuantityError, format_quantity, parse_quantity
+from nymph.launch.podpolicy import pod_templates
 
 _SCALED = ("Deployment", "StatefulSet", "ReplicaSet")
 _RAY_CLUSTER_AT = {"RayCluster": (), "RayJob": ("rayClusterSpec",), "RayService": ("rayClusterConfig",)}
@@ -26,6 +34,10 @@ _GROUP_FIELDS = ("replicas", "minReplicas", "maxReplicas")
 
 class ReplicaLimitError(DockyardConfigError):
     """A rendered launch asks for more pods than the operator allows (or for a non-integer)."""
+
+
+class RequestLimitError(DockyardConfigError):
+    """A pod of a rendered launch asks for more of a resource than the operator allows."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,3 +101,64 @@ def check_replicas(manifests: Sequence[Mapping[str, Any]], *, cap: ReplicaCap, p
                 f"allowed here (the queue's {cap.setting})",
                 path=groups_at,
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestCaps:
+    """The most of each resource one pod may request (``cpu``, ``memory``, ``nvidia.com/gpu``),
+    and the operator setting that sets them."""
+
+    max_per_pod: Mapping[str, Fraction] = field(default_factory=dict)
+    setting: str = "--max-pod-request"
+
+
+def _container_requests(container: Mapping[str, Any], at: str) -> dict[str, tuple[Fraction, str]]:
+    """resource -> (quantity, field path) of one container: requests, else limits."""
+    resources = _mapping(container.get("resources"))
+    out: dict[str, tuple[Fraction, str]] = {}
+    for kind in ("limits", "requests"):  # requests win where both are given
+        for resource, value in _mapping(resources.get(kind)).items():
+            path = f"{at}.resources.{kind}.{resource}"
+            try:
+                out[str(resource)] = (parse_quantity(value), path)
+            except QuantityError as exc:
+                raise RequestLimitError(str(exc), path=path) from None
+    return out
+
+
+def _over(value: Fraction, cap: Fraction, resource: str, caps: RequestCaps, what: str) -> str | None:
+    if value <= cap:
+        return None
+    return (
+        f"{what} {format_quantity(value, resource=resource)} {resource}, more than the "
+        f"{format_quantity(cap, resource=resource)} one pod may request here (the queue's {caps.setting})"
+    )
+
+
+def check_requests(manifests: Sequence[Mapping[str, Any]], *, caps: RequestCaps, prefix: str = "") -> None:
+    """Refuse a pod template asking for more of a capped resource than ``caps`` allows.
+
+    Raises :class:`RequestLimitError` naming the container's field (or the pod's containers,
+    when only their sum is over) as ``prefix`` + ``KIND/NAME FIELD.PATH``.
+    """
+    if not caps.max_per_pod:
+        return
+    for template in pod_templates(manifests):
+        where = prefix + template.where
+        totals: dict[str, Fraction] = {}
+        for kind in ("initContainers", "containers"):
+            containers = template.spec.get(kind)
+            for i, container in enumerate(containers if isinstance(containers, list) else []):
+                at = f"{where}.{kind}[{i}]"
+                for resource, (value, path) in _container_requests(_mapping(container), at).items():
+                    cap = caps.max_per_pod.get(resource)
+                    problem = None if cap is None else _over(value, cap, resource, caps, "asks for")
+                    if problem:
+                        raise RequestLimitError(problem, path=path)
+                    if kind == "containers":
+                        totals[resource] = totals.get(resource, Fraction(0)) + value
+        for resource, total in totals.items():
+            cap = caps.max_per_pod.get(resource)
+            problem = None if cap is None else _over(total, cap, resource, caps, "the containers ask for")
+            if problem:
+                raise RequestLimitError(problem, path=f"{where}.containers")

@@ -15,10 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.render.limits import ReplicaCap, check_replicas
+from nymph.dockyard.render.limits import ReplicaCap, RequestCaps, check_replicas, check_requests
 from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.errors import ConfigError
 from nymph.launch.config import DEFAULT_DISPATCH, LAUNCHER, Mode, Provider, check_launcher
+from nymph.launch.placement import parse_quantity
 from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.launch.state import InstanceState
 from nymph.protocol import InstanceJSON
@@ -101,11 +102,15 @@ def _mode_from(data: dict[str, Any], *, path_name: str | None) -> Mode:
         raise BadRequest(str(exc), code="invalid_mode") from None
 
 
-def check_dockyard(spec: Mapping[str, Any], *, max_replicas: int) -> None:
+def check_dockyard(
+    spec: Mapping[str, Any], *, max_replicas: int, max_pod_requests: Mapping[str, str] | None = None
+) -> None:
     """Render a dockyard task spec exactly as the daemon will (pure, CPU only, within the
-    render budget), then hold every pod template to the Pod policy (no hostPath at all) and
-    every replica count to ``max_replicas``; raises :class:`BadRequest` with the one-line
-    message (file or object, key path, what is allowed)."""
+    render budget), then hold every pod template to the Pod policy (no hostPath at all), every
+    replica count to ``max_replicas`` and every pod's requests to ``max_pod_requests``
+    (resource -> quantity); raises :class:`BadRequest` with the one-line message (file or
+    object, key path, what is allowed)."""
+    caps = RequestCaps(max_per_pod={r: parse_quantity(q) for r, q in (max_pod_requests or {}).items()})
     try:
         manifests = dockyard_task_manifests(
             recipe=spec["recipe"],
@@ -115,6 +120,7 @@ def check_dockyard(spec: Mapping[str, Any], *, max_replicas: int) -> None:
         )
         check_manifests(manifests, prefix="dockyard: ")
         check_replicas(manifests, cap=ReplicaCap(max_replicas=max_replicas), prefix="dockyard: ")
+        check_requests(manifests, caps=caps, prefix="dockyard: ")
     except (DockyardConfigError, PodPolicyError) as exc:
         raise BadRequest(str(exc), code="invalid_dockyard") from None
     except RecursionError:
@@ -270,9 +276,14 @@ async def launch_dockyard(request: web.Request) -> web.Response:
             code="invalid_dockyard",
         )
     body = {"recipe": dict(recipe), "infra": dict(infra), "overrides": list(overrides)}
-    max_replicas = request.app[SETTINGS].tenancy.max_replicas
+    limits = request.app[SETTINGS].tenancy
     try:
-        await run_cpu(check_dockyard, {**body, "namespace": kube_ns}, max_replicas=max_replicas)
+        await run_cpu(
+            check_dockyard,
+            {**body, "namespace": kube_ns},
+            max_replicas=limits.max_replicas,
+            max_pod_requests=limits.max_pod_requests,
+        )
     except Stopping:
         raise Unavailable("the queue is stopping: send the launch again", code="stopping") from None
     accepted = await store.launch_dockyard(
