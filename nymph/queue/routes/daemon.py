@@ -5,7 +5,10 @@ A daemon registers with the shared bootstrap token and gets a session of its own
 works, hands back what it did not start, completes each task, streams state reports, uploads
 logs before reaping, and asks which instances it should be running after a restart. Each call
 acts as the session's daemon id, on its node, within the namespaces it registered for; a
-``daemonId`` / ``node`` in a body or query must match the session (else 403).
+``daemonId`` / ``node`` in a body or query must match the session (else 403). Reports, log
+tails (and the log chunks and result files of :mod:`nymph.queue.routes.output` and
+:mod:`nymph.queue.routes.results`) are taken only for instances the session's daemon runs
+(:mod:`nymph.queue.sql.binding`; else 403 ``not_instance_daemon``, logged, nothing written).
 """
 
 from __future__ import annotations
