@@ -206,6 +206,25 @@ async def test_a_daemon_restarted_with_a_new_id_on_the_node_adopts_its_pods(kind
     assert r.status == 200 and r.body["items"] == []
 
 
+async def test_a_launch_claimed_on_a_node_is_written_by_that_nodes_restarted_daemon(kind: Queue) -> None:
+    """A daemon killed after applying a Pod and before completing its launch: the one restarted
+    on that node under a new id adopts the Pod and reports it (the launch's lease is still its
+    predecessor's); a daemon of another node may not."""
+    iid = await _launch(kind)
+    assert await take(kind.daemon(), daemon_id="n1-100", node="n1") == [iid]
+    successor = await kind.session("n1-200", "n1", ("jobs",))
+    running = {
+        "stream": "n1-200",
+        "reports": [{"seq": 1, "instanceId": iid, "state": "running", "node": "n1"}],
+    }
+    r = await kind.call("POST", "/v1/dispatch/report", token=successor, json_body=running)
+    assert r.status == 200 and r.body["accepted"] == 1
+    elsewhere = await kind.session("n2-1", "n2", ("jobs",))
+    r = await kind.call("POST", "/v1/dispatch/report", token=elsewhere, json_body=running)
+    assert r.status == 403 and r.body["error"] == "not_instance_daemon"
+    assert (await kind.user().get_instance(provider="kind", instance_id=iid))["state"] == "running"
+
+
 async def test_a_stop_taken_by_another_node_is_written_by_its_taker_while_it_holds_it(kind: Queue) -> None:
     """A stop waits for the instance's node, then any daemon of its namespaces may take it
     (stop_node_fallback): while it holds that lease it reports and ships logs for the instance;

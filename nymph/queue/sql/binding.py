@@ -10,7 +10,9 @@ An instance outside a session's kube namespaces or token scope is invisible to i
   holder, and the old one writes no more through it. A launch whose lease was handed back
   (the daemon's session was replaced, the lease expired, a failure was requeued) stays its last
   holder's until another daemon claims it: the Pod it applied may exist, and a replaced
-  daemon's first call may be a report replayed from its outbox; or
+  daemon's first call may be a report replayed from its outbox. The lease of a Pod launch is
+  its node's (the daemon that claims it pins the Pod there): a daemon restarted on that node
+  under a new id adopts the Pod its predecessor applied before the launch was completed; or
 * as the daemon that applied it, recorded with the instance when its launch completed
   (:func:`record_applied`). A Pod is pinned to that daemon's node (required node affinity, a
   hostPath workdir there), and the daemon of that node watches, follows and reaps it: any
@@ -49,14 +51,26 @@ def record_applied(conn: Conn, *, instance_id: str, session: DaemonSession, pinn
     )
 
 
+_HOLDER = """
+SELECT 1 FROM tasks t WHERE t.instance_id = :iid AND (
+    (t.status = 'leased' AND t.lease_owner = :daemon)
+    OR (t.status = 'pending' AND t.kind IN ('launch', 'dockyard') AND t.last_owner = :daemon)
+    OR (:node != '' AND t.kind = 'launch' AND EXISTS (
+        SELECT 1 FROM daemons d WHERE d.node = :node AND d.daemon_id = CASE t.status
+            WHEN 'leased' THEN t.lease_owner WHEN 'pending' THEN t.last_owner END))
+) LIMIT 1
+"""
+
+
 def holds_lease(conn: Conn, *, session: DaemonSession, instance_id: str) -> bool:
     """Whether the session's daemon holds the lease of a task of the instance, or held the
     lease of its launch last and nobody has claimed it since (handed back when its session was
-    replaced, expired, or requeued after a failure: a Pod it applied may exist)."""
+    replaced, expired, or requeued after a failure: a Pod it applied may exist). For a Pod
+    launch the holder is its node's daemon, whatever its id: the Pod is pinned to the node of
+    the daemon that claims it, and a daemon restarted there adopts it before the launch
+    completes."""
     row = conn.execute(
-        "SELECT 1 FROM tasks WHERE instance_id = ? AND ((status = 'leased' AND lease_owner = ?) "
-        "OR (status = 'pending' AND kind IN ('launch', 'dockyard') AND last_owner = ?)) LIMIT 1",
-        (instance_id, session.daemon_id, session.daemon_id),
+        _HOLDER, {"iid": instance_id, "daemon": session.daemon_id, "node": session.node}
     ).fetchone()
     return row is not None
 
