@@ -17,6 +17,7 @@ The pipeline::
 
 ``render.task.dockyard_task_manifests`` is the same pipeline for a daemon task (recipe and
 infra in memory, render-only kinds left out) and ``render.task.DOCKYARD_ROLE_RULES`` the Role
-rules it needs. The ``nymph dockyard`` command is :mod:`nymph.cli.dockyard` (with the live
+rules it needs; :mod:`nymph.dockyard.ownership` (pure, light: the daemon imports it) says which
+launch a live object belongs to. The ``nymph dockyard`` command is :mod:`nymph.cli.dockyard` (with the live
 verbs in :mod:`nymph.cli.dockyard_live`); this package parses no arguments.
 """

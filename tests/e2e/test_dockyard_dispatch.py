@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nymph.dockyard.render.ownership import LAUNCH_LABEL, mark
+from nymph.dockyard.ownership import LAUNCH_LABEL, mark
 from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.launch.render import manifest_sha256
 from nymph.localcluster import LocalCluster

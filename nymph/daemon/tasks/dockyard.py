@@ -5,7 +5,7 @@ fetch -> render (pure: :func:`nymph.dockyard.render.task.dockyard_task_manifests
 (every object gets ``nymph.io/launch=<instanceId>``) -> ownership (one ``kubectl get``) -> apply
 (I/O: one ``kubectl apply --server-side`` of every object, in apply order) -> report.
 
-* Ownership (:mod:`nymph.dockyard.render.ownership`): an object is applied only when it does
+* Ownership (:mod:`nymph.dockyard.ownership`): an object is applied only when it does
   not exist or already carries this launch's label. A name taken by any other object (an
   administrator's NetworkPolicy named like the launch's sandbox) fails the launch for good with
   a message naming it, and nothing is applied or deleted but this launch's own objects of
@@ -45,7 +45,7 @@ from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.dockyard_objects import Deleted, DockyardObject, Live, delete_owned, live_objects
 from nymph.daemon.tracker import Report
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.render.ownership import LAUNCH_LABEL, Ownership, mark, ownership
+from nymph.dockyard.ownership import LAUNCH_LABEL, Ownership, mark, ownership
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import KubeError
 from nymph.launch.names import is_instance_id

@@ -4,7 +4,7 @@
   (each one alone when that fails, so that each gets its own answer): the live object, ``None``
   when there is none (also when its kind is not served: no such object can exist), or the error.
 * :func:`delete_owned`: reads the objects, and deletes each one that carries the launch's label
-  (:mod:`nymph.dockyard.render.ownership`) with ``kubectl delete --raw PATH`` and its uid as a
+  (:mod:`nymph.dockyard.ownership`) with ``kubectl delete --raw PATH`` and its uid as a
   precondition, so the API server deletes exactly the object that was read and found to be the
   launch's: an object that is not the launch's is never deleted, whatever its name. (This
   needs only the ``get`` and ``delete`` verbs, which the daemon's dockyard Role grants.)
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from nymph.dockyard.render.ownership import Ownership, ownership
+from nymph.dockyard.ownership import Ownership, ownership
 from nymph.errors import ValidationError
 from nymph.kube.errors import KubeError, NotFound, classify_kubectl
 from nymph.kube.kubectl import Kubectl
