@@ -47,8 +47,8 @@ class RenderBudget:
         self.steps += 1
         if self.spent is None and self.steps > self.max_steps:
             self.spent = (
-                f"more than {self.max_steps} interpolation steps (nested ${{...}} references "
-                "multiply: each use of a reference resolves it again)"
+                f"rendering takes more than {self.max_steps} interpolation steps (nested ${{...}} "
+                "references multiply: each use of a reference resolves it again); flatten them"
             )
         self._check()
 
@@ -58,7 +58,10 @@ class RenderBudget:
         if isinstance(value, str):
             self.chars += len(value)
         if self.spent is None and self.chars > self.max_chars:
-            self.spent = f"interpolations that parse or produce more than {self.max_chars} characters"
+            self.spent = (
+                f"rendering parses or produces more than {self.max_chars} characters of interpolated "
+                "text; flatten the ${...} references"
+            )
         self._check()
 
     def _check(self) -> None:

@@ -255,7 +255,7 @@ def resolve(
     try:
         own = _malformed(dict(tree), strict=strict, path=(), fail=fail)
     except budget.BudgetSpent as spent:
-        raise DockyardBudgetError(f"refused: {spent}", path=label or None) from None
+        raise DockyardBudgetError(str(spent), path=label or None) from None
     extra = {k: escape(v) for k, v in (fallback or {}).items() if k not in own}
     try:
         root = OmegaConf.create({**extra, **own})
@@ -268,8 +268,8 @@ def resolve(
         try:
             resolved = {k: resolution.leaf(root, k, (k,)) for k in own}
         except budget.BudgetSpent as spent:
-            raise DockyardBudgetError(f"refused: {spent}", path=label or None) from None
+            raise DockyardBudgetError(str(spent), path=label or None) from None
     spend = budget.current()
     if spend is not None and spend.spent is not None:  # spent where an error was kept lenient
-        raise DockyardBudgetError(f"refused: {spend.spent}", path=label or None)
+        raise DockyardBudgetError(spend.spent, path=label or None)
     return resolved
