@@ -18,14 +18,22 @@ from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.render.limits import ReplicaCap, RequestCaps, check_replicas, check_requests
 from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.errors import ConfigError
-from nymph.launch.config import DEFAULT_DISPATCH, LAUNCHER, Mode, Provider, check_launcher
+from nymph.launch.config import (
+    DEFAULT_DISPATCH,
+    LAUNCHER,
+    Mode,
+    Provider,
+    check_dispatch_kwargs,
+    check_launcher,
+)
 from nymph.launch.placement import parse_quantity
 from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.launch.state import InstanceState
 from nymph.protocol import InstanceJSON
+from nymph.queue import tenancy
 from nymph.queue.bodies import Fields, query_int, query_number, read_object
 from nymph.queue.direct.wiring import CONNECTOR, DIRECT
-from nymph.queue.errors import BadRequest, Unavailable
+from nymph.queue.errors import BadRequest, NotFound, Unavailable
 from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.notify import wait_for_event
 from nymph.queue.threads import Stopping, run_cpu
@@ -130,6 +138,35 @@ def check_dockyard(
         ) from None
 
 
+def _tenancy(request: web.Request, kwargs: Mapping[str, Any], *, where: str) -> None:
+    """Refuse a provider or mode that names a Kubernetes namespace or ServiceAccount its team
+    may not use (checked again for every launch)."""
+    tenancy.check_kwargs(
+        request.app[SETTINGS].tenancy,
+        principal=request[PRINCIPAL],
+        namespace=request.match_info["ns"],
+        kwargs=kwargs,
+        where=where,
+    )
+
+
+async def _check_mode_provider(request: web.Request, mode: Mode) -> None:
+    """A mode bound to a ``dispatch: daemon`` provider may not carry ``kubeconfig`` or
+    ``context`` (they would mean nothing there)."""
+    if mode.provider is None:
+        return
+    try:
+        provider = await request.app[STORE].get_provider_config(
+            ns=request.match_info["ns"], name=mode.provider
+        )
+    except NotFound:
+        return  # a mode may be saved before its provider; the launch checks it again
+    try:
+        check_dispatch_kwargs(provider, mode)
+    except ConfigError as exc:
+        raise BadRequest(str(exc), code="invalid_mode") from None
+
+
 def _json(data: Any, *, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
@@ -140,6 +177,7 @@ def _json(data: Any, *, status: int = 200) -> web.Response:
 @routes.post(NS + "/providers")
 async def create_provider(request: web.Request) -> web.Response:
     provider = _provider_from(await read_object(request), path_name=None)
+    _tenancy(request, provider.kwargs, where="provider")
     provider = await request.app[CONNECTOR].prepare_provider(
         ns=request.match_info["ns"], provider=provider, principal=request[PRINCIPAL]
     )
@@ -152,6 +190,7 @@ async def create_provider(request: web.Request) -> web.Response:
 @routes.put(NS + "/providers/{name}")
 async def replace_provider(request: web.Request) -> web.Response:
     provider = _provider_from(await read_object(request), path_name=request.match_info["name"])
+    _tenancy(request, provider.kwargs, where="provider")
     provider = await request.app[CONNECTOR].prepare_provider(
         ns=request.match_info["ns"], provider=provider, principal=request[PRINCIPAL]
     )
@@ -184,6 +223,8 @@ async def delete_provider(request: web.Request) -> web.Response:
 @routes.post(NS + "/modes")
 async def create_mode(request: web.Request) -> web.Response:
     mode = _mode_from(await read_object(request), path_name=None)
+    _tenancy(request, mode.fields, where="mode")
+    await _check_mode_provider(request, mode)
     mode = await request.app[CONNECTOR].prepare_mode(
         ns=request.match_info["ns"], mode=mode, principal=request[PRINCIPAL]
     )
@@ -194,6 +235,8 @@ async def create_mode(request: web.Request) -> web.Response:
 @routes.put(NS + "/modes/{name}")
 async def replace_mode(request: web.Request) -> web.Response:
     mode = _mode_from(await read_object(request), path_name=request.match_info["name"])
+    _tenancy(request, mode.fields, where="mode")
+    await _check_mode_provider(request, mode)
     mode = await request.app[CONNECTOR].prepare_mode(
         ns=request.match_info["ns"], mode=mode, principal=request[PRINCIPAL]
     )
@@ -275,6 +318,12 @@ async def launch_dockyard(request: web.Request) -> web.Response:
             "dispatch: daemon provider (a nymph daemon in the cluster applies them)",
             code="invalid_dockyard",
         )
+    tenancy.check_target(
+        request.app[SETTINGS].tenancy,
+        principal=request[PRINCIPAL],
+        kube_namespace=kube_ns,
+        field=f"provider {m['name']!r} namespace",
+    )
     body = {"recipe": dict(recipe), "infra": dict(infra), "overrides": list(overrides)}
     limits = request.app[SETTINGS].tenancy
     try:
