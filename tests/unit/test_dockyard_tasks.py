@@ -198,3 +198,36 @@ def test_the_default_attempts_are_the_queues() -> None:
     from nymph.queue.models import RetrySettings
 
     assert RetrySettings().max_attempts == QUEUE_MAX_ATTEMPTS
+
+
+async def test_a_spec_the_pod_policy_refuses_is_never_applied_by_the_daemon(tmp_path: Path) -> None:
+    """The queue refuses such a spec before it is queued; one that reached the daemon anyway
+    fails for good with the field named, and nothing is read, applied or deleted."""
+    from nymph.daemon.tasks import dockyard as handler
+
+    infra = yaml.safe_load((EXAMPLES / "dockyard-grpo-vllm.infra.yaml").read_text())
+    infra["kuberay"]["spec"]["headGroupSpec"]["template"]["spec"]["hostPID"] = True
+    kubectl = _FlakyKubectl()
+    calls: list[Any] = []
+    original_run = kubectl.run
+
+    async def run(args: Any, *, stdin: str | None = None) -> Any:
+        calls.append(args)
+        return await original_run(args, stdin=stdin)
+
+    kubectl.run = run  # type: ignore[method-assign]
+    completions: list[dict[str, Any]] = []
+    ctx = _task_context(tmp_path, kubectl, completions)
+    task = {
+        "taskId": "t1",
+        "instanceId": "lakeshore-0000aaaa",
+        "kubeNamespace": "jobs",
+        "spec": {**SPEC, "infra": infra},
+    }
+    await handler.launch(ctx, cast(TaskJSON, task))
+    (done,) = completions
+    assert done["ok"] is False and done["retryable"] is False
+    assert (
+        "headGroupSpec.template.spec.hostPID: sharing the host's namespaces is not allowed" in done["error"]
+    )
+    assert calls == [] and kubectl.applied == {} and kubectl.deleted == []

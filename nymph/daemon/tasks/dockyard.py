@@ -29,6 +29,9 @@ fetch -> render (pure: :func:`nymph.dockyard.render.task.dockyard_task_manifests
 * A stop task carries the dockyard spec again (``{"dockyard": spec}``): the same objects are
   rendered and deleted in reverse order; an object already gone is fine, one that is not the
   launch's is left alone (and named in the report).
+* The Pod policy (:mod:`nymph.launch.podpolicy`) is checked here too: the queue refuses such
+  a spec before it is queued, and a spec that reached the daemon some other way (an older
+  queue, a row written by hand) is refused for good, never applied.
 * Always kubectl, whatever ``--apply-with`` says: the API applier handles only Pods.
 * Applies are retried as :func:`nymph.daemon.tasks.apply.apply_all` says; reports go through
   the tracker, unpinned (no node).
@@ -49,6 +52,7 @@ from nymph.dockyard.ownership import LAUNCH_LABEL, Ownership, mark, ownership
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import KubeError
 from nymph.launch.names import is_instance_id
+from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON
@@ -137,7 +141,9 @@ async def launch(ctx: TaskContext, task: TaskJSON) -> None:
         manifests = await _render(task.get("spec"), namespace=ns)
         if not is_instance_id(iid):
             raise DockyardConfigError(f"{iid!r} is not an instance id", path="instanceId", source="task")
-    except DockyardConfigError as exc:
+        # the queue refused these already; a spec that reached the daemon another way is not applied
+        check_manifests(manifests, prefix="dockyard: ")
+    except (DockyardConfigError, PodPolicyError) as exc:
         ctx.refuse_spec(task, what="dockyard", error=exc, namespace=ns, requester=task.get("requester"))
         blog.warning("dockyard launch refused", error=str(exc))
         return
