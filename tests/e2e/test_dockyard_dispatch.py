@@ -48,7 +48,8 @@ def stack(
 ) -> Iterator[Stack]:
     """Queue + daemon; the daemon has the dockyard Role unless the test is parametrized False."""
     with_dockyard_role, *extra = getattr(request, "param", (True,))
-    q = QueueProc(tmp_path / "queue.db")
+    # the example infra runs its pods as this ServiceAccount: the operator allows it
+    q = QueueProc(tmp_path / "queue.db", extra=("--service-account", "default=dockyard-rl"))
     q.tokens()
     q.start()
     kc = daemon_kubeconfig(kube, namespace, tmp_path, dockyard=with_dockyard_role)
