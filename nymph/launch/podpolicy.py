@@ -2,8 +2,7 @@
 
 The queue applies it to the Pod of a Pod launch and to every pod template of a dockyard
 launch before it accepts them; local renders (``nymph render``, ``nymph dockyard render``) are
-not restricted. It is Kubernetes Pod Security "baseline", minus the parts that are not cheap to
-check here (AppArmor annotations), plus one rule of nymph's own: no ``hostPath`` volume except
+not restricted. It is Kubernetes Pod Security "baseline" plus one rule of nymph's own: no ``hostPath`` volume except
 the daemon's workdir ``<root>/work/<instanceId>`` (``type: Directory``), and that one only where
 a workdir root is given (a Pod launch on the daemon path; dockyard pod templates get none).
 
@@ -12,7 +11,9 @@ Refused, wherever it appears (``containers``, ``initContainers``, ``ephemeralCon
 * ``hostNetwork``, ``hostPID``, ``hostIPC``; any ``hostPort`` other than 0;
 * ``securityContext.privileged``; ``capabilities.add`` beyond :data:`BASELINE_CAPABILITIES`;
 * ``windowsOptions.hostProcess``; ``procMount`` other than ``Default``;
-* a ``seccompProfile`` or ``appArmorProfile`` of type ``Unconfined``;
+* a ``seccompProfile`` or ``appArmorProfile`` of type ``Unconfined``, and the same through the
+  older ``container.apparmor.security.beta.kubernetes.io/*`` annotations of a pod template
+  (:func:`check_manifests`);
 * ``seLinuxOptions`` with a ``user`` or ``role``, or a ``type`` outside the container types;
 * ``sysctls`` outside :data:`SAFE_SYSCTLS`;
 * a value of the wrong shape in any of those places (Kubernetes would refuse it too, and a
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nymph.errors import ValidationError
@@ -77,12 +78,17 @@ class PodPolicyError(ValidationError):
     """A rendered pod spec the Pod policy refuses; ``field`` is the full field path."""
 
 
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+
+
 @dataclass(frozen=True)
 class PodTemplate:
-    """One pod spec inside a rendered manifest: ``where`` is ``KIND/NAME FIELD.PATH``."""
+    """One pod spec inside a rendered manifest: ``where`` is ``KIND/NAME FIELD.PATH`` of the
+    spec, ``metadata`` the pod's (a template's ``metadata``, a Pod's own)."""
 
     where: str
     spec: Mapping[str, Any]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _refuse(where: str, message: str) -> PodPolicyError:
@@ -205,13 +211,29 @@ def check_pod_spec(spec: Mapping[str, Any], *, where: str, workdir_root: str | N
             check_container(container, where=f"{where}.{kind}[{i}]")
 
 
+def check_pod_annotations(annotations: object, *, where: str) -> None:
+    """A pod's annotations: no AppArmor profile but ``runtime/default`` or ``localhost/...``."""
+    for key, value in _mapping(annotations, where).items():
+        if not str(key).startswith(APPARMOR_ANNOTATION):
+            continue
+        if not isinstance(value, str) or not (value == "runtime/default" or value.startswith("localhost/")):
+            raise _refuse(
+                f"{where}[{key}]", "only the runtime/default or a localhost/ AppArmor profile is allowed"
+            )
+
+
 # --- finding pod templates in rendered manifests ------------------------------------------------
 
 
 def _template(tmpl: object, at: str) -> Iterator[PodTemplate]:
     if tmpl is None:
         return
-    yield PodTemplate(where=f"{at}.spec", spec=_mapping(_mapping(tmpl, at).get("spec"), f"{at}.spec"))
+    t = _mapping(tmpl, at)
+    yield PodTemplate(
+        where=f"{at}.spec",
+        spec=_mapping(t.get("spec"), f"{at}.spec"),
+        metadata=_mapping(t.get("metadata"), f"{at}.metadata"),
+    )
 
 
 def _ray_cluster(spec: Mapping[str, Any], at: str) -> Iterator[PodTemplate]:
@@ -234,7 +256,7 @@ def pod_templates(manifests: Sequence[Mapping[str, Any]]) -> list[PodTemplate]:
         kind = manifest.get("kind")
         spec = _mapping(manifest.get("spec"), f"{name} spec")
         if kind == "Pod":
-            found.append(PodTemplate(where=f"{name} spec", spec=spec))
+            found.append(PodTemplate(where=f"{name} spec", spec=spec, metadata=meta))
         elif kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
             found.extend(_template(spec.get("template"), f"{name} spec.template"))
         elif kind == "CronJob":
@@ -279,6 +301,8 @@ def check_manifests(
     ``prefix`` + the template's path), and the container rules on KubeRay's autoscaler."""
     for template in pod_templates(manifests):
         check_pod_spec(template.spec, where=prefix + template.where, workdir_root=workdir_root)
+        at = prefix + template.where.removesuffix("spec") + "metadata.annotations"
+        check_pod_annotations(template.metadata.get("annotations"), where=at)
     for manifest in manifests:
         autoscaler = _autoscaler(manifest)
         if autoscaler is not None:

@@ -91,6 +91,14 @@ INFRA_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         ),
         "Deployment/dockyard-sandbox spec.template.spec.containers[0].securityContext.privileged",
     ),
+    "AppArmor unconfined": (
+        lambda i: i["kuberay"]["spec"]["headGroupSpec"]["template"].update(
+            metadata={
+                "annotations": {"container.apparmor.security.beta.kubernetes.io/ray-head": "unconfined"}
+            }
+        ),
+        "headGroupSpec.template.metadata.annotations[container.apparmor.security.beta.kubernetes.io/ray-head]",
+    ),
     "sandbox replicas 10^12": (lambda i: i["sandbox"].update(replicas=10**12), "--max-replicas"),
     "worker replicas 10^12": (
         lambda i: i["kuberay"]["spec"]["workerGroupSpecs"][0].update(replicas=10**12),

@@ -341,3 +341,36 @@ def test_the_autoscaler_sidecar_is_checked_too() -> None:
 
 def test_check_manifests_passes_clean_manifests() -> None:
     check_manifests([_rayjob(), {"kind": "Service", "metadata": {"name": "s"}, "spec": {}}])
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("runtime/default", True),
+        ("localhost/my-profile", True),
+        ("unconfined", False),
+        ("", False),
+        (1, False),
+    ],
+)
+def test_apparmor_annotations_of_a_pod_template_are_held_to_baseline(value: object, ok: bool) -> None:
+    key = "container.apparmor.security.beta.kubernetes.io/ray-head"
+    manifest = _rayjob()
+    head = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    head["metadata"] = {"annotations": {key: value, "other": "unconfined"}}
+    if ok:
+        check_manifests([manifest])
+        return
+    with pytest.raises(PodPolicyError) as info:
+        check_manifests([manifest], prefix="dockyard: ")
+    assert info.value.field == (
+        f"dockyard: RayJob/x spec.rayClusterSpec.headGroupSpec.template.metadata.annotations[{key}]"
+    )
+
+
+def test_a_bare_pods_apparmor_annotation_is_checked() -> None:
+    key = "container.apparmor.security.beta.kubernetes.io/user"
+    bare = {"kind": "Pod", "metadata": {"name": "p", "annotations": {key: "unconfined"}}, "spec": pod()}
+    with pytest.raises(PodPolicyError) as info:
+        check_manifests([bare])
+    assert info.value.field == f"Pod/p metadata.annotations[{key}]"
