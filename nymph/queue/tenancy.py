@@ -8,9 +8,10 @@ every launch, on the spec the launch would really run (a mode, a provider and a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nymph.launch.podpolicy import pod_templates
 from nymph.launch.spec import LaunchSpec
 from nymph.queue.errors import BadRequest
 from nymph.queue.models import Principal, TenancySettings
@@ -84,3 +85,17 @@ def check_spec(settings: TenancySettings, *, principal: Principal, spec: LaunchS
             name=spec.service_account,
             field="launch service_account",
         )
+
+
+def check_manifest_service_accounts(
+    settings: TenancySettings, *, namespace: str, manifests: Sequence[Mapping[str, Any]], prefix: str = ""
+) -> None:
+    """Every pod template of rendered manifests (a dockyard launch) runs only as a ServiceAccount
+    the operator allowed for control-plane namespace ``namespace`` (or the namespace's default)."""
+    for template in pod_templates(manifests):
+        for key in ("serviceAccountName", "serviceAccount"):
+            name = template.spec.get(key)
+            if name not in (None, ""):
+                check_service_account(
+                    settings, namespace=namespace, name=str(name), field=f"{prefix}{template.where}.{key}"
+                )

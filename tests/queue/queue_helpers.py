@@ -35,7 +35,9 @@ TEAMS = TenancySettings(
         "team-a": ("team-a", "jobs", "a-jobs", "ns-a"),
         "team-b": ("team-b", "jobs", "b-jobs"),
         "team-c": ("team-c", "jobs"),
-    }
+    },
+    # the example dockyard infra (manifests/examples) runs as this ServiceAccount
+    service_accounts={"default": ("dockyard-rl",)},
 )
 
 FAST = QueueSettings(

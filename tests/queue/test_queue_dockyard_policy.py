@@ -17,8 +17,6 @@ import pytest
 import yaml
 from queue_helpers import FAST, Queue, add_kind, open_queue
 
-from nymph.queue.models import TenancySettings
-
 NS = "/v1/namespaces/default"
 DOCKYARD = NS + "/providers/kind/dockyard"
 INSTANCES = NS + "/providers/kind/instances"
@@ -35,7 +33,7 @@ async def kind(tmp_path: Path) -> AsyncIterator[Queue]:
     replica cap of 16 and per-pod caps the example fits (its GPU workers ask for 96 CPUs, 768Gi
     and 8 GPUs each)."""
     caps = {"cpu": "128", "memory": "1Ti", "nvidia.com/gpu": "8"}
-    settings = replace(FAST, tenancy=TenancySettings(max_replicas=16, max_pod_requests=caps))
+    settings = replace(FAST, tenancy=replace(FAST.tenancy, max_replicas=16, max_pod_requests=caps))
     q, runner = await open_queue(tmp_path, settings)
     await add_kind(q)
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from queue_helpers import FAST, Queue, open_queue
 
 from nymph.cli.queue import _ns_map
@@ -180,3 +181,20 @@ def test_the_mapping_flags_say_what_they_expect() -> None:
     for bad in ("team-a", "Team=x", "team-a=", "team-a=a,,b", "=x"):
         with pytest.raises(ConfigError, match="expected NS="):
             _ns_map([bad], "--kube-namespaces", many=True)
+
+
+async def test_a_dockyard_launch_runs_only_as_an_allowed_service_account(q: Queue) -> None:
+    """Every pod a dockyard launch renders (sandbox pool and Ray pods) is held to the team's
+    ServiceAccount list: the example infra's account is refused for team-a, its own accepted."""
+    examples = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+    recipe = yaml.safe_load((examples / "dockyard-grpo-vllm.yaml").read_text())
+    infra = yaml.safe_load((examples / "dockyard-grpo-vllm.infra.yaml").read_text())
+    infra.pop("namespace", None)
+    await q.call("POST", A + "/providers", json_body=provider("team-a"))
+    r = await q.call("POST", A + "/providers/k/dockyard", json_body={"recipe": recipe, "infra": infra})
+    assert r.status == 400 and r.body["error"] == "service_account_refused", r.body
+    assert "serviceAccountName" in r.body["detail"] and "'dockyard-rl'" in r.body["detail"]
+    assert await instances(q) == []
+    infra["serviceAccount"] = "trainer"
+    r = await q.call("POST", A + "/providers/k/dockyard", json_body={"recipe": recipe, "infra": infra})
+    assert r.status == 202, r.body

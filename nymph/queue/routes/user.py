@@ -35,6 +35,7 @@ from nymph.queue.bodies import Fields, query_int, query_number, read_object
 from nymph.queue.direct.wiring import CONNECTOR, DIRECT
 from nymph.queue.errors import BadRequest, NotFound, Unavailable
 from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
+from nymph.queue.models import TenancySettings
 from nymph.queue.notify import wait_for_event
 from nymph.queue.threads import Stopping, run_cpu
 
@@ -111,7 +112,11 @@ def _mode_from(data: dict[str, Any], *, path_name: str | None) -> Mode:
 
 
 def check_dockyard(
-    spec: Mapping[str, Any], *, max_replicas: int, max_pod_requests: Mapping[str, str] | None = None
+    spec: Mapping[str, Any],
+    *,
+    max_replicas: int,
+    max_pod_requests: Mapping[str, str] | None = None,
+    team: tuple[TenancySettings, str] | None = None,
 ) -> None:
     """Render a dockyard task spec exactly as the daemon will (pure, CPU only, within the
     render budget), then hold every pod template to the Pod policy (no hostPath at all), every
@@ -129,6 +134,10 @@ def check_dockyard(
         check_manifests(manifests, prefix="dockyard: ")
         check_replicas(manifests, cap=ReplicaCap(max_replicas=max_replicas), prefix="dockyard: ")
         check_requests(manifests, caps=caps, prefix="dockyard: ")
+        if team is not None:  # (settings, control-plane namespace): the ServiceAccounts it may use
+            tenancy.check_manifest_service_accounts(
+                team[0], namespace=team[1], manifests=manifests, prefix="dockyard: "
+            )
     except (DockyardConfigError, PodPolicyError) as exc:
         raise BadRequest(str(exc), code="invalid_dockyard") from None
     except RecursionError:
@@ -332,6 +341,7 @@ async def launch_dockyard(request: web.Request) -> web.Response:
             {**body, "namespace": kube_ns},
             max_replicas=limits.max_replicas,
             max_pod_requests=limits.max_pod_requests,
+            team=(limits, m["ns"]),
         )
     except Stopping:
         raise Unavailable("the queue is stopping: send the launch again", code="stopping") from None
