@@ -18,6 +18,9 @@ from nymph.queue.models import Role, TenancySettings
 
 A = "/v1/namespaces/team-a"
 IMAGE = {"image": "python:3.12-slim"}
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+EXAMPLE_RECIPE = yaml.safe_load((EXAMPLES / "dockyard-grpo-vllm.yaml").read_text())
+EXAMPLE_INFRA = yaml.safe_load((EXAMPLES / "dockyard-grpo-vllm.infra.yaml").read_text())
 
 
 @pytest.fixture
@@ -186,9 +189,7 @@ def test_the_mapping_flags_say_what_they_expect() -> None:
 async def test_a_dockyard_launch_runs_only_as_an_allowed_service_account(q: Queue) -> None:
     """Every pod a dockyard launch renders (sandbox pool and Ray pods) is held to the team's
     ServiceAccount list: the example infra's account is refused for team-a, its own accepted."""
-    examples = Path(__file__).resolve().parents[2] / "manifests" / "examples"
-    recipe = yaml.safe_load((examples / "dockyard-grpo-vllm.yaml").read_text())
-    infra = yaml.safe_load((examples / "dockyard-grpo-vllm.infra.yaml").read_text())
+    recipe, infra = EXAMPLE_RECIPE, dict(EXAMPLE_INFRA)
     infra.pop("namespace", None)
     await q.call("POST", A + "/providers", json_body=provider("team-a"))
     r = await q.call("POST", A + "/providers/k/dockyard", json_body={"recipe": recipe, "infra": infra})
