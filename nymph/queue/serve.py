@@ -25,7 +25,7 @@ from nymph.queue.app import create_app
 from nymph.queue.keys import STORE
 from nymph.queue.models import QueueSettings
 from nymph.queue.runner import make_runner
-from nymph.queue.threads import BoundedExecutor, stop_cpu
+from nymph.queue.threads import BoundedExecutor, start_cpu, stop_cpu
 
 log = structlog.get_logger(__name__, component="queue.serve")
 
@@ -50,6 +50,7 @@ async def serve(
 ) -> None:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(BoundedExecutor())
+    start_cpu()
     app = create_app(db_path=db_path, settings=settings)
     runner = make_runner(app, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()

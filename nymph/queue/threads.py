@@ -109,31 +109,50 @@ class Stopping(Exception):
 
 
 _cpu: BoundedExecutor | None = None
+_cpu_stopped = False
 _cpu_lock = threading.Lock()
 
 
 def cpu_executor() -> BoundedExecutor:
-    """The process's render executor (a new one after :func:`stop_cpu`)."""
+    """The process's render executor; raises :class:`Stopping` once :func:`stop_cpu` ran (until
+    :func:`start_cpu`): a request that reaches its render after that is not rendered."""
     global _cpu
     with _cpu_lock:
-        if _cpu is None or _cpu.closed:
+        if _cpu_stopped:
+            raise Stopping("the queue is stopping")
+        if _cpu is None:
             _cpu = BoundedExecutor(workers=CPU_WORKERS, name="nymph-queue-render")
         return _cpu
 
 
-def stop_cpu() -> None:
-    """Refuse renders not started yet; the running ones end on their own (their budget)."""
+def start_cpu() -> None:
+    """Take renders (again): what a starting queue does."""
+    global _cpu_stopped
     with _cpu_lock:
+        _cpu_stopped = False
+
+
+def stop_cpu() -> None:
+    """Refuse every render not started yet, now and from now on; the running ones end on their
+    own (their budget)."""
+    global _cpu, _cpu_stopped
+    with _cpu_lock:
+        _cpu_stopped = True
         if _cpu is not None:
             _cpu.shutdown()
+            _cpu = None
 
 
 async def run_cpu(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` on a render thread, in this context; raises :class:`Stopping`
-    when the queue stops before it started. A caller that gives up frees its place."""
+    when the queue stops before it started (or has stopped). A caller that gives up frees its
+    place."""
     ex = cpu_executor()
     ctx = contextvars.copy_context()
-    fut = ex.submit(ctx.run, fn, *args, **kwargs)
+    try:
+        fut = ex.submit(ctx.run, fn, *args, **kwargs)
+    except RuntimeError:  # shut down between the two lines above
+        raise Stopping("the queue is stopping") from None
     try:
         return await asyncio.wrap_future(fut)
     except asyncio.CancelledError:

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import yaml
 
-from nymph.queue.threads import CPU_WORKERS, BoundedExecutor, Stopping, run_cpu, stop_cpu
+from nymph.queue.threads import CPU_WORKERS, BoundedExecutor, Stopping, run_cpu, start_cpu, stop_cpu
 from tests.e2e.harness import QueueProc
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
@@ -157,6 +157,9 @@ async def test_renders_not_started_when_the_queue_stops_are_refused_at_once() ->
     stop_cpu()
     with pytest.raises(Stopping):
         await waiting
+    with pytest.raises(Stopping):  # nor is anything that comes later
+        await run_cpu(lambda: "later")
     release.set()
     assert await asyncio.gather(*busy) == [True] * CPU_WORKERS  # the running ones finished
+    start_cpu()
     assert await run_cpu(lambda: 42) == 42  # a new executor serves the next queue
