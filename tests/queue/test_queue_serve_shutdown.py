@@ -155,11 +155,14 @@ async def test_renders_not_started_when_the_queue_stops_are_refused_at_once() ->
     waiting = asyncio.create_task(run_cpu(lambda: "never"))
     await asyncio.sleep(0.2)
     stop_cpu()
-    with pytest.raises(Stopping):
-        await waiting
-    with pytest.raises(Stopping):  # nor is anything that comes later
-        await run_cpu(lambda: "later")
-    release.set()
-    assert await asyncio.gather(*busy) == [True] * CPU_WORKERS  # the running ones finished
-    start_cpu()
+    try:
+        with pytest.raises(Stopping):
+            await waiting
+        with pytest.raises(Stopping):  # nor is anything that comes later
+            await run_cpu(lambda: "later")
+        release.set()
+        assert await asyncio.gather(*busy) == [True] * CPU_WORKERS  # the running ones finished
+    finally:
+        release.set()
+        start_cpu()  # what the next queue of this process does
     assert await run_cpu(lambda: 42) == 42  # a new executor serves the next queue
