@@ -225,6 +225,33 @@ async def test_a_launch_claimed_on_a_node_is_written_by_that_nodes_restarted_dae
     assert (await kind.user().get_instance(provider="kind", instance_id=iid))["state"] == "running"
 
 
+async def test_an_instance_that_ended_before_its_launch_completed_keeps_its_daemon(kind: Queue) -> None:
+    """A Pod that ran and ended while its launch's completion was lost: once the queue settles
+    the launch (done, without a lease), the daemon of its node still sends the last of its log
+    and its result files."""
+    iid = await _launch(kind)
+    d = kind.daemon()
+    [task] = await d.claim(
+        daemon_id="d1", node="n1", namespaces=["jobs"], capacity=1, wait=0, lease_seconds=1
+    )
+    assert task["instanceId"] == iid
+    ended = {"seq": 1, "instanceId": iid, "state": "stopped", "reason": "Completed", "exitCode": 0}
+    assert (await d.report(daemon_id="d1", stream="d1", reports=[ended]))["accepted"] == 1
+    await asyncio.sleep(1.3)  # its completion never comes; the lease lapses
+    await kind.daemon().claim(daemon_id="d9", node="n9", capacity=1, wait=0)  # settles the launch
+    [row] = await kind.store.db.read(
+        lambda c: c.execute("SELECT status, lease_owner FROM tasks WHERE instance_id = ?", (iid,)).fetchall()
+    )
+    assert tuple(row) == ("done", None)
+    await d.ship_log_chunk(daemon_id="d1", instance_id=iid, offset=0, data=b"last words\n", final=True)
+    restarted = kind.daemon()
+    await restarted.claim(daemon_id="d1-new", node="n1", capacity=0, wait=0)
+    await restarted.upload_result(daemon_id="d1-new", instance_id=iid, path="out.txt", data=b"ok", eof=True)
+    assert await kind.user().get_logs(provider="kind", instance_id=iid) == "last words\n"
+    listed = await kind.call("GET", f"{NS}/providers/kind/instances/{iid}/results")
+    assert listed.body["items"] == [{"path": "out.txt", "size": 2}]
+
+
 async def test_a_stop_taken_by_another_node_is_written_by_its_taker_while_it_holds_it(kind: Queue) -> None:
     """A stop waits for the instance's node, then any daemon of its namespaces may take it
     (stop_node_fallback): while it holds that lease it reports and ships logs for the instance;

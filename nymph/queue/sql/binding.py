@@ -51,6 +51,16 @@ def record_applied(conn: Conn, *, instance_id: str, session: DaemonSession, pinn
     )
 
 
+def record_ended(conn: Conn, *, instance_id: str, session: DaemonSession) -> None:
+    """Bind an instance that no completed launch bound to the session that reported it stopped
+    (a writer of it: the holder, or its node's daemon, of a launch whose completion was lost),
+    so the last of its log and its result files are still taken once the launch is settled."""
+    pod = conn.execute(
+        "SELECT 1 FROM tasks WHERE instance_id = ? AND kind = 'launch' LIMIT 1", (instance_id,)
+    ).fetchone()
+    record_applied(conn, instance_id=instance_id, session=session, pinned=pod is not None)
+
+
 _HOLDER = """
 SELECT 1 FROM tasks t WHERE t.instance_id = :iid AND (
     (t.status = 'leased' AND t.lease_owner = :daemon)

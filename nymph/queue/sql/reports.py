@@ -94,6 +94,11 @@ def report(
             at=r.at,
         ):
             changed.add(r.instance_id)
+            if r.state == InstanceState.STOPPED.value and inst["applied_daemon"] is None:
+                # It ended before its launch was completed (that completion was lost, and the
+                # launch is settled without one): its daemon still sends the last of its log
+                # and its result files.
+                binding.record_ended(conn, instance_id=r.instance_id, session=session)
     if accepted:
         conn.execute(
             "INSERT INTO report_streams (stream, last_seq, updated_at) VALUES (?, ?, ?) "
