@@ -8,7 +8,6 @@ a daemon's reports do on the other path.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,10 +17,8 @@ from nymph.launch.config import connection_kwargs
 from nymph.launch.render import render_pod
 from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
 from nymph.protocol import LaunchAccepted, TaskKind, now
-from nymph.queue.sql import catalog
 from nymph.queue.sql.dialect import Conn, Row
-from nymph.queue.sql.idempotency import body_digest, remember, replay
-from nymph.queue.sql.launches import Guard, _build, _new_instance, new_task_id
+from nymph.queue.sql.launches import Guard, accept, new_task_id
 from nymph.queue.sql.rows import fetch_instance, record_termination, transition
 
 
@@ -44,49 +41,37 @@ def record_launch(
     guard: Guard | None = None,
 ) -> DirectLaunch:
     """Record a direct launch (or find the one this Idempotency-Key recorded)."""
-    digest = body_digest(body)
-    earlier = replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
-    if earlier is not None:
+    got = accept(
+        conn,
+        ns=ns,
+        provider_name=provider_name,
+        body=body,
+        idempotency_key=idempotency_key,
+        requester=requester,
+        ts=now(),
+        guard=guard,
+    )
+    if got.spec is None or got.provider is None or got.mode is None:
         row = conn.execute(
-            "SELECT state, connection, pod FROM instances WHERE instance_id = ?", (earlier["instanceId"],)
+            "SELECT state, connection, pod FROM instances WHERE instance_id = ?",
+            (got.accepted["instanceId"],),
         ).fetchone()
         return DirectLaunch(
-            accepted=earlier,
+            accepted=got.accepted,
             state=row["state"],
             connection=json.loads(row["connection"]),
             pod=json.loads(row["pod"]),
         )
-    provider = catalog.get_provider(conn, ns=ns, name=provider_name)
-    mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
-    spec = _build(
-        provider=provider,
-        mode=mode,
-        body={k: v for k, v in body.items() if k != "mode"},
-        ns=ns,
-        guard=guard,
-    )
-    connection = {**connection_kwargs(provider, mode), "namespace": spec.namespace}
-    ts = now()
-    accepted = _new_instance(
-        conn,
-        first_id=spec.instance_id,
-        ns=ns,
-        provider=provider.name,
-        kube_ns=spec.namespace,
-        requester=requester,
-        ts=ts,
-    )
-    if accepted["instanceId"] != spec.instance_id:  # the first id was taken: the Pod takes the new one
-        spec = dataclasses.replace(spec, instance_id=accepted["instanceId"])
+    spec = got.spec
+    connection = {**connection_kwargs(got.provider, got.mode), "namespace": spec.namespace}
     pod = dict(render_pod(spec))
     conn.execute(
         "UPDATE instances SET dispatch = 'direct', connection = ?, pod = ? WHERE instance_id = ?",
         (json.dumps(connection), json.dumps(pod), spec.instance_id),
     )
-    remember(
-        conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
+    return DirectLaunch(
+        accepted=got.accepted, state=InstanceState.QUEUED.value, connection=connection, pod=pod
     )
-    return DirectLaunch(accepted=accepted, state=InstanceState.QUEUED.value, connection=connection, pod=pod)
 
 
 def forget(conn: Conn, *, instance_id: str) -> None:

@@ -143,6 +143,61 @@ def _insert_task(
     return task_id
 
 
+@dataclasses.dataclass(frozen=True)
+class Acceptance:
+    """What accepting a launch gave: its 202 body, and for a new launch (not an Idempotency-Key
+    replay) the spec and the provider and mode it was built from."""
+
+    accepted: LaunchAccepted
+    spec: LaunchSpec | None = None
+    provider: Provider | None = None
+    mode: Mode | None = None
+
+
+def accept(
+    conn: Conn,
+    *,
+    ns: str,
+    provider_name: str,
+    body: Mapping[str, Any],
+    idempotency_key: str | None,
+    requester: str,
+    ts: float,
+    guard: Guard | None = None,
+) -> Acceptance:
+    """Accept a launch on either dispatch path: the Idempotency-Key replay, or a spec built and
+    checked in full, its instance (``queued``, a fresh id on a collision) and the key
+    remembered. The two paths differ only after this (a task for a daemon, or a Pod record)."""
+    digest = idempotency.body_digest(body)
+    replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
+    if replay is not None:
+        return Acceptance(accepted=replay)
+    provider = catalog.get_provider(conn, ns=ns, name=provider_name)
+    mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
+    spec = _build(
+        provider=provider,
+        mode=mode,
+        body={k: v for k, v in body.items() if k != "mode"},
+        ns=ns,
+        guard=guard,
+    )
+    accepted = _new_instance(
+        conn,
+        first_id=spec.instance_id,
+        ns=ns,
+        provider=provider.name,
+        kube_ns=spec.namespace,
+        requester=requester,
+        ts=ts,
+    )
+    if accepted["instanceId"] != spec.instance_id:  # the first id was taken
+        spec = dataclasses.replace(spec, instance_id=accepted["instanceId"])
+    idempotency.remember(
+        conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
+    )
+    return Acceptance(accepted=accepted, spec=spec, provider=provider, mode=mode)
+
+
 def launch(
     conn: Conn,
     *,
@@ -153,46 +208,32 @@ def launch(
     requester: str,
     guard: Guard | None = None,
 ) -> tuple[LaunchAccepted, bool]:
-    digest = idempotency.body_digest(body)
-    replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
-    if replay is not None:
-        return replay, False
-    provider = catalog.get_provider(conn, ns=ns, name=provider_name)
-    mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
-    spec = _build(
-        provider=provider,
-        mode=mode,
-        body={k: v for k, v in body.items() if k != "mode"},
-        ns=ns,
-        guard=guard,
-    )
+    """A launch for a daemon: accepted, then its task queued. ``(202 body, created)``."""
     ts = now()
-    accepted = _new_instance(
+    got = accept(
         conn,
-        first_id=spec.instance_id,
         ns=ns,
-        provider=provider.name,
-        kube_ns=spec.namespace,
+        provider_name=provider_name,
+        body=body,
+        idempotency_key=idempotency_key,
         requester=requester,
         ts=ts,
+        guard=guard,
     )
-    if accepted["instanceId"] != spec.instance_id:
-        spec = dataclasses.replace(spec, instance_id=accepted["instanceId"])
+    if got.spec is None or got.provider is None:
+        return got.accepted, False
     _insert_task(
         conn,
         kind=TaskKind.LAUNCH.value,
         ns=ns,
-        kube_ns=spec.namespace,
-        provider=provider.name,
-        instance_id=spec.instance_id,
-        spec=spec.to_json(),
+        kube_ns=got.spec.namespace,
+        provider=got.provider.name,
+        instance_id=got.spec.instance_id,
+        spec=got.spec.to_json(),
         requester=requester,
         ts=ts,
     )
-    idempotency.remember(
-        conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
-    )
-    return accepted, True
+    return got.accepted, True
 
 
 def launch_dockyard(
