@@ -25,7 +25,7 @@ from nymph.daemon.logfollow import LogFollowers
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.nodeinfo import NodeInfo
 from nymph.daemon.outbox import Outbox
-from nymph.daemon.reaper import Reaper
+from nymph.daemon.podreaper import Reaper
 from nymph.daemon.reconcile import reconcile
 from nymph.daemon.results import ResultUploads
 from nymph.daemon.rootlock import RootLock

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nymph.daemon.reaper import ORPHAN_GRACE_MIN, Reaper, orphan_grace
+from nymph.daemon.podreaper import ORPHAN_GRACE_MIN, Reaper, orphan_grace
 from nymph.daemon.settings import WorkSettings
 from nymph.kube import errors as ke
 from tests.unit.test_daemon_faults import NODE, NS, Rig, iid, rig, task, until
@@ -179,7 +179,7 @@ def test_nothing_is_reaped_as_orphaned_while_the_watch_is_disconnected(tmp_path:
 async def test_finished_pods_are_reaped_several_at_once_and_not_while_disconnected(tmp_path: Path) -> None:
     import time
 
-    from nymph.daemon.reaper import REAP_CONCURRENCY
+    from nymph.daemon.podreaper import REAP_CONCURRENCY
 
     r = rig(tmp_path)
     deleted: list[str] = []

@@ -10,7 +10,7 @@ from pathlib import Path
 from nymph.daemon.audit import AuditLog
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
-from nymph.daemon.reaper import REAP_CONCURRENCY, Reaper
+from nymph.daemon.podreaper import REAP_CONCURRENCY, Reaper
 from nymph.daemon.settings import WorkSettings
 from nymph.daemon.tracker import Track, Tracker
 from nymph.daemon.workdirs import Workdirs
