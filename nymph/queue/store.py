@@ -26,6 +26,7 @@ from nymph.protocol import (
 )
 from nymph.queue import tenancy
 from nymph.queue.db import SWEEP_LOCK, Backend
+from nymph.queue.direct.records import DirectRecords
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, WorkSignal
 from nymph.queue.output import LOG_KEY, OutputStore
@@ -55,6 +56,8 @@ class Store:
         self.instance_changed = KeyedSignal(relay=db.broadcast)
         #: Logs and result files.
         self.output = OutputStore(db=db, settings=settings.output)
+        #: The direct path's instances and Pod records.
+        self.direct = DirectRecords(db=db)
 
     def woken_elsewhere(self, key: str) -> None:
         """Another replica changed something: wake the long-polls it concerns here."""

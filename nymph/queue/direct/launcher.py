@@ -16,7 +16,7 @@ import structlog
 
 from nymph.kube import pods
 from nymph.kube.pods import Connection
-from nymph.launch.config import Mode, connection_kwargs
+from nymph.launch.config import connection_kwargs
 from nymph.launch.names import label_selector, selector_labels
 from nymph.launch.render import render_pod
 from nymph.launch.state import InstanceState, pod_state
@@ -26,7 +26,6 @@ from nymph.queue.direct.errors import service_error
 from nymph.queue.direct.watches import WatchManager
 from nymph.queue.models import Principal
 from nymph.queue.sql import catalog, launches
-from nymph.queue.sql import direct as sql
 from nymph.queue.store import Store
 
 log = structlog.get_logger(__name__, component="queue.direct")
@@ -44,11 +43,11 @@ class DirectDispatch:
         self.watches = watches
 
     async def is_direct(self, *, ns: str, provider: str) -> bool:
-        p = await self.store.db.read(lambda conn: catalog.get_provider(conn, ns=ns, name=provider))
+        p = await self.store.get_provider_config(ns=ns, name=provider)
         return p.direct
 
     async def owns_instance(self, *, instance_id: str) -> bool:
-        return await self.store.db.read(lambda conn: sql.is_direct(conn, instance_id=instance_id))
+        return await self.store.direct.is_direct(instance_id=instance_id)
 
     async def launch(
         self,
@@ -59,16 +58,13 @@ class DirectDispatch:
         idempotency_key: str | None,
         principal: Principal,
     ) -> LaunchAccepted:
-        rec = await self.store.db.write(
-            lambda conn: sql.record_launch(
-                conn,
-                ns=ns,
-                provider_name=provider,
-                body=body,
-                idempotency_key=idempotency_key,
-                requester=principal.requester,
-                guard=self.store.guard(principal),
-            )
+        rec = await self.store.direct.record_launch(
+            ns=ns,
+            provider=provider,
+            body=body,
+            idempotency_key=idempotency_key,
+            requester=principal.requester,
+            guard=self.store.guard(principal),
         )
         iid = rec.accepted["instanceId"]
         if rec.state != InstanceState.QUEUED.value:
@@ -82,13 +78,13 @@ class DirectDispatch:
                 except Exception as exc:
                     raise service_error(exc, what=what) from None
         except BaseException:
-            await self.store.db.write(lambda c: sql.forget(c, instance_id=iid))
+            await self.store.direct.forget(instance_id=iid)
             log.info("direct launch refused; nothing kept", instance=iid, namespace=ns, provider=provider)
             raise
         ts = now()
-        changed = await self.store.db.write(lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=False, ts=ts))
+        changed = await self.store.direct.apply_pod(ns=ns, pod=pod, deleted=False, ts=ts)
         accepted: LaunchAccepted = {**rec.accepted, "state": pod_state(pod).value}
-        await self.store.db.write(lambda c: sql.answered(c, instance_id=iid, accepted=accepted))
+        await self.store.direct.answered(instance_id=iid, accepted=accepted)
         if changed:
             self.store.instance_changed.notify(iid)
         self.watches.ensure(ns=ns, connection=rec.connection)
@@ -125,16 +121,7 @@ class DirectDispatch:
 
     async def list_instances(self, *, ns: str, provider: str, state: str | None) -> list[InstanceJSON]:
         """The queue's history merged with the live Pods of the provider's connections."""
-
-        def read(conn: Any) -> tuple[Any, list[str], list[InstanceJSON]]:
-            p = catalog.get_provider(conn, ns=ns, name=provider)
-            return (
-                p,
-                sql.connections_of(conn, ns=ns, provider=provider),
-                launches.list_instances(conn, ns=ns, provider=provider, state=None),
-            )
-
-        p, stored, history = await self.store.db.read(read)
+        p, stored, history = await self.store.direct.listing(ns=ns, provider=provider)
         own = {k: v for k, v in p.kwargs.items() if k in ("kubeconfig", "context")}
         own["namespace"] = catalog.kube_namespace(p)
         live = await self._live(ns=ns, provider=provider, connections=[own, *(json.loads(s) for s in stored)])
@@ -155,16 +142,14 @@ class DirectDispatch:
     async def stop(
         self, *, ns: str, provider: str, instance_id: str, grace: int | None, principal: Principal
     ) -> None:
-        row = await self.store.db.read(
-            lambda c: launches.instance_row(c, ns=ns, provider=provider, instance_id=instance_id)
-        )
+        row = await self.store.direct.instance(ns=ns, provider=provider, instance_id=instance_id)
         if row["state"] == InstanceState.STOPPED.value:
             await self._remove_finished(ns=ns, instance_id=instance_id, principal=principal)
             return
         ts = now()
-        if await self.store.db.write(lambda c: sql.request_stop(c, instance_id=instance_id, ts=ts)):
+        if await self.store.direct.request_stop(instance_id=instance_id, ts=ts):
             self.store.instance_changed.notify(instance_id)
-        data = await self.store.db.read(lambda c: sql.instance_connection(c, instance_id=instance_id))
+        data = await self.store.direct.connection(instance_id=instance_id)
         conn = Connection.from_json(data)
         what = f"deleting Pod {instance_id} in namespace {conn.namespace}"
         async with self.connector.api(ns=ns, conn=conn, what=what) as api:
@@ -185,18 +170,16 @@ class DirectDispatch:
                 raise service_error(exc, what=what) from None
         if logs is not None:
             await self.store.keep_log_tail(instance_id=instance_id, logs=logs)
-        if not existed and await self.store.db.write(
-            lambda c: sql.gone(c, instance_id=instance_id, ts=now())
-        ):
+        if not existed and await self.store.direct.gone(instance_id=instance_id, ts=now()):
             self.store.instance_changed.notify(instance_id)
         log.info("direct stop", instance=instance_id, pod_existed=existed, requester=principal.requester)
 
     async def _remove_finished(self, *, ns: str, instance_id: str, principal: Principal) -> None:
         """A stop of a finished instance deletes its Pod now (the contract of the route), its log
         tail kept first, instead of leaving it to the reaper."""
-        if await self.store.db.read(lambda c: sql.is_reaped(c, instance_id=instance_id)):
+        if await self.store.direct.is_reaped(instance_id=instance_id):
             return
-        data = await self.store.db.read(lambda c: sql.instance_connection(c, instance_id=instance_id))
+        data = await self.store.direct.connection(instance_id=instance_id)
         if not data:
             return
         conn = Connection.from_json(data)
@@ -220,7 +203,7 @@ class DirectDispatch:
             except Exception as exc:
                 raise service_error(exc, what=what) from None
         ts = now()
-        await self.store.db.write(lambda c: sql.mark_reaped(c, instance_id=instance_id, ts=ts))
+        await self.store.direct.mark_reaped(instance_id=instance_id, ts=ts)
         log.info(
             "direct stop of a finished instance",
             instance=instance_id,
@@ -231,15 +214,8 @@ class DirectDispatch:
 
     async def probe(self, *, ns: str, provider: str, mode: str | None, principal: Principal) -> str:
         """RBAC and a server-side dry run with the provider's connection, as a finished task."""
-
-        def read(conn: Any) -> tuple[Any, Mode]:
-            p = catalog.get_provider(conn, ns=ns, name=provider)
-            if mode is not None:
-                return p, catalog.mode_for(conn, ns=ns, provider=p, mode_name=mode)
-            return p, Mode(name="probe", provider=p.name, fields={"image": launches.PROBE_IMAGE})
-
-        p, m = await self.store.db.read(read)
-        spec = launches._build(
+        p, m = await self.store.direct.probe_inputs(ns=ns, provider=provider, mode=mode)
+        spec = launches.build_spec(
             provider=p,
             mode=m,
             body={"script": launches.PROBE_SCRIPT, "tags": {"nymph-probe": "true"}},
@@ -277,15 +253,8 @@ class DirectDispatch:
                 }
             )
         result = {"ok": all(c["ok"] for c in checks), "dispatch": "direct", "checks": checks}
-        return await self.store.db.write(
-            lambda c: sql.record_probe(
-                c,
-                ns=ns,
-                kube_ns=spec.namespace,
-                provider=p.name,
-                requester=principal.requester,
-                result=result,
-            )
+        return await self.store.direct.record_probe(
+            ns=ns, kube_ns=spec.namespace, provider=p.name, requester=principal.requester, result=result
         )
 
 

@@ -23,7 +23,6 @@ from nymph.kube.pods import Connection
 from nymph.launch.logcursor import Cursor
 from nymph.launch.state import container_started, container_termination
 from nymph.queue.direct.connect import Connector
-from nymph.queue.sql import direct as sql
 from nymph.queue.store import Store
 
 log = structlog.get_logger(__name__, component="queue.direct.logs")
@@ -50,7 +49,7 @@ class DirectLogs:
             return
         if kind == "DELETED" or not container_started(pod):
             return
-        if not await self.store.db.read(lambda c: sql.is_direct(c, instance_id=name)):
+        if not await self.store.direct.is_direct(instance_id=name):
             return  # a daemon-path Pod with the same labels: its daemon follows it
         self.pods[name] = pod
         task = asyncio.create_task(self._run(ns, conn, name), name=f"nymph-direct-logs-{name}")

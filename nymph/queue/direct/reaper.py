@@ -24,7 +24,6 @@ from nymph.launch.state import InstanceState
 from nymph.protocol import now
 from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.settings import DirectSettings
-from nymph.queue.sql import direct as sql
 from nymph.queue.store import Store
 
 log = structlog.get_logger(__name__, component="queue.direct.reaper")
@@ -50,7 +49,7 @@ class Reaper:
             self.store.instance_changed.notify(instance_id)
 
     async def reconcile(self) -> None:
-        rows = await self.store.db.read(sql.unreaped)
+        rows = await self.store.direct.unreaped()
         groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
         for r in rows:
             if r["connection"]:
@@ -92,15 +91,13 @@ class Reaper:
     async def _settle(self, *, ns: str, instance_id: str, pod: dict[str, Any] | None, stopped: bool) -> None:
         ts = now()
         if pod is not None:
-            self._notify(
-                await self.store.db.write(lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=False, ts=ts))
-            )
-        elif not stopped and await self.store.db.write(lambda c: sql.gone(c, instance_id=instance_id, ts=ts)):
+            self._notify(await self.store.direct.apply_pod(ns=ns, pod=pod, deleted=False, ts=ts))
+        elif not stopped and await self.store.direct.gone(instance_id=instance_id, ts=ts):
             self._notify(instance_id)
 
     async def reap(self) -> int:
         before = now() - self.settings.reap_after
-        rows = await self.store.db.read(lambda c: sql.reapable(c, before=before))
+        rows = await self.store.direct.reapable(before=before)
         done = 0
         for r in rows:
             iid, ns = r["instance_id"], r["namespace"]
@@ -131,7 +128,7 @@ class Reaper:
 
     async def _mark_reaped(self, instance_id: str) -> None:
         ts = now()
-        await self.store.db.write(lambda c: sql.mark_reaped(c, instance_id=instance_id, ts=ts))
+        await self.store.direct.mark_reaped(instance_id=instance_id, ts=ts)
 
     async def run(self) -> None:
         try:

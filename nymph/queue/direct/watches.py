@@ -19,7 +19,6 @@ from nymph.launch.names import LABEL_MANAGED, LABEL_NAMESPACE, label_selector
 from nymph.protocol import now
 from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.settings import DirectSettings
-from nymph.queue.sql import direct as sql
 from nymph.queue.store import Store
 
 log = structlog.get_logger(__name__, component="queue.direct.watches")
@@ -80,9 +79,7 @@ class WatchManager:
 
         async def on_event(kind: str, pod: dict[str, Any]) -> None:
             ts = now()
-            changed = await self.store.db.write(
-                lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=kind == "DELETED", ts=ts)
-            )
+            changed = await self.store.direct.apply_pod(ns=ns, pod=pod, deleted=kind == "DELETED", ts=ts)
             if changed:
                 self.store.instance_changed.notify(changed)
             if self.on_pod is not None:
@@ -110,7 +107,7 @@ class WatchManager:
         """Start the watches recorded instances need; stop those idle for ``watch_idle``."""
         needed = {
             (ns, Connection.from_json(json.loads(c)).key()): (ns, json.loads(c))
-            for ns, c in await self.store.db.read(sql.watched)
+            for ns, c in await self.store.direct.watched()
         }
         for ns, data in needed.values():
             self.ensure(ns=ns, connection=data)

@@ -58,7 +58,7 @@ def new_launch_uid() -> str:
 Guard = Callable[[LaunchSpec], None]
 
 
-def _build(
+def build_spec(
     *, provider: Provider, mode: Mode, body: Mapping[str, Any], ns: str, guard: Guard | None = None
 ) -> LaunchSpec:
     """The launch's spec, accepted only if its Pod renders exactly as a daemon will render it
@@ -174,7 +174,7 @@ def accept(
         return Acceptance(accepted=replay)
     provider = catalog.get_provider(conn, ns=ns, name=provider_name)
     mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
-    spec = _build(
+    spec = build_spec(
         provider=provider,
         mode=mode,
         body={k: v for k, v in body.items() if k != "mode"},
@@ -409,7 +409,7 @@ def probe(
         mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=mode_name)
     else:
         mode = Mode(name="probe", provider=provider.name, fields={"image": PROBE_IMAGE})
-    spec = _build(
+    spec = build_spec(
         provider=provider,
         mode=mode,
         body={"script": PROBE_SCRIPT, "tags": {"nymph-probe": "true"}},

@@ -1,0 +1,126 @@
+"""The direct path's records: every read and write the launcher, the watches, the reaper and
+the log followers make, as methods of one object the store holds (they never hold the database
+or the SQL modules themselves)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nymph.launch.config import Mode, Provider
+from nymph.protocol import InstanceJSON, LaunchAccepted
+from nymph.queue.db import Backend
+from nymph.queue.sql import catalog, launches
+from nymph.queue.sql import direct as sql
+from nymph.queue.sql.dialect import Row
+
+
+class DirectRecords:
+    def __init__(self, *, db: Backend) -> None:
+        self.db = db
+
+    # --- launches ------------------------------------------------------------------------
+
+    async def record_launch(
+        self,
+        *,
+        ns: str,
+        provider: str,
+        body: Mapping[str, Any],
+        idempotency_key: str | None,
+        requester: str,
+        guard: launches.Guard | None,
+    ) -> sql.DirectLaunch:
+        return await self.db.write(
+            lambda c: sql.record_launch(
+                c,
+                ns=ns,
+                provider_name=provider,
+                body=body,
+                idempotency_key=idempotency_key,
+                requester=requester,
+                guard=guard,
+            )
+        )
+
+    async def forget(self, *, instance_id: str) -> None:
+        """The Pod could not be created: no trace of the launch is kept."""
+        await self.db.write(lambda c: sql.forget(c, instance_id=instance_id))
+
+    async def answered(self, *, instance_id: str, accepted: LaunchAccepted) -> None:
+        await self.db.write(lambda c: sql.answered(c, instance_id=instance_id, accepted=accepted))
+
+    # --- Pods and instances ----------------------------------------------------------------
+
+    async def apply_pod(self, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts: float) -> str | None:
+        """Move the Pod's instance along its history; the instance id when it changed."""
+        return await self.db.write(lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=deleted, ts=ts))
+
+    async def gone(self, *, instance_id: str, ts: float) -> bool:
+        return await self.db.write(lambda c: sql.gone(c, instance_id=instance_id, ts=ts))
+
+    async def request_stop(self, *, instance_id: str, ts: float) -> bool:
+        return await self.db.write(lambda c: sql.request_stop(c, instance_id=instance_id, ts=ts))
+
+    async def is_direct(self, *, instance_id: str) -> bool:
+        return await self.db.read(lambda c: sql.is_direct(c, instance_id=instance_id))
+
+    async def is_reaped(self, *, instance_id: str) -> bool:
+        return await self.db.read(lambda c: sql.is_reaped(c, instance_id=instance_id))
+
+    async def mark_reaped(self, *, instance_id: str, ts: float) -> None:
+        await self.db.write(lambda c: sql.mark_reaped(c, instance_id=instance_id, ts=ts))
+
+    async def instance(self, *, ns: str, provider: str, instance_id: str) -> Row:
+        return await self.db.read(
+            lambda c: launches.instance_row(c, ns=ns, provider=provider, instance_id=instance_id)
+        )
+
+    async def connection(self, *, instance_id: str) -> dict[str, Any]:
+        """The connection an instance's Pod was created with (empty when none was recorded)."""
+        return await self.db.read(lambda c: sql.instance_connection(c, instance_id=instance_id))
+
+    async def listing(self, *, ns: str, provider: str) -> tuple[Provider, list[str], list[InstanceJSON]]:
+        """The provider, the connections its instances were created with, and their history."""
+
+        def read(c: Any) -> tuple[Provider, list[str], list[InstanceJSON]]:
+            return (
+                catalog.get_provider(c, ns=ns, name=provider),
+                sql.connections_of(c, ns=ns, provider=provider),
+                launches.list_instances(c, ns=ns, provider=provider, state=None),
+            )
+
+        return await self.db.read(read)
+
+    # --- the watch set and the reaper ------------------------------------------------------
+
+    async def watched(self) -> set[tuple[str, str]]:
+        return await self.db.read(sql.watched)
+
+    async def unreaped(self) -> list[Row]:
+        return await self.db.read(sql.unreaped)
+
+    async def reapable(self, *, before: float) -> list[Row]:
+        return await self.db.read(lambda c: sql.reapable(c, before=before))
+
+    # --- probes ----------------------------------------------------------------------------
+
+    async def probe_inputs(self, *, ns: str, provider: str, mode: str | None) -> tuple[Provider, Mode]:
+        """The provider and the mode a probe renders with (a stand-in mode when none is named)."""
+
+        def read(c: Any) -> tuple[Provider, Mode]:
+            p = catalog.get_provider(c, ns=ns, name=provider)
+            if mode is not None:
+                return p, catalog.mode_for(c, ns=ns, provider=p, mode_name=mode)
+            return p, Mode(name="probe", provider=p.name, fields={"image": launches.PROBE_IMAGE})
+
+        return await self.db.read(read)
+
+    async def record_probe(
+        self, *, ns: str, kube_ns: str, provider: str, requester: str, result: dict[str, Any]
+    ) -> str:
+        return await self.db.write(
+            lambda c: sql.record_probe(
+                c, ns=ns, kube_ns=kube_ns, provider=provider, requester=requester, result=result
+            )
+        )
