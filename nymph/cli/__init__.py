@@ -25,7 +25,7 @@ _slim.install()
 #: Modules that contribute subcommands, in ``--help`` order. Missing ones are skipped so a
 #: partial install still runs.
 _AREAS = (
-    "nymph.launch.cli",
+    "nymph.cli.render",
     "nymph.cli.queue",
     "nymph.cli.daemon",
     "nymph.cli.dev",

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from nymph import devenv
+from nymph.cli import devenv
 
 
 def cmd_dev(args: argparse.Namespace) -> int:

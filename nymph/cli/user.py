@@ -28,9 +28,9 @@ from nymph.cli.userverbs import (
     cmd_providers_test,
     cmd_stop,
 )
+from nymph.cli.userview import NEVER_RAN_EXIT
 from nymph.client import DEFAULT_URL
 from nymph.launch.state import InstanceState
-from nymph.userview import NEVER_RAN_EXIT
 
 _STATES = [s.value for s in InstanceState]
 

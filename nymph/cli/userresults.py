@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from nymph.cli.userverbs import _run
+from nymph.cli.userview import table
 from nymph.client import QueueClient
-from nymph.client_results import download, list_results
+from nymph.client.results import download, list_results
 from nymph.errors import ConfigError
 from nymph.launch.results import BadResultPath
-from nymph.userview import table
 
 _HELP = (
     "Results are the regular files a job writes under /workdir/out/ (symlinks and anything "

@@ -12,9 +12,9 @@ from typing import Any
 from urllib.parse import quote
 
 from nymph.cli.userverbs import _run
+from nymph.cli.userview import table
 from nymph.client import QueueClient
 from nymph.errors import ConfigError
-from nymph.userview import table
 
 
 def _path(client: QueueClient, name: str | None = None) -> str:

@@ -23,13 +23,13 @@ from urllib.parse import quote
 
 import yaml
 
+from nymph.cli.userview import follow, print_checks, print_instances, table
 from nymph.client import DEFAULT_URL, QueueClient, QueueError
-from nymph.client_logs import follow_log
+from nymph.client.logs import follow_log
 from nymph.dockyard.spec.yamlio import load_file
 from nymph.errors import ConfigError, NymphError
 from nymph.launch.config import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
 from nymph.launch.script import read_script
-from nymph.userview import follow, print_checks, print_instances, table
 
 
 class ProbeTimeout(NymphError):

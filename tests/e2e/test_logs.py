@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nymph.client_logs import follow_log
-from nymph.client_results import download, list_results
+from nymph.client.logs import follow_log
+from nymph.client.results import download, list_results
 from nymph.localcluster import LocalCluster
 from tests.e2e.harness import (
     DaemonProc,

@@ -12,8 +12,8 @@ import pytest
 from dispatch_helpers import apply
 from queue_helpers import FAST, Queue, add_kind, open_queue
 
-from nymph.client_errors import QueueConflict, QueueNotFound
-from nymph.client_logs import follow_log
+from nymph.client.errors import QueueConflict, QueueNotFound
+from nymph.client.logs import follow_log
 from nymph.launch.logcap import marker
 from nymph.queue.models import OutputSettings
 

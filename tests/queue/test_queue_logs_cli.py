@@ -10,7 +10,7 @@ import pytest
 from queue_helpers import Served
 from test_queue_cli import _setup, env, run  # noqa: F401 - the env fixture is used by name
 
-from nymph.userview import NEVER_RAN_EXIT
+from nymph.cli.userview import NEVER_RAN_EXIT
 
 
 async def _daemon(served: Served, *, printed: list[bytes], ran: bool, exit_code: int | None) -> str:

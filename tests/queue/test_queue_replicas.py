@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 
 from nymph.client import DaemonIdentity, QueueClient
-from nymph.client_errors import QueueConflict, QueueError, QueueNotInstanceDaemon
+from nymph.client.errors import QueueConflict, QueueError, QueueNotInstanceDaemon
 from tests.hygiene_plugin import stop_process, track
 from tests.pg_server import PgServer
 
@@ -381,7 +381,7 @@ async def test_a_log_follow_on_one_replica_wakes_for_a_chunk_shipped_to_another(
 ) -> None:
     from queue_helpers import FAST, add_kind, open_queue
 
-    from nymph.client_logs import follow_log
+    from nymph.client.logs import follow_log
 
     db = pg_server.fresh_database()
     (a, ra), (b, rb) = [await open_queue(tmp_path, FAST, db=db) for _ in range(2)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nymph.client_dispatch import _claimed_tasks
-from nymph.client_errors import QueueError
+from nymph.client.dispatch import _claimed_tasks
+from nymph.client.errors import QueueError
 from nymph.kube.errors import Invalid, Unavailable, classify_kubectl
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nymph.client_results import target
+from nymph.client.results import target
 from nymph.daemon.results import collect, read_chunks
 from nymph.launch.results import BadResultPath, check_result_path
 

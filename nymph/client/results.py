@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import quote
 
-from nymph.client import QueueClient
+from nymph.client.user import QueueClient
 from nymph.launch.results import BadResultPath, check_result_path
 
 

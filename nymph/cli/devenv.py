@@ -260,7 +260,7 @@ async def _show_output(client: QueueClient, *, cluster: Cluster, instance_id: st
     """The launch's real output, as the daemon shipped it to the queue, on stdout."""
     if cluster.simulated:
         return
-    from nymph.client_logs import follow_log
+    from nymph.client.logs import follow_log
 
     got: list[bytes] = []
     try:
@@ -276,7 +276,7 @@ async def _show_output(client: QueueClient, *, cluster: Cluster, instance_id: st
 
 
 async def _demo(url: str, user_token: str, *, cluster: Cluster, script: str) -> tuple[str, int]:
-    from nymph.userview import follow, print_instances
+    from nymph.cli.userview import follow, print_instances
 
     async with QueueClient(base_url=url, token=user_token) as c:
         await c.create_provider(

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from nymph.client import QueueClient
-from nymph.client_errors import QueueUnavailable
+from nymph.client.errors import QueueUnavailable
+from nymph.client.user import QueueClient
 from nymph.launch.logcap import Dropped, resume_offset
 
 

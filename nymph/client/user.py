@@ -22,8 +22,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from nymph.client_dispatch import DaemonIdentity, DispatchCalls
-from nymph.client_errors import (
+from nymph.client.dispatch import DaemonIdentity, DispatchCalls
+from nymph.client.errors import (
     BY_CODE,
     BY_STATUS,
     QueueAuthError,

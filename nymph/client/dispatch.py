@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from nymph.client_errors import QueueAuthError, QueueConflict, QueueRegistrationRefused, QueueUnavailable
+from nymph.client.errors import QueueAuthError, QueueConflict, QueueRegistrationRefused, QueueUnavailable
 from nymph.protocol import ActiveJSON, CompleteAnswer, RenewAnswer, ReportAck, SessionJSON, TaskJSON
 
 #: Answers (401 codes) after which the client registers again and retries the call once.
