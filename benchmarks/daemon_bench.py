@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.scoreboard import footprint, procstat, queue_load, report  # noqa: E402
+from benchmarks.scoreboard import footprint, page, procstat, queue_load, report  # noqa: E402
 from benchmarks.scoreboard.kube import make_namespace, raw_create, raw_latency, server_version  # noqa: E402
 from benchmarks.scoreboard.nymph_run import configs, run_config  # noqa: E402
 from nymph.kube.binaries import kubectl_path  # noqa: E402
@@ -176,10 +176,10 @@ def parse(argv: list[str] | None = None) -> tuple[Params, Path]:
     )
     parser.add_argument("--only", help="configurations to run, comma-separated (default all)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
-    parser.add_argument("--markdown", type=Path, help="print the README tables of a results file and exit")
+    parser.add_argument("--markdown", type=Path, help="print docs/performance.md for a results file and exit")
     args = parser.parse_args(argv)
     if args.markdown:
-        print(report.markdown(json.loads(args.markdown.read_text())))
+        print(page.page(json.loads(args.markdown.read_text())), end="")
         raise SystemExit(0)
     p = SMOKE if args.smoke else Params()
     changes: dict[str, Any] = {"soak": args.soak}

@@ -177,7 +177,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The README's Performance tables, from one results document."""
+    """The tables of docs/performance.md, from one results document (see ``page.py``)."""
     m = results["machine"]
     raw = results["raw"]
     out = [
@@ -261,7 +261,10 @@ def markdown(results: dict[str, Any]) -> str:
             )
     soak = results.get("soak")
     if soak:
-        out.append(f"| daemon RSS growth over {soak['launches']} launches (%) | {soak['rss_growth_pct']} |")
+        earlier = f", from the `make bench SOAK=1` run of {soak['from_run']}" if soak.get("from_run") else ""
+        out.append(
+            f"| daemon RSS growth over {soak['launches']:,} launches (%){earlier} | {soak['rss_growth_pct']} |"
+        )
     q = results.get("queue") or {}
     if q:
         out += [
