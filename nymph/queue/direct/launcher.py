@@ -42,13 +42,6 @@ class DirectDispatch:
         self.connector = connector
         self.watches = watches
 
-    async def is_direct(self, *, ns: str, provider: str) -> bool:
-        p = await self.store.get_provider_config(ns=ns, name=provider)
-        return p.direct
-
-    async def owns_instance(self, *, instance_id: str) -> bool:
-        return await self.store.direct.is_direct(instance_id=instance_id)
-
     async def launch(
         self,
         *,

@@ -17,6 +17,7 @@ from nymph.queue.direct.launcher import DirectDispatch
 from nymph.queue.direct.logs import DirectLogs
 from nymph.queue.direct.reaper import Reaper
 from nymph.queue.direct.watches import WatchManager
+from nymph.queue.dispatcher import Dispatchers, QueuedDispatch
 from nymph.queue.secrets import KeySource, SecretBox, default_key_file
 from nymph.queue.secretstore import SecretStore
 from nymph.queue.store import Store
@@ -26,6 +27,7 @@ log = structlog.get_logger(__name__, component="queue.direct")
 DIRECT = web.AppKey("nymph.direct", DirectDispatch)
 SECRETS = web.AppKey("nymph.secrets", SecretStore)
 CONNECTOR = web.AppKey("nymph.connector", Connector)
+DISPATCHERS = web.AppKey("nymph.dispatchers", Dispatchers)
 WATCHES_TASK = "nymph-queue-direct-watches"
 REAPER_TASK = "nymph-queue-direct-reaper"
 DIRECT_TASK = "nymph-queue-direct"
@@ -62,6 +64,7 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
     app[SECRETS] = secrets
     app[CONNECTOR] = connector
     app[DIRECT] = DirectDispatch(store=store, connector=connector, watches=watches)
+    app[DISPATCHERS] = Dispatchers(store=store, queued=QueuedDispatch(store=store), direct=app[DIRECT])
 
     async def singleton() -> None:
         """The watches (with the direct log followers) and the reaper, on one replica at a time (all of them on SQLite)."""

@@ -32,7 +32,7 @@ from nymph.launch.state import InstanceState
 from nymph.protocol import InstanceJSON
 from nymph.queue import tenancy
 from nymph.queue.bodies import Fields, query_int, query_number, read_object
-from nymph.queue.direct.wiring import CONNECTOR, DIRECT
+from nymph.queue.direct.wiring import CONNECTOR, DISPATCHERS
 from nymph.queue.errors import BadRequest, NotFound, Unavailable
 from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.models import TenancySettings
@@ -295,13 +295,8 @@ async def launch(request: web.Request) -> web.Response:
     f.req_string("mode")
     for name in ("tags", "env", "fields"):
         f.mapping(name)
-    direct = request.app[DIRECT]
-    if await direct.is_direct(ns=m["ns"], provider=m["name"]):
-        accepted = await direct.launch(
-            ns=m["ns"], provider=m["name"], body=data, idempotency_key=key, principal=request[PRINCIPAL]
-        )
-        return _json(accepted, status=202)
-    accepted = await request.app[STORE].launch(
+    dispatcher = await request.app[DISPATCHERS].for_provider(ns=m["ns"], provider=m["name"])
+    accepted = await dispatcher.launch(
         ns=m["ns"], provider=m["name"], body=data, idempotency_key=key, principal=request[PRINCIPAL]
     )
     return _json(accepted, status=202)
@@ -321,7 +316,7 @@ async def launch_dockyard(request: web.Request) -> web.Response:
     overrides = f.strings("overrides", required=False, max_items=_MAX_OVERRIDES)
     store = request.app[STORE]
     kube_ns = await store.provider_kube_namespace(ns=m["ns"], name=m["name"])
-    if await request.app[DIRECT].is_direct(ns=m["ns"], provider=m["name"]):
+    if (await store.get_provider_config(ns=m["ns"], name=m["name"])).direct:
         raise BadRequest(
             f"provider {m['name']!r} is a dispatch: direct provider; dockyard launches need a "
             "dispatch: daemon provider (a nymph daemon in the cluster applies them)",
@@ -365,11 +360,8 @@ async def list_instances(request: web.Request) -> web.Response:
             f"state {state!r} is not an instance state; use one of {', '.join(sorted(_STATES))}",
             code="invalid_query",
         )
-    direct = request.app[DIRECT]
-    if await direct.is_direct(ns=m["ns"], provider=m["name"]):
-        items = await direct.list_instances(ns=m["ns"], provider=m["name"], state=state)
-    else:
-        items = await request.app[STORE].list_instances(ns=m["ns"], provider=m["name"], state=state)
+    dispatcher = await request.app[DISPATCHERS].for_provider(ns=m["ns"], provider=m["name"])
+    items = await dispatcher.list_instances(ns=m["ns"], provider=m["name"], state=state)
     return _json({"items": items})
 
 
@@ -399,13 +391,8 @@ async def get_instance(request: web.Request) -> web.Response:
 async def stop_instance(request: web.Request) -> web.Response:
     m = request.match_info
     grace = query_int(request, "gracePeriodSeconds", minimum=0, maximum=86_400)
-    direct = request.app[DIRECT]
-    if await direct.owns_instance(instance_id=m["id"]):
-        await direct.stop(
-            ns=m["ns"], provider=m["name"], instance_id=m["id"], grace=grace, principal=request[PRINCIPAL]
-        )
-        return web.Response(status=204)
-    await request.app[STORE].stop_instance(
+    dispatcher = await request.app[DISPATCHERS].for_instance(instance_id=m["id"])
+    await dispatcher.stop(
         ns=m["ns"], provider=m["name"], instance_id=m["id"], grace=grace, principal=request[PRINCIPAL]
     )
     return web.Response(status=204)
@@ -421,13 +408,8 @@ async def test_provider(request: web.Request) -> web.Response:
     f = Fields(data)
     f.reject_unknown({"mode"})
     mode = f.string("mode", required=False)
-    direct = request.app[DIRECT]
-    if await direct.is_direct(ns=m["ns"], provider=m["name"]):
-        task_id = await direct.probe(ns=m["ns"], provider=m["name"], mode=mode, principal=request[PRINCIPAL])
-        return _json({"taskId": task_id}, status=202)
-    task_id = await request.app[STORE].probe(
-        ns=m["ns"], provider=m["name"], mode=mode, principal=request[PRINCIPAL]
-    )
+    dispatcher = await request.app[DISPATCHERS].for_provider(ns=m["ns"], provider=m["name"])
+    task_id = await dispatcher.probe(ns=m["ns"], provider=m["name"], mode=mode, principal=request[PRINCIPAL])
     return _json({"taskId": task_id}, status=202)
 
 
