@@ -15,8 +15,10 @@ lapses ``ttl_seconds`` after its last call (401 ``session_expired``).
 A daemon id has one live session. Registering it again from the same node with a bootstrap
 token of the same scope replaces the old session (a restarted daemon keeps its id and must get
 back in), but nothing of the old session is handed over: the caller releases its leases back to
-the queue (:attr:`Registered.replaced`), so a new session never completes, renews or reports as
-the work of the one it replaced. A live session on another node, or registered with a token of
+the queue (:attr:`Registered.replaced`), so a new session never completes or renews the work of
+the one it replaced. It is still the same daemon for the instances that one ran: its reports,
+logs and results on them (often replayed from its outbox) are taken until another daemon claims
+them (see :mod:`nymph.queue.sql.binding`). A live session on another node, or registered with a token of
 another scope, is not replaced (409 ``daemon_id_in_use``). The holder of the bootstrap token is
 trusted for the identity it declares; what a session prevents is one daemon acting as another,
 or outside the namespaces it registered for.
