@@ -27,7 +27,7 @@ from nymph.queue.models import (
     Role,
     TenancySettings,
 )
-from nymph.queue.serve import DEFAULT_LISTEN, default_db_path, serve
+from nymph.queue.http.serve import DEFAULT_LISTEN, default_db_path, serve
 from nymph.queue.sql.dialect import Conn
 
 T = TypeVar("T")

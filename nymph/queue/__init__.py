@@ -5,7 +5,7 @@ report state, and upload logs. The protocol is ``openapi.yaml`` in this package,
 ``GET /openapi.yaml``.
 """
 
-from nymph.queue.app import create_app
+from nymph.queue.http.app import create_app
 from nymph.queue.models import QueueSettings
 
 __all__ = ["QueueSettings", "create_app"]

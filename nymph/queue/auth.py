@@ -1,5 +1,5 @@
 """Bearer tokens: creation, import and lookup (the middleware that enforces role and namespace
-scope is in :mod:`nymph.queue.middlewares`).
+scope is in :mod:`nymph.queue.http.middlewares`).
 
 A token is shown once, when created, and stored only as its sha256 hash. Callers are known by
 the token's id (``tok-<hex>``) and optional name, which is what gets recorded as requester and

@@ -150,7 +150,7 @@ class TenancySettings:
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """All tunables of the service, grouped; passed to :func:`nymph.queue.app.create_app`."""
+    """All tunables of the service, grouped; passed to :func:`nymph.queue.http.app.create_app`."""
 
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     retry: RetrySettings = field(default_factory=RetrySettings)

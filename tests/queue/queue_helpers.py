@@ -19,11 +19,11 @@ import aiohttp
 from aiohttp import web
 
 from nymph.client import QueueClient
-from nymph.queue.app import create_app
 from nymph.queue.auth import create_token
-from nymph.queue.keys import STORE
+from nymph.queue.http.app import create_app
+from nymph.queue.http.keys import STORE
+from nymph.queue.http.server import make_runner
 from nymph.queue.models import LeaseSettings, QueueSettings, RetrySettings, Role, TenancySettings
-from nymph.queue.runner import make_runner
 from nymph.queue.store import Store
 
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import DropItem, Outbox
 from nymph.daemon.sender import QueueSender
 from nymph.daemon.settings import DaemonQueueSettings, DaemonSettings, KubeSettings
-from nymph.queue.keys import SESSIONS
+from nymph.queue.http.keys import SESSIONS
 from nymph.queue.models import Role
 
 NS = "/v1/namespaces"

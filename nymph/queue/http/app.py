@@ -21,14 +21,14 @@ from aiohttp import web
 from nymph.queue.auth import Authenticator
 from nymph.queue.db import Backend, Database
 from nymph.queue.direct import wiring as direct
-from nymph.queue.keys import AUTH, SESSIONS, SETTINGS, STORE
-from nymph.queue.middlewares import auth_middleware, error_middleware
+from nymph.queue.http.keys import AUTH, SESSIONS, SETTINGS, STORE
+from nymph.queue.http.middlewares import auth_middleware, error_middleware
+from nymph.queue.http.routes import daemon as daemon_routes
+from nymph.queue.http.routes import output as output_routes
+from nymph.queue.http.routes import results as result_routes
+from nymph.queue.http.routes import secrets as secret_routes
+from nymph.queue.http.routes import user as user_routes
 from nymph.queue.models import QueueSettings
-from nymph.queue.routes import daemon as daemon_routes
-from nymph.queue.routes import output as output_routes
-from nymph.queue.routes import results as result_routes
-from nymph.queue.routes import secrets as secret_routes
-from nymph.queue.routes import user as user_routes
 from nymph.queue.sessions import SessionStore
 from nymph.queue.store import Store
 

@@ -3,7 +3,7 @@
 Malformed JSON is a 400; a body that is JSON but has the wrong shape (not an object, a missing
 key, a value of the wrong type) is a 422 naming the key; a body over the size cap (before or
 after decoding) is a 413. A ``Content-Encoding`` of ``gzip`` or ``deflate`` is decoded here (the
-server leaves bodies encoded, see :mod:`nymph.queue.runner`): a body that does not decode is a
+server leaves bodies encoded, see :mod:`nymph.queue.http.server`): a body that does not decode is a
 400, any other encoding a 415.
 """
 

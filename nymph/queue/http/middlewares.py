@@ -21,7 +21,7 @@ from aiohttp import web
 from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unauthorized
-from nymph.queue.keys import AUTH, PRINCIPAL, SESSIONS
+from nymph.queue.http.keys import AUTH, PRINCIPAL, SESSIONS
 from nymph.queue.models import Principal, Role
 from nymph.queue.secrets import SecretKeyError
 from nymph.queue.sessions import SESSION_PREFIX, session_principal

@@ -21,10 +21,10 @@ from aiohttp import web
 
 from nymph import netaddr
 from nymph.errors import ConfigError
-from nymph.queue.app import create_app
-from nymph.queue.keys import STORE
+from nymph.queue.http.app import create_app
+from nymph.queue.http.keys import STORE
+from nymph.queue.http.server import make_runner
 from nymph.queue.models import QueueSettings
-from nymph.queue.runner import make_runner
 from nymph.queue.threads import BoundedExecutor, start_cpu, stop_cpu
 
 log = structlog.get_logger(__name__, component="queue.serve")

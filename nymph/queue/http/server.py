@@ -1,7 +1,7 @@
 """The HTTP server around the queue app: errors aiohttp's parser raises before any middleware
 runs (an unknown method, a malformed request line or header) answered in the documented
 ``{"error", "detail"}`` shape, and request bodies left encoded so that
-:func:`nymph.queue.bodies.read_object` decodes them itself (a corrupt or unknown
+:func:`nymph.queue.http.bodies.read_object` decodes them itself (a corrupt or unknown
 ``Content-Encoding`` is then a 4xx, never a 500).
 
 Every server of the queue app is started through :func:`make_runner`.

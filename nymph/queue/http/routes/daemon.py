@@ -6,8 +6,8 @@ works, hands back what it did not start, completes each task, streams state repo
 logs before reaping, and asks which instances it should be running after a restart. Each call
 acts as the session's daemon id, on its node, within the namespaces it registered for; a
 ``daemonId`` / ``node`` in a body or query must match the session (else 403). Reports, log
-tails (and the log chunks and result files of :mod:`nymph.queue.routes.output` and
-:mod:`nymph.queue.routes.results`) are taken only for instances the session's daemon runs
+tails (and the log chunks and result files of :mod:`nymph.queue.http.routes.output` and
+:mod:`nymph.queue.http.routes.results`) are taken only for instances the session's daemon runs
 (:mod:`nymph.queue.sql.binding`; else 403 ``not_instance_daemon``, logged, nothing written).
 """
 
@@ -25,12 +25,12 @@ from nymph.launch.names import check_namespace
 from nymph.launch.placement import NodeOffer
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
-from nymph.queue.bodies import Fields, read_object
 from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
-from nymph.queue.keys import PRINCIPAL, SESSIONS, SETTINGS, STORE
+from nymph.queue.http.bodies import Fields, read_object
+from nymph.queue.http.keys import PRINCIPAL, SESSIONS, SETTINGS, STORE
+from nymph.queue.http.routes.refusals import logged_refusal
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report
 from nymph.queue.notify import wait_for_event
-from nymph.queue.routes.refusals import logged_refusal
 
 routes = web.RouteTableDef()
 log = structlog.get_logger(__name__, component="queue.dispatch")

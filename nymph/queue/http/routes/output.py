@@ -21,11 +21,11 @@ import contextlib
 from aiohttp import web
 
 from nymph.protocol import now
-from nymph.queue.bodies import Fields, query_int, read_object
 from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
-from nymph.queue.keys import PRINCIPAL, STORE
+from nymph.queue.http.bodies import Fields, query_int, read_object
+from nymph.queue.http.keys import PRINCIPAL, STORE
+from nymph.queue.http.routes.refusals import logged_refusal
 from nymph.queue.output import follow_over
-from nymph.queue.routes.refusals import logged_refusal
 from nymph.queue.sql.logchunks import LogStatus
 
 routes = web.RouteTableDef()

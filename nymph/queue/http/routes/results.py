@@ -10,10 +10,10 @@ import binascii
 from aiohttp import web
 
 from nymph.launch.results import BadResultPath, check_result_path
-from nymph.queue.bodies import Fields, read_object
 from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
-from nymph.queue.keys import PRINCIPAL, STORE
-from nymph.queue.routes.refusals import logged_refusal
+from nymph.queue.http.bodies import Fields, read_object
+from nymph.queue.http.keys import PRINCIPAL, STORE
+from nymph.queue.http.routes.refusals import logged_refusal
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from nymph.queue.bodies import Fields, read_object
 from nymph.queue.direct.wiring import CONNECTOR, SECRETS
-from nymph.queue.keys import STORE
+from nymph.queue.http.bodies import Fields, read_object
+from nymph.queue.http.keys import STORE
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"

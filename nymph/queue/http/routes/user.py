@@ -31,10 +31,10 @@ from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.launch.state import InstanceState
 from nymph.protocol import InstanceJSON
 from nymph.queue import tenancy
-from nymph.queue.bodies import Fields, query_int, query_number, read_object
 from nymph.queue.direct.wiring import CONNECTOR, DISPATCHERS
 from nymph.queue.errors import BadRequest, NotFound, Unavailable
-from nymph.queue.keys import PRINCIPAL, SETTINGS, STORE
+from nymph.queue.http.bodies import Fields, query_int, query_number, read_object
+from nymph.queue.http.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.models import TenancySettings
 from nymph.queue.notify import wait_for_event
 from nymph.queue.threads import Stopping, run_cpu
