@@ -24,7 +24,7 @@ from nymph.localcluster import host, nodeimages
 from nymph.localcluster.certs import PKI
 from nymph.localcluster.nodeconfig import NodeLayout, cni_conflist, containerd_toml, kubelet_yaml
 from nymph.localcluster.procs import Proc, spawn, stop_all
-from nymph.localcluster.reaper import start_reaper
+from nymph.localcluster.slotreaper import start_reaper
 
 REAL_NODE = "nymph-real"
 NODE_BINARIES = ("kubelet", "containerd", "ctr", "containerd-shim-runc-v2")

@@ -5,5 +5,5 @@
 * :mod:`.connect`: connections from providers and modes, secrets fetched from the store;
 * :mod:`.launcher`: launch, list (live Pods merged with history), stop, probe;
 * :mod:`.watches`: one Pod watch per distinct connection, started on demand, stopped when idle;
-* :mod:`.reaper`: reconcile on start, reap finished Pods after a delay keeping their log tail.
+* :mod:`.janitor`: reconcile on start, reap finished Pods after a delay keeping their log tail.
 """

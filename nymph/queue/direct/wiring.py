@@ -14,8 +14,8 @@ from aiohttp import web
 from nymph.queue.db import DIRECT_LOCK
 from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.launcher import DirectDispatch
-from nymph.queue.direct.logs import DirectLogs
-from nymph.queue.direct.reaper import Reaper
+from nymph.queue.direct.podlogs import DirectLogs
+from nymph.queue.direct.janitor import Reaper
 from nymph.queue.direct.watches import WatchManager
 from nymph.queue.dispatcher import Dispatchers, QueuedDispatch
 from nymph.queue.secrets import KeySource, SecretBox, default_key_file

@@ -50,7 +50,7 @@ def start_reaper(layout: NodeLayout, *, root: Path | None = None) -> subprocess.
     Its stdin is a pipe only this process holds; closing it (or dying) wakes it."""
     root = root or host.state_root()
     return subprocess.Popen(
-        [sys.executable, "-m", "nymph.localcluster.reaper", str(layout.slot), str(root)],
+        [sys.executable, "-m", "nymph.localcluster.slotreaper", str(layout.slot), str(root)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
