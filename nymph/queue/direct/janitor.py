@@ -1,9 +1,9 @@
 """Restart safety and clean-up on the direct path.
 
-* :meth:`Reaper.reconcile` (at start): every recorded direct instance whose Pod may exist is
+* :meth:`Janitor.reconcile` (at start): every recorded direct instance whose Pod may exist is
   matched with the Pods found by label; one never created is created now (its fixed name makes
   that an adoption if it exists after all), one whose Pod is gone is settled as stopped.
-* :meth:`Reaper.reap`: finished direct Pods are deleted ``reap_after`` seconds after they end,
+* :meth:`Janitor.reap`: finished direct Pods are deleted ``reap_after`` seconds after they end,
   their log tail kept as the instance's logs.
 """
 
@@ -29,7 +29,7 @@ from nymph.queue.store import Store
 log = structlog.get_logger(__name__, component="queue.direct.reaper")
 
 
-class Reaper:
+class Janitor:
     def __init__(
         self,
         *,

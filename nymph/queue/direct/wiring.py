@@ -13,9 +13,9 @@ from aiohttp import web
 
 from nymph.queue.db import DIRECT_LOCK
 from nymph.queue.direct.connect import Connector
+from nymph.queue.direct.janitor import Janitor
 from nymph.queue.direct.launcher import DirectDispatch
 from nymph.queue.direct.podlogs import DirectLogs
-from nymph.queue.direct.janitor import Reaper
 from nymph.queue.direct.watches import WatchManager
 from nymph.queue.dispatcher import Dispatchers, QueuedDispatch
 from nymph.queue.secrets import KeySource, SecretBox, default_key_file
@@ -60,7 +60,7 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
     connector = Connector(secrets=secrets, settings=settings)
     followers = DirectLogs(store=store, connector=connector)
     watches = WatchManager(store=store, connector=connector, settings=settings, on_pod=followers.on_pod)
-    reaper = Reaper(store=store, connector=connector, settings=settings, busy=followers.busy)
+    janitor = Janitor(store=store, connector=connector, settings=settings, busy=followers.busy)
     app[SECRETS] = secrets
     app[CONNECTOR] = connector
     app[DIRECT] = DirectDispatch(store=store, connector=connector, watches=watches)
@@ -71,7 +71,7 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
         watches.active = True
         tasks = [
             asyncio.create_task(guarded(WATCHES_TASK, watches.run), name=WATCHES_TASK),
-            asyncio.create_task(guarded(REAPER_TASK, reaper.run), name=REAPER_TASK),
+            asyncio.create_task(guarded(REAPER_TASK, janitor.run), name=REAPER_TASK),
         ]
         try:
             await asyncio.gather(*tasks)
