@@ -201,3 +201,56 @@ def test_checks_catch_what_they_guard() -> None:
     assert len(command_paths(parser)) > 20
     assert any("nymph providers add" in c for c in command_paths(parser))
     assert _NYMPH.search("--field-manager=nymph -f -") is None
+
+
+_ROOTS = ("nymph/", "tests/", "manifests/", "benchmarks/", "daemonset/", "charts/", ".ci/", "docs/")
+_NAMEISH = re.compile(r"^[\w.-]+(?:/[\w.-]+)*/?$")
+
+
+def _named_paths(text: str) -> list[str]:
+    """Repository paths a page names in code spans: ``nymph/x.py``, ``tests/faults/`` (no globs
+    or placeholders); a ``module.py::function`` names its file."""
+    out: list[str] = []
+    for span in _code(text):
+        for token in re.split(r"[\s,;()\[\]'\"]+", span):
+            token = token.split("::")[0].rstrip(".:")
+            if token.startswith(_ROOTS) and _NAMEISH.match(token):
+                out.append(token)
+    return out
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_rel)
+def test_named_paths_exist(path: Path) -> None:
+    """Every repository path a page names (`nymph/queue/openapi.yaml`, `tests/faults/`) exists."""
+    missing = sorted({p for p in _named_paths(path.read_text()) if not (REPO / p).exists()})
+    assert not missing, missing
+
+
+def test_architecture_names_existing_modules() -> None:
+    """The code layout and the path of one launch name modules that exist: `queue/store.py` under
+    nymph/, and in the layout table a name anywhere under its row's package (`routes/user.py`)."""
+    text = (DOCS / "architecture.md").read_text()
+    missing: list[str] = []
+    for line in text.splitlines():
+        row = re.match(r"^\| `(nymph/[\w/]+/?)(?:\.py)?` \|(.*)\|$", line)
+        package = REPO / row.group(1) if row else REPO / "nymph"
+        body = row.group(2) if row else line
+        for span in _SPAN.finditer(body):
+            name = span.group(2).split("::")[0]
+            if not re.match(r"^[\w/]+\.(py|yaml)$|^[\w]+/$", name) or name.startswith(_ROOTS):
+                continue
+            found = (package / name).exists() or (REPO / "nymph" / name).exists()
+            if not found and package.is_dir():
+                tail = "/" + name.rstrip("/")
+                found = any(f.as_posix().endswith(tail) for f in package.rglob(tail.rsplit("/", 1)[1]))
+            if not found:
+                missing.append(f"{name} (under {_rel(package)})")
+    assert not missing, missing
+
+
+def test_architecture_lists_every_import_contract() -> None:
+    """Each import-linter contract of `.importlinter` is listed, by name, in docs/architecture.md."""
+    names = re.findall(r"^name *= *(.+?) *$", (REPO / ".importlinter").read_text(), re.M)
+    text = (DOCS / "architecture.md").read_text()
+    assert names
+    assert not [n for n in names if f"| {n} |" not in text], names
