@@ -24,9 +24,8 @@ import json
 import random
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Unpack
 
 from nymph.daemon.durable import (
     TornAppend,
@@ -37,35 +36,24 @@ from nymph.daemon.durable import (
     truncate_to,
     write_in_place,
 )
+from nymph.daemon.outboxitems import (
+    Completion,
+    DropItem,
+    OutboxSyncError,
+    Sender,
+    Syncable,
+    complete_item,
+    log_data_size,
+    next_batch,
+    parse_line,
+)
 from nymph.errors import NymphError
 from nymph.logs import get_logger
 
-Sender = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
+__all__ = ["DropItem", "Outbox", "OutboxSyncError", "Sender", "Syncable"]
 
 #: Sent lines kept before the file is emptied (a truncate and an ack, both fsynced).
 RESET_LINES = 1000
-
-
-def _size(item: dict[str, Any]) -> int:
-    """The log data an item carries (what the memory and log budgets count)."""
-    data = item.get("data") if item.get("kind") == "logchunk" else None
-    return len(data) if isinstance(data, str) else 0
-
-
-class Syncable(Protocol):
-    """A file written at once and made durable later (the daemon's audit log)."""
-
-    unsynced: int
-
-    def sync(self) -> int: ...
-
-
-class OutboxSyncError(OSError):
-    """The outbox could not be fsynced: its items are not sent until it can be."""
-
-
-class DropItem(Exception):
-    """Raised by a sender for an item the queue will never accept (e.g. a lost lease)."""
 
 
 class Outbox:
@@ -142,10 +130,10 @@ class Outbox:
             self._reset()
             return
         for i in range(self.acked, self.lines):
-            item = self._parse(lines[i], i)
+            item = parse_line(lines[i], i)
             if item is None:
                 continue
-            self.log_bytes += _size(item)
+            self.log_bytes += log_data_size(item)
             if self._fits(item):
                 self._hold(item)
             else:
@@ -154,18 +142,6 @@ class Outbox:
         if self.mem or self.backlog:
             self.idle.clear()
             self.log.info("resuming unsent reports", count=len(self.mem) + self.backlog)
-
-    @staticmethod
-    def _parse(line: str, index: int) -> dict[str, Any] | None:
-        try:
-            item = json.loads(line)
-        except ValueError:
-            return None
-        if not isinstance(item, dict) or "kind" not in item:
-            return None
-        item["_line"] = index
-        item["_bytes"] = len(line)
-        return item
 
     def _reset(self) -> None:
         # A kill between the two steps leaves an empty file and an old ack past its end, which
@@ -197,7 +173,7 @@ class Outbox:
     def _ack(self, batch: list[dict[str, Any]]) -> None:
         self.acked = int(batch[-1]["_line"]) + 1
         self.sent_total += len(batch)
-        self.log_bytes -= sum(_size(item) for item in batch)
+        self.log_bytes -= sum(log_data_size(item) for item in batch)
         self._update_room()
         drained = not self.mem and self.backlog == 0
         big = self.file_bytes >= self.compact_bytes and self.acked * 2 >= self.lines
@@ -241,7 +217,7 @@ class Outbox:
             for i, ln in enumerate(fh):
                 if i < self.acked:
                     continue
-                item = self._parse(ln, i)
+                item = parse_line(ln, i)
                 if item is None:
                     continue
                 if not self._fits(item, refill=True):
@@ -262,11 +238,11 @@ class Outbox:
             return False
         if not self.mem:
             return True  # one item always fits, whatever its size
-        return len(self.mem) < self.memory_max and self.mem_bytes + _size(item) <= self.memory_bytes
+        return len(self.mem) < self.memory_max and self.mem_bytes + log_data_size(item) <= self.memory_bytes
 
     def _hold(self, item: dict[str, Any]) -> None:
         self.mem.append(item)
-        self.mem_bytes += _size(item)
+        self.mem_bytes += log_data_size(item)
 
     def _update_room(self) -> None:
         if self.log_bytes < self.log_budget:
@@ -292,7 +268,7 @@ class Outbox:
             self._hold(item)
         else:
             self.backlog += 1
-        self.log_bytes += _size(item)
+        self.log_bytes += log_data_size(item)
         self._update_room()
         self.idle.clear()
         self.wake.set()
@@ -330,25 +306,8 @@ class Outbox:
             }
         )
 
-    def complete(
-        self,
-        *,
-        task_id: str,
-        ok: bool,
-        error: str | None = None,
-        retryable: bool = False,
-        result: dict[str, Any] | None = None,
-    ) -> None:
-        self._put(
-            {
-                "kind": "complete",
-                "taskId": task_id,
-                "ok": ok,
-                "error": error,
-                "retryable": retryable,
-                "result": result,
-            }
-        )
+    def complete(self, **completion: Unpack[Completion]) -> None:
+        self._put(complete_item(completion))
 
     def logs(self, *, instance_id: str, text: str) -> None:
         self._put({"kind": "logs", "instanceId": instance_id, "logs": text})
@@ -380,20 +339,7 @@ class Outbox:
     # -- the sender loop -----------------------------------------------------------------------
 
     def _next_batch(self) -> tuple[str, list[dict[str, Any]]]:
-        first = self.mem[0]
-        kind = str(first["kind"])
-        if kind != "report":
-            return kind, [first]
-        batch: list[dict[str, Any]] = []
-        size = 0
-        for item in self.mem:
-            if item["kind"] != "report" or item["stream"] != first["stream"] or len(batch) >= self.batch_max:
-                break
-            size += int(item.get("_bytes") or 0)
-            if batch and size > self.batch_bytes:
-                break
-            batch.append(item)
-        return kind, batch
+        return next_batch(self.mem, max_items=self.batch_max, max_bytes=self.batch_bytes)
 
     async def run(self, send: Sender) -> None:
         backoff = 0.5
@@ -424,7 +370,7 @@ class Outbox:
             backoff = 0.5
             self.last_error = ""
             for _ in batch:
-                self.mem_bytes -= _size(self.mem.popleft())
+                self.mem_bytes -= log_data_size(self.mem.popleft())
             self._ack(batch)
 
     async def _sync(self) -> None:

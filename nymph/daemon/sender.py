@@ -23,7 +23,8 @@ from nymph.client import (
 )
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.metrics import Metrics
-from nymph.daemon.outbox import DropItem, Outbox
+from nymph.daemon.outbox import Outbox
+from nymph.daemon.outboxitems import DropItem
 from nymph.logs import get_logger
 
 #: Outbox fields that are not part of the report the queue receives.

@@ -6,31 +6,17 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 from nymph.daemon.audit import AuditLog
 from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.metrics import Metrics
+from nymph.daemon.outboxitems import Complete
 from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.kube.applier import Applier
 from nymph.kube.errors import KubeError, Unavailable
 from nymph.kube.kubectl import Kubectl
 from nymph.protocol import TaskJSON
-
-
-class Complete(Protocol):
-    """Hand a task's outcome to the queue (through the outbox)."""
-
-    def __call__(
-        self,
-        *,
-        task_id: str,
-        ok: bool,
-        error: str | None = None,
-        retryable: bool = False,
-        result: dict[str, Any] | None = None,
-    ) -> None: ...
 
 
 @dataclass(frozen=True)

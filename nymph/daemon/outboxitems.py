@@ -1,0 +1,100 @@
+"""What the outbox holds and who it deals with (pure): the items' shapes, the one definition of
+a task's completion, and the seams to the sender and to a file synced with the outbox.
+
+An item is a JSON object with a ``kind`` (``report``, ``complete``, ``logs``, ``logchunk``);
+``_line`` (its line in the file) and ``_bytes`` (its length as written) are the outbox's own
+bookkeeping, never sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, Required, TypedDict, Unpack
+
+Sender = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
+
+
+class Completion(TypedDict, total=False):
+    """A task's outcome, as a handler gives it: what every ``complete(...)`` takes."""
+
+    task_id: Required[str]
+    ok: Required[bool]
+    error: str | None  # None when not given
+    retryable: bool  # False when not given
+    result: dict[str, Any] | None  # None when not given
+
+
+class Complete(Protocol):
+    """Hand a task's outcome to the queue (through the outbox)."""
+
+    def __call__(self, **completion: Unpack[Completion]) -> None: ...
+
+
+def complete_item(completion: Completion) -> dict[str, Any]:
+    """The outbox item of a completion."""
+    return {
+        "kind": "complete",
+        "taskId": completion["task_id"],
+        "ok": completion["ok"],
+        "error": completion.get("error"),
+        "retryable": completion.get("retryable", False),
+        "result": completion.get("result"),
+    }
+
+
+def log_data_size(item: dict[str, Any]) -> int:
+    """The log data an item carries (what the memory and log budgets count)."""
+    data = item.get("data") if item.get("kind") == "logchunk" else None
+    return len(data) if isinstance(data, str) else 0
+
+
+def parse_line(line: str, index: int) -> dict[str, Any] | None:
+    """The item on line ``index`` of the file, or None for a line that is not one."""
+    try:
+        item = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(item, dict) or "kind" not in item:
+        return None
+    item["_line"] = index
+    item["_bytes"] = len(line)
+    return item
+
+
+def next_batch(
+    items: Sequence[dict[str, Any]], *, max_items: int, max_bytes: int
+) -> tuple[str, list[dict[str, Any]]]:
+    """The kind and items of the next send from ``items`` (not empty), in order: a run of
+    reports of one stream (at most ``max_items``, under ``max_bytes`` as written), else the
+    first item alone."""
+    first = items[0]
+    kind = str(first["kind"])
+    if kind != "report":
+        return kind, [first]
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for item in items:
+        if item["kind"] != "report" or item["stream"] != first["stream"] or len(batch) >= max_items:
+            break
+        size += int(item.get("_bytes") or 0)
+        if batch and size > max_bytes:
+            break
+        batch.append(item)
+    return kind, batch
+
+
+class Syncable(Protocol):
+    """A file written at once and made durable later (the daemon's audit log)."""
+
+    unsynced: int
+
+    def sync(self) -> int: ...
+
+
+class OutboxSyncError(OSError):
+    """The outbox could not be fsynced: its items are not sent until it can be."""
+
+
+class DropItem(Exception):
+    """Raised by a sender for an item the queue will never accept (e.g. a lost lease)."""
