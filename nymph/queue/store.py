@@ -1,4 +1,5 @@
-"""The queue's state in SQLite, behind async methods (the thin facade over :mod:`nymph.queue.sql`).
+"""The queue's state in its database (SQLite, or PostgreSQL for replicas), behind async methods
+(the thin facade over :mod:`nymph.queue.sql`).
 
 Each method is one transaction on the database thread (see :mod:`nymph.queue.db`); after a
 commit that can make a task claimable or change an instance, the matching long-polls are woken

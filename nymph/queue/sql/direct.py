@@ -19,7 +19,8 @@ from nymph.launch.state import InstanceState, Reason, container_termination, pod
 from nymph.protocol import LaunchAccepted, TaskKind, now
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.launches import Guard, accept, new_task_id
-from nymph.queue.sql.rows import fetch_instance, record_termination, transition
+from nymph.queue.sql.rows import fetch_instance
+from nymph.queue.sql.transitions import record_termination, transition
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSe
 from nymph.queue.sql import binding, placement
 from nymph.queue.sql.dialect import Conn, for_update
 from nymph.queue.sql.retire import retire
-from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, task_json, transition
+from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, task_json
+from nymph.queue.sql.transitions import transition
 
 _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
 _START_SQL = ",".join(f"'{k}'" for k in START_KINDS)

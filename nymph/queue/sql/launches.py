@@ -29,8 +29,8 @@ from nymph.queue.sql.rows import (
     fetch_instance,
     instances_json,
     task_status_json,
-    transition,
 )
+from nymph.queue.sql.transitions import transition
 
 PROBE_SCRIPT = "print('nymph probe')\n"
 PROBE_IMAGE = "busybox"

@@ -12,13 +12,8 @@ from nymph.queue.errors import NotFound
 from nymph.queue.models import DaemonSession, Report
 from nymph.queue.sql import binding, placement
 from nymph.queue.sql.dialect import Conn
-from nymph.queue.sql.rows import (
-    fetch_instance,
-    record_termination,
-    session_filter,
-    session_may_act,
-    transition,
-)
+from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act
+from nymph.queue.sql.transitions import record_termination, transition
 
 
 def stream_key(*, daemon_id: str, stream: str) -> str:

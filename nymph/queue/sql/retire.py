@@ -6,7 +6,7 @@ from __future__ import annotations
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import START_KINDS
 from nymph.queue.sql.dialect import Conn
-from nymph.queue.sql.rows import transition
+from nymph.queue.sql.transitions import transition
 
 _START_SQL = ",".join(f"'{k}'" for k in START_KINDS)
 

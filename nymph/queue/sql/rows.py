@@ -1,9 +1,8 @@
-"""Rows <-> JSON, and the one function that changes an instance's state (all synchronous,
-called inside a transaction on the database thread)."""
+"""Rows <-> JSON and the daemon-session filters (all synchronous, called inside a transaction on
+the database thread); an instance's state changes in :mod:`nymph.queue.sql.transitions`."""
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -17,15 +16,6 @@ from nymph.protocol import (
 )
 from nymph.queue.models import DaemonSession
 from nymph.queue.sql.dialect import Conn, Row
-
-
-class Keep(enum.Enum):
-    """Sentinel: leave this field as it is."""
-
-    KEEP = 0
-
-
-KEEP = Keep.KEEP
 
 INSTANCE_COLUMNS = (
     "instance_id, namespace, provider, kube_namespace, state, reason, message, node, "
@@ -113,49 +103,6 @@ def fetch_instance(conn: Conn, instance_id: str) -> Row | None:
     return row
 
 
-def transition(
-    conn: Conn,
-    *,
-    instance_id: str,
-    now: float,
-    state: str | None = None,
-    reason: str | Keep | None = KEEP,
-    message: str | None = None,
-    node: str | None = None,
-    at: float | None = None,
-) -> bool:
-    """Apply a change to an instance; returns True if anything changed.
-
-    ``None`` (or :data:`KEEP` for ``reason``) leaves a field as it is. A change of state or reason
-    appends to the history; any change bumps ``version``. A stopped instance never changes.
-    """
-    row = fetch_instance(conn, instance_id)
-    if row is None or row["state"] == "stopped":
-        return False
-    new_state = row["state"] if state is None else state
-    new_reason = row["reason"] if isinstance(reason, Keep) else reason
-    new_message = row["message"] if message is None else message
-    new_node = row["node"] if node is None else node
-    if (new_state, new_reason, new_message, new_node) == (
-        row["state"],
-        row["reason"],
-        row["message"],
-        row["node"],
-    ):
-        return False
-    conn.execute(
-        "UPDATE instances SET state = ?, reason = ?, message = ?, node = ?, updated_at = ?, "
-        "version = version + 1 WHERE instance_id = ?",
-        (new_state, new_reason, new_message, new_node, now, instance_id),
-    )
-    if (new_state, new_reason) != (row["state"], row["reason"]):
-        conn.execute(
-            "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, ?, ?, ?)",
-            (instance_id, new_state, new_reason, new_message, now if at is None else at),
-        )
-    return True
-
-
 def task_json(row: Row) -> TaskJSON:
     out = TaskJSON(
         taskId=row["task_id"],
@@ -184,14 +131,3 @@ def task_status_json(row: Row) -> TaskStatusJSON:
         error=row["error"],
         attempts=row["attempts"],
     )
-
-
-def record_termination(conn: Conn, *, instance_id: str, termination: tuple[int, str, str]) -> bool:
-    """Keep how the container ended (the first word on it stays); True if it was new."""
-    code, reason, message = termination
-    cur = conn.execute(
-        "UPDATE instances SET exit_code = ?, termination_reason = ?, termination_message = ?, "
-        "version = version + 1 WHERE instance_id = ? AND exit_code IS NULL",
-        (code, reason[:200], message[:4096], instance_id),
-    )
-    return cur.rowcount > 0

@@ -1,0 +1,72 @@
+"""The one place an instance's state changes: :func:`transition` (state, reason, message, node,
+with its history) and :func:`record_termination` (how its container ended)."""
+
+from __future__ import annotations
+
+import enum
+
+from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.rows import fetch_instance
+
+
+class Keep(enum.Enum):
+    """Sentinel: leave this field as it is."""
+
+    KEEP = 0
+
+
+KEEP = Keep.KEEP
+
+
+def transition(
+    conn: Conn,
+    *,
+    instance_id: str,
+    now: float,
+    state: str | None = None,
+    reason: str | Keep | None = KEEP,
+    message: str | None = None,
+    node: str | None = None,
+    at: float | None = None,
+) -> bool:
+    """Apply a change to an instance; returns True if anything changed.
+
+    ``None`` (or :data:`KEEP` for ``reason``) leaves a field as it is. A change of state or reason
+    appends to the history; any change bumps ``version``. A stopped instance never changes.
+    """
+    row = fetch_instance(conn, instance_id)
+    if row is None or row["state"] == "stopped":
+        return False
+    new_state = row["state"] if state is None else state
+    new_reason = row["reason"] if isinstance(reason, Keep) else reason
+    new_message = row["message"] if message is None else message
+    new_node = row["node"] if node is None else node
+    if (new_state, new_reason, new_message, new_node) == (
+        row["state"],
+        row["reason"],
+        row["message"],
+        row["node"],
+    ):
+        return False
+    conn.execute(
+        "UPDATE instances SET state = ?, reason = ?, message = ?, node = ?, updated_at = ?, "
+        "version = version + 1 WHERE instance_id = ?",
+        (new_state, new_reason, new_message, new_node, now, instance_id),
+    )
+    if (new_state, new_reason) != (row["state"], row["reason"]):
+        conn.execute(
+            "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, ?, ?, ?)",
+            (instance_id, new_state, new_reason, new_message, now if at is None else at),
+        )
+    return True
+
+
+def record_termination(conn: Conn, *, instance_id: str, termination: tuple[int, str, str]) -> bool:
+    """Keep how the container ended (the first word on it stays); True if it was new."""
+    code, reason, message = termination
+    cur = conn.execute(
+        "UPDATE instances SET exit_code = ?, termination_reason = ?, termination_message = ?, "
+        "version = version + 1 WHERE instance_id = ? AND exit_code IS NULL",
+        (code, reason[:200], message[:4096], instance_id),
+    )
+    return cur.rowcount > 0
