@@ -1,11 +1,9 @@
-"""Leases: claim tasks by long-poll, renew what we hold, hand back what we will not do.
+"""Claims: take tasks by long-poll, renew what we hold, hand back what we will not do.
 
-The claimer owns the daemon's lease book: the tasks held (renewed every third of a lease), the
-ones whose work has begun, the ones whose completion waits in the outbox (renewed until the
-queue has it, so a slow outbox never lets a task be handed out again) and the local queue the
-runner takes work from. Capacity is the concurrency minus the work in flight and waiting, plus
-a small prefetch (half the concurrency): the next tasks are claimed while the current ones are
-applied, so a slot that frees starts its next task at once instead of after a claim's round trip.
+The claimer runs the claim and the renew loops. A claimed task is audited, held in the
+:class:`~nymph.daemon.leases.LeaseLedger` (whose leases the renew loop keeps, every third of a
+lease) and put on the :class:`~nymph.daemon.workqueue.WorkQueue`, whose capacity says how many
+tasks the next claim may ask for; the runner takes them from there.
 """
 
 from __future__ import annotations
@@ -19,10 +17,11 @@ from typing import Any
 from nymph.client import QueueAuthError, QueueClient, QueueError
 from nymph.daemon.audit import AuditLog, AuditWriteError
 from nymph.daemon.diskhealth import DiskHealth
+from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
-from nymph.daemon.outbox import Outbox
 from nymph.daemon.settings import DaemonSettings
 from nymph.daemon.tasks.validate import BadTask, check_task, usable_task_id
+from nymph.daemon.workqueue import WorkQueue
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON, TaskKind
 
@@ -44,7 +43,8 @@ class Claimer:
         *,
         settings: DaemonSettings,
         client: QueueClient,
-        outbox: Outbox,
+        leases: LeaseLedger,
+        work: WorkQueue,
         audit: AuditLog,
         metrics: Metrics,
         disk: DiskHealth | None = None,
@@ -61,101 +61,19 @@ class Claimer:
         self.kube_ok = kube_ok
         self.node = settings.node
         self.client = client
-        self.outbox = outbox
+        self.leases = leases
+        self.work = work
         self.audit = audit
         self.metrics = metrics
         self.log = get_logger("claimer", node=self.node, daemon=settings.daemon_id)
-        self.held: dict[str, TaskJSON] = {}  # taskId -> task, leases we renew
-        self.started: set[str] = set()  # taskIds whose work has begun
-        self.completing: set[str] = set()  # taskIds whose completion is in the outbox
-        self.abandoned: list[str] = []  # taskIds to hand back: their claim or completion was not saved
-        self.local: asyncio.Queue[TaskJSON] = asyncio.Queue()
-        self.slot_freed = asyncio.Event()  # the claim loop's wake-up
-        self.work_done = asyncio.Event()  # the runner's
-        #: Tasks claimed ahead of a free slot (held, renewed, waiting in ``local``).
-        self.prefetch = max(1, settings.in_flight // 2)
-        self.inflight = 0
         self.last_progress = time.monotonic()
         self.queue_ok = False
 
-    # -- capacity -----------------------------------------------------------------------------
-
-    def capacity(self) -> int:
-        return self.s.in_flight + self.prefetch - self.inflight - self.local.qsize()
-
-    async def wait_slot(self, concurrency: int) -> int:
-        """Wait until fewer than ``concurrency`` tasks run; how many more may start."""
-        while self.inflight >= concurrency:
-            self.work_done.clear()
-            await self.work_done.wait()
-        return concurrency - self.inflight
-
-    def begin(self, batch: list[TaskJSON]) -> None:
-        """The runner took ``batch`` off the local queue."""
-        for t in batch:
-            self.started.add(t["taskId"])
-        self.inflight += len(batch)
-        self.metrics.inflight.set(self.inflight)
-
-    def end(self, count: int) -> None:
-        """``count`` tasks finished running (completed or not)."""
-        self.inflight -= count
-        self.metrics.inflight.set(self.inflight)
-        self.slot_freed.set()
-        self.work_done.set()
-
-    # -- completion -----------------------------------------------------------------------------
-
-    def complete(
-        self,
-        *,
-        task_id: str,
-        ok: bool,
-        error: str | None = None,
-        retryable: bool = False,
-        result: dict[str, Any] | None = None,
-    ) -> None:
-        """Queue a task's completion; its lease keeps being renewed until the queue has it.
-
-        A completion the outbox cannot save (the root cannot be written) is not renewed for
-        ever: the task is handed back, and the queue gives it out again."""
-        self.completing.add(task_id)
-        try:
-            self.outbox.complete(task_id=task_id, ok=ok, error=error, retryable=retryable, result=result)
-        except OSError as exc:
-            self.disk.failed("outbox", exc)
-            self.log.error("could not save a completion; handing the task back", task=task_id)
-            self.abandon(task_id)
-
-    def abandon(self, task_id: str) -> None:
-        """Stop renewing ``task_id`` and hand it back to the queue soon."""
-        self.completing.discard(task_id)
-        self.started.discard(task_id)
-        if self.held.pop(task_id, None) is not None:
-            self.abandoned.append(task_id)
-
     def settled(self, task_id: str) -> None:
-        """The queue has the completion (or refused it for good)."""
-        self.completing.discard(task_id)
-        self.started.discard(task_id)
-        self.held.pop(task_id, None)
+        """The queue has the completion of ``task_id`` (or refused it for good): its lease is over."""
+        self.leases.settled(task_id)
 
     # -- release --------------------------------------------------------------------------------
-
-    def drop_waiting(self) -> None:
-        """Empty the local queue (shutdown: nothing more starts)."""
-        while not self.local.empty():
-            self.local.get_nowait()
-
-    def held_instances(self) -> set[str]:
-        """The instance ids of the tasks held (their workdirs are in use)."""
-        return {iid for t in self.held.values() if isinstance(iid := t.get("instanceId"), str)}
-
-    def unstarted(self) -> list[str]:
-        return [tid for tid in self.held if tid not in self.started]
-
-    def uncompleted(self) -> list[str]:
-        return [tid for tid in self.held if tid not in self.completing]
 
     async def release(self, task_ids: list[str]) -> None:
         if not task_ids:
@@ -166,15 +84,14 @@ class Claimer:
             self.log.warning("could not hand leases back; they will lapse", error=str(exc)[:200])
             return
         for tid in released:
-            self.held.pop(tid, None)
+            self.leases.dropped(tid)
             try:
                 self.audit.append("release", task=tid, node=self.node, result="released")
             except AuditWriteError as exc:
                 self.disk.failed("audit log", exc)
 
     async def release_abandoned(self) -> None:
-        ids, self.abandoned = self.abandoned, []
-        await self.release(ids)
+        await self.release(self.leases.take_abandoned())
 
     # -- loops --------------------------------------------------------------------------------
 
@@ -203,11 +120,9 @@ class Claimer:
                 # was handed back in the outage is released above, at no cost of an attempt).
                 await asyncio.sleep(KUBE_WAIT_SECONDS)
                 continue
-            free = self.capacity()
+            free = self.work.capacity()
             if free <= 0:
-                self.slot_freed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.slot_freed.wait(), s.queue.poll_wait)
+                await self.work.wait_capacity(s.queue.poll_wait)
                 continue
             t0 = time.monotonic()
             try:
@@ -244,7 +159,7 @@ class Claimer:
                 self.metrics.queue_seconds.labels("claim").observe(time.monotonic() - t0)
                 for task in tasks:
                     if self._claimed(task):
-                        await self.local.put(task)
+                        await self.work.put(task)
                 await self.release_abandoned()
             if any(self._runnable(t) for t in tasks):
                 empty_pause = EMPTY_PAUSE_MIN
@@ -291,9 +206,9 @@ class Claimer:
             )
         except AuditWriteError as exc:
             self.disk.failed("audit log", exc)
-            self.abandoned.append(tid)
+            self.leases.not_held(tid)
             return False
-        self.held[tid] = task
+        self.leases.hold(tid, task)
         return True
 
     async def renew_loop(self) -> None:
@@ -301,7 +216,7 @@ class Claimer:
         interval = max(1.0, s.queue.lease_seconds / 3)
         while True:
             await asyncio.sleep(interval)
-            ids = list(self.held)
+            ids = self.leases.held_ids()
             if not ids:
                 continue
             try:
@@ -315,4 +230,4 @@ class Claimer:
                 continue
             for tid in answer.get("lost", []):
                 self.log.warning("lease lost", task=tid)
-                self.held.pop(tid, None)
+                self.leases.dropped(tid)

@@ -1,7 +1,7 @@
 """The daemon: builds the parts and runs them as named, guarded loops.
 
-claimer (leases) -> runner (handlers by task kind) -> Pod watch -> tracker (reports) ->
-outbox -> sender (queue); the reaper removes finished Pods. Signals only set a flag; shutdown
+claimer (claims into the lease ledger) -> work queue -> runner (handlers by task kind) -> Pod
+watch -> tracker (reports) -> outbox -> sender (queue); the reaper removes finished Pods. Signals only set a flag; shutdown
 stops claiming, lets in-flight work finish within a grace period, hands unstarted leases back,
 flushes the outbox and exits 0.
 """
@@ -21,6 +21,7 @@ from nymph.daemon.audit import AuditLog, AuditWriteError
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.health import HealthView, start_health_server
+from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.logfollow import LogFollowers
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.nodeinfo import NodeInfo
@@ -36,6 +37,7 @@ from nymph.daemon.tasks import dockyard, pods
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
+from nymph.daemon.workqueue import WorkQueue
 from nymph.kube.api import ApiApplier, make_api_client
 from nymph.kube.applier import Applier
 from nymph.kube.kubectl import Kubectl
@@ -162,10 +164,13 @@ class Daemon:
         api = await make_api_client(kubeconfig=s.kube.kubeconfig, context=s.kube.context)
         applier, kubectl = self._applier(api)
         nodeinfo = NodeInfo(api=api, node=self.node)
+        leases = LeaseLedger(outbox=self.outbox, disk=self.disk, node=self.node, daemon_id=s.daemon_id)
+        work = WorkQueue(leases=leases, metrics=self.metrics, in_flight=s.in_flight)
         claimer = Claimer(
             settings=s,
             client=client,
-            outbox=self.outbox,
+            leases=leases,
+            work=work,
             audit=self.audit,
             metrics=self.metrics,
             disk=self.disk,
@@ -177,7 +182,7 @@ class Daemon:
             applier=applier,
             kubectl=kubectl,
             tracker=self.tracker,
-            complete=claimer.complete,
+            complete=leases.complete,
             audit=self.audit,
             metrics=self.metrics,
             workdirs=self.workdirs,
@@ -189,10 +194,10 @@ class Daemon:
             stopping=self.stopping,
             disk=self.disk,
             kube_ok=self.tracker.connected,
-            hand_back=claimer.abandon,
+            hand_back=leases.abandon,
         )
         runner = Runner(
-            claimer=claimer,
+            work=work,
             registry=self.handlers,
             context=context,
             concurrency=s.in_flight,
@@ -226,7 +231,7 @@ class Daemon:
             audit=self.audit,
             metrics=self.metrics,
             disk=self.disk,
-            busy=claimer.held_instances,
+            busy=leases.held_instances,
             logs_settled=lambda name: followers.settled(name) and uploads.settled(name),
         )
         sender = QueueSender(
@@ -274,7 +279,7 @@ class Daemon:
                     node=self.node,
                     client=client,
                     tracker=self.tracker,
-                    claimer=claimer,
+                    leases=leases,
                     audit=self.audit,
                     synced=self._synced,
                     reconciled=self.reconciled,
@@ -293,7 +298,7 @@ class Daemon:
         self.loops.append(guarded("audit-sync", self._sync_audit))
         try:
             await self.stopping.wait()
-            await self._shutdown(claimer, runner)
+            await self._shutdown(claimer, work, runner)
         finally:
             await followers.close()
             await uploads.close()
@@ -315,18 +320,18 @@ class Daemon:
             except AuditWriteError as exc:
                 self.disk.failed("audit log", exc)
 
-    async def _shutdown(self, claimer: Claimer, runner: Runner) -> None:
+    async def _shutdown(self, claimer: Claimer, work: WorkQueue, runner: Runner) -> None:
         s = self.s
-        self.log.info("shutting down: no new claims; finishing in-flight work", inflight=claimer.inflight)
+        self.log.info("shutting down: no new claims; finishing in-flight work", inflight=work.inflight)
         for t in self.loops:
             if t.get_name() == "claimer":
                 t.cancel()
-        claimer.drop_waiting()
-        await claimer.release(claimer.unstarted())
+        work.drop_waiting()
+        await claimer.release(claimer.leases.unstarted())
         await runner.drain(grace=s.shutdown_grace_seconds)
         # Whatever we hold and will not complete (not started, skipped because we are stopping,
         # or cut off by the grace period) goes back now rather than when its lease lapses.
-        await claimer.release(claimer.uncompleted())
+        await claimer.release(claimer.leases.uncompleted())
         await claimer.release_abandoned()  # handed back in an outage, or not saved
         with contextlib.suppress(AuditWriteError):
             await self.audit.synced()

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from nymph.client import QueueClient, QueueError
 from nymph.daemon.audit import AuditLog
-from nymph.daemon.claimer import Claimer
+from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.tracker import Report, Tracker
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
@@ -18,7 +18,7 @@ async def reconcile(
     node: str | None,
     client: QueueClient,
     tracker: Tracker,
-    claimer: Claimer,
+    leases: LeaseLedger,
     audit: AuditLog,
     synced: Callable[[], Awaitable[object]],
     reconciled: asyncio.Event,
@@ -47,7 +47,7 @@ async def reconcile(
         ns = item.get("kubeNamespace") or "default"
         if ns not in tracker.caches or tracker.pod_in_cache(ns, iid) is not None:
             continue
-        if any(t.get("instanceId") == iid for t in claimer.held.values()):
+        if leases.holds_instance(iid):
             continue
         track = tracker.track(iid, namespace=ns)
         tracker.report(

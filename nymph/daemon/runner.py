@@ -1,6 +1,6 @@
 """Running claimed tasks: batching, bounded concurrency, a handler per task kind.
 
-The runner takes tasks off the claimer's local queue, groups what can be applied together
+The runner takes tasks off the :class:`~nymph.daemon.workqueue.WorkQueue`, groups what can be applied together
 (launches: one apply call for many Pods) and runs each group at once, with at most
 ``concurrency`` tasks running in all. The handler of a task is looked up in a :class:`HandlerRegistry` by its
 :class:`~nymph.protocol.TaskKind` (a ``stop`` also by the kind of launch it ends); a kind with
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nymph.daemon.audit import AuditWriteError
-from nymph.daemon.claimer import Claimer
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.validate import BadTask, check_task
+from nymph.daemon.workqueue import WorkQueue
 from nymph.errors import NymphError
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON, TaskKind
@@ -117,14 +117,14 @@ class Runner:
     def __init__(
         self,
         *,
-        claimer: Claimer,
+        work: WorkQueue,
         registry: HandlerRegistry,
         context: TaskContext,
         concurrency: int,
         batch_max: int,
         linger: float = 0.0,
     ) -> None:
-        self.claimer = claimer
+        self.queue = work
         self.registry = registry
         self.ctx = context
         self.concurrency = concurrency
@@ -135,23 +135,20 @@ class Runner:
         self.log = get_logger("runner", node=context.node)
 
     async def run(self, *, ready: Callable[[], Awaitable[object]]) -> None:
-        """Take tasks off the local queue for good; ``ready`` is awaited before the first one."""
-        local = self.claimer.local
+        """Take tasks off the work queue for good; ``ready`` is awaited before the first one."""
         await ready()
         while True:
-            first = await local.get()
+            first = await self.queue.get()
             # At most ``concurrency`` tasks run at once (the claimer prefetches beyond them).
-            room = await self.claimer.wait_slot(self.concurrency)
-            batch = [first]
-            while len(batch) < min(self.batch_max, room) and not local.empty():
-                batch.append(local.get_nowait())
+            room = await self.queue.wait_slot(self.concurrency)
+            batch = [first, *self.queue.take(min(self.batch_max, room) - 1)]
             if self.linger > 0 and len(batch) < self.batch_max and self.work:
                 await self._linger(batch)
-            self.claimer.begin(batch)
+            self.queue.begin(batch)
             groups, unknown = self.registry.group(self._checked(batch))
             for task, exc in unknown:
                 self.ctx.complete(task_id=task["taskId"], ok=False, error=str(exc), retryable=False)
-                self.claimer.end(1)
+                self.queue.end(1)
             for handler, tasks in groups:
                 job = asyncio.create_task(self._run(handler, tasks), name=f"work:{tasks[0]['taskId']}")
                 self.work.add(job)
@@ -162,32 +159,19 @@ class Runner:
         free and claims arrive): one kubectl run costs about the same for one Pod as for
         sixteen, so a run started for a single launch while another runs wastes most of it.
         With nothing else running a batch starts at once (no latency added at low load)."""
-        local = self.claimer.local
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.linger
         while self.work:
-            room = self.concurrency - self.claimer.inflight - len(batch)
-            while room > 0 and len(batch) < self.batch_max and not local.empty():
-                batch.append(local.get_nowait())
-                room -= 1
+            room = self.concurrency - self.queue.inflight - len(batch)
+            taken = self.queue.take(min(room, self.batch_max - len(batch)))
+            batch.extend(taken)
+            room -= len(taken)
             left = deadline - loop.time()
             if len(batch) >= self.batch_max or left <= 0:
                 return
-            self.claimer.work_done.clear()
-            freed = asyncio.ensure_future(self.claimer.work_done.wait())
-            got: asyncio.Future[TaskJSON] | None = None
-            if room > 0:
-                got = asyncio.ensure_future(local.get())
-            waits: list[asyncio.Future[Any]] = [freed] if got is None else [freed, got]
-            try:
-                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                freed.cancel()
-                if got is not None:
-                    if got.done() and not got.cancelled():
-                        batch.append(got.result())
-                    else:
-                        got.cancel()
+            arrived = await self.queue.wait_change(timeout=left, take=room > 0)
+            if arrived is not None:
+                batch.append(arrived)
 
     def _checked(self, batch: list[TaskJSON]) -> list[TaskJSON]:
         """The tasks of ``batch`` whose every field checks out; the others fail for good."""
@@ -197,7 +181,7 @@ class Runner:
                 check_task(task, served=self.ctx.namespaces)
             except BadTask as exc:
                 self._refuse(task, exc)
-                self.claimer.end(1)
+                self.queue.end(1)
                 continue
             good.append(task)
         return good
@@ -226,7 +210,7 @@ class Runner:
             # redelivery adopts what was applied) and pause claiming until the root is writable.
             self.ctx.disk.failed("audit log", exc)
             for t in tasks:
-                if t["taskId"] not in self.claimer.completing:
+                if not self.queue.completed(t["taskId"]):
                     self.ctx.complete(
                         task_id=t["taskId"],
                         ok=False,
@@ -236,12 +220,12 @@ class Runner:
         except Exception:
             self.log.exception("task handling crashed", tasks=[t["taskId"] for t in tasks])
             for t in tasks:
-                if t["taskId"] not in self.claimer.completing:
+                if not self.queue.completed(t["taskId"]):
                     self.ctx.complete(
                         task_id=t["taskId"], ok=False, error="internal error in the daemon", retryable=True
                     )
         finally:
-            self.claimer.end(len(tasks))
+            self.queue.end(len(tasks))
 
     async def drain(self, *, grace: float) -> None:
         """Let running work finish within ``grace`` seconds, then cancel what is left."""

@@ -23,6 +23,7 @@ from nymph.daemon.audit import AuditLog, verify
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.health import VIEW_KEY, HealthView, readyz
+from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.runner import HandlerRegistry, Runner
@@ -33,6 +34,7 @@ from nymph.daemon.tasks.identity import ANNOTATION_LAUNCH
 from nymph.daemon.tasks.validate import BadTask, check_task
 from nymph.daemon.tracker import Report, Tracker
 from nymph.daemon.workdirs import Workdirs
+from nymph.daemon.workqueue import WorkQueue
 from nymph.kube import errors as ke
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.kubectl import Kubectl, KubectlResult
@@ -245,10 +247,12 @@ def rig(tmp_path: Path) -> Rig:
         daemon_id="d1", node=NODE, queue=replace(DaemonQueueSettings(), poll_wait=0.2, lease_seconds=3)
     )
     queue = FakeQueue()
+    leases = LeaseLedger(outbox=outbox, disk=health)
     claimer = Claimer(
         settings=settings,
         client=cast(QueueClient, queue),
-        outbox=outbox,
+        leases=leases,
+        work=WorkQueue(leases=leases, metrics=metrics, in_flight=settings.in_flight),
         audit=audit,
         metrics=metrics,
         disk=health,
@@ -262,7 +266,7 @@ def rig(tmp_path: Path) -> Rig:
         applier=applier,
         kubectl=Kubectl(),
         tracker=tracker,
-        complete=claimer.complete,
+        complete=claimer.leases.complete,
         audit=audit,
         metrics=metrics,
         workdirs=workdirs,
@@ -315,7 +319,7 @@ async def test_a_claim_that_cannot_be_audited_is_handed_back_and_claiming_resume
     try:
         await until(lambda: r.queue.released == ["task-0000000000000001"])
         # Not held (no renewal for ever), not run, and the daemon says it is not ready.
-        assert r.claimer.held == {} and r.claimer.local.empty()
+        assert r.claimer.leases.held == {} and r.claimer.work.local.empty()
         assert not r.health.ok and "audit log" in (r.health.problem or "")
         status, body = await ready_status(r)
         assert status == 503 and body["disk"] is False and "diskProblem" in body
@@ -325,9 +329,9 @@ async def test_a_claim_that_cannot_be_audited_is_handed_back_and_claiming_resume
         assert r.queue.offers and not r.health.ok
         # Space returns: the write test passes, claiming resumes, the claim is audited.
         r.disk.full = False
-        await until(lambda: "task-0000000000000002" in r.claimer.held)
+        await until(lambda: "task-0000000000000002" in r.claimer.leases.held)
         assert r.health.ok and (await ready_status(r))[0] == 200
-        assert r.claimer.local.get_nowait()["taskId"] == "task-0000000000000002"
+        assert r.claimer.work.local.get_nowait()["taskId"] == "task-0000000000000002"
     finally:
         stopping.set()
         loop.cancel()
@@ -339,11 +343,11 @@ async def test_a_claim_that_cannot_be_audited_is_handed_back_and_claiming_resume
 
 async def test_a_completion_the_outbox_cannot_save_hands_the_task_back(tmp_path: Path) -> None:
     r = rig(tmp_path)
-    r.claimer.held["task-0000000000000001"] = task("launch", 1)
+    r.claimer.leases.held["task-0000000000000001"] = task("launch", 1)
     r.outbox._write = r.disk.write
     r.disk.full = True
-    r.claimer.complete(task_id="task-0000000000000001", ok=True)
-    assert r.claimer.held == {} and "task-0000000000000001" not in r.claimer.completing
+    r.claimer.leases.complete(task_id="task-0000000000000001", ok=True)
+    assert r.claimer.leases.held == {} and "task-0000000000000001" not in r.claimer.leases.completing
     assert not r.health.ok and "outbox" in (r.health.problem or "")
     await r.claimer.release_abandoned()
     assert r.queue.released == ["task-0000000000000001"]
@@ -365,9 +369,9 @@ async def test_an_audit_failure_inside_a_handler_is_retryable_not_an_internal_er
     r = rig(tmp_path)
     reg = HandlerRegistry()
     reg.add_batch(TaskKind.LAUNCH, pods.launch)
-    runner = Runner(claimer=r.claimer, registry=reg, context=r.ctx, concurrency=2, batch_max=8)
+    runner = Runner(work=r.claimer.work, registry=reg, context=r.ctx, concurrency=2, batch_max=8)
     r.disk.full = True
-    await r.claimer.local.put(task("launch", 1))
+    await r.claimer.work.local.put(task("launch", 1))
 
     async def ready() -> None:
         return None
@@ -396,7 +400,7 @@ async def test_the_runner_fails_hostile_tasks_for_good_and_runs_the_rest(tmp_pat
 
     reg = HandlerRegistry()
     reg.add(TaskKind.STOP, stop, stops=TaskKind.LAUNCH)
-    runner = Runner(claimer=r.claimer, registry=reg, context=r.ctx, concurrency=2, batch_max=8)
+    runner = Runner(work=r.claimer.work, registry=reg, context=r.ctx, concurrency=2, batch_max=8)
     batch = [
         task("stop", 1, instanceId="--all"),
         task("stop", 2, kubeNamespace="team-b"),
@@ -404,14 +408,14 @@ async def test_the_runner_fails_hostile_tasks_for_good_and_runs_the_rest(tmp_pat
         task("stop", 4, spec=["x"]),
     ]
     for t in batch:
-        await r.claimer.local.put(t)
+        await r.claimer.work.local.put(t)
 
     async def ready() -> None:
         return None
 
     job = asyncio.create_task(runner.run(ready=ready))
     try:
-        await until(lambda: len(r.completions()) == 4 and r.claimer.inflight == 0)
+        await until(lambda: len(r.completions()) == 4 and r.claimer.work.inflight == 0)
     finally:
         job.cancel()
         await asyncio.gather(job, return_exceptions=True)

@@ -26,7 +26,7 @@ UNREACHABLE = "dial tcp 127.0.0.1:6443: connect: connection refused"
 def outage(r: Rig, *, down: bool) -> Rig:
     """The rig's handlers see the API server as ``down`` (watches disconnected) or up."""
     r.cache.connected = not down
-    r.ctx = replace(r.ctx, kube_ok=r.ctx.tracker.connected, hand_back=r.claimer.abandon)
+    r.ctx = replace(r.ctx, kube_ok=r.ctx.tracker.connected, hand_back=r.claimer.leases.abandon)
     return r
 
 
@@ -45,12 +45,12 @@ async def test_a_launch_that_meets_an_outage_is_handed_back_not_failed(tmp_path:
 
     r = outage(rig(tmp_path), down=True)
     t = task("launch", 1)
-    r.claimer.held[t["taskId"]] = t
+    r.claimer.leases.held[t["taskId"]] = t
     r.applier.errors = {iid(1): [ke.Unavailable(UNREACHABLE)] * 3}
     await pods.launch(r.ctx, [t])
     # No completion (which would spend one of the queue's attempts): the lease is handed back.
     assert r.completions() == {}
-    assert r.claimer.held == {} and r.claimer.abandoned == [t["taskId"]]
+    assert r.claimer.leases.held == {} and r.claimer.leases.abandoned == [t["taskId"]]
     await r.claimer.release_abandoned()
     assert r.queue.released == [t["taskId"]]
     assert audit_results(r, "apply") == ["handed-back"]
@@ -65,11 +65,11 @@ async def test_an_unavailable_api_server_the_watch_still_reaches_is_a_retryable_
 
     r = outage(rig(tmp_path), down=False)
     t = task("launch", 1)
-    r.claimer.held[t["taskId"]] = t
+    r.claimer.leases.held[t["taskId"]] = t
     r.applier.errors = {iid(1): [ke.Unavailable("the server is currently unable")] * 3}
     await pods.launch(r.ctx, [t])
     done = r.completions()[t["taskId"]]
-    assert done["ok"] is False and done["retryable"] is True and r.claimer.abandoned == []
+    assert done["ok"] is False and done["retryable"] is True and r.claimer.leases.abandoned == []
 
 
 async def test_a_stop_that_meets_an_outage_is_handed_back(tmp_path: Path) -> None:
@@ -77,14 +77,14 @@ async def test_a_stop_that_meets_an_outage_is_handed_back(tmp_path: Path) -> Non
 
     r = outage(rig(tmp_path), down=True)
     t = task("stop", 1)
-    r.claimer.held[t["taskId"]] = t
+    r.claimer.leases.held[t["taskId"]] = t
 
     async def unreachable(**kw: Any) -> bool:
         raise ke.Unavailable(UNREACHABLE)
 
     r.applier.delete_pod = unreachable  # type: ignore[method-assign]
     await pods.stop(r.ctx, t)
-    assert r.completions() == {} and r.claimer.abandoned == [t["taskId"]]
+    assert r.completions() == {} and r.claimer.leases.abandoned == [t["taskId"]]
     assert audit_results(r, "delete") == ["handed-back"]
 
 
@@ -92,7 +92,7 @@ async def test_nothing_is_claimed_while_the_api_server_is_unreachable(tmp_path: 
     r = rig(tmp_path)
     reachable = [False]
     r.claimer.kube_ok = lambda: reachable[0]
-    r.claimer.abandoned = ["task-00000000000000aa"]  # handed back in the outage
+    r.claimer.leases.abandoned = ["task-00000000000000aa"]  # handed back in the outage
     r.queue.offers = [[task("launch", 1)]]
     reconciled, stopping = asyncio.Event(), asyncio.Event()
     reconciled.set()
@@ -101,9 +101,9 @@ async def test_nothing_is_claimed_while_the_api_server_is_unreachable(tmp_path: 
         # What was handed back is released at once, while claiming waits for the API server.
         await until(lambda: r.queue.released == ["task-00000000000000aa"])
         await asyncio.sleep(0.3)
-        assert r.queue.offers and r.claimer.held == {}
+        assert r.queue.offers and r.claimer.leases.held == {}
         reachable[0] = True
-        await until(lambda: "task-0000000000000001" in r.claimer.held)
+        await until(lambda: "task-0000000000000001" in r.claimer.leases.held)
     finally:
         stopping.set()
         loop.cancel()

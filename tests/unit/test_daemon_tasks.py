@@ -13,6 +13,8 @@ from nymph.client import QueueClient
 from nymph.daemon.audit import AuditLog
 from nymph.daemon.claimer import Claimer
 from nymph.daemon.daemon import default_handlers
+from nymph.daemon.diskhealth import DiskHealth
+from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.runner import HandlerKey, HandlerRegistry, Runner, UnknownTaskKind
@@ -22,6 +24,7 @@ from nymph.daemon.tasks.apply import APPLY_RETRY, RetryPolicy, apply_all, apply_
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
+from nymph.daemon.workqueue import WorkQueue
 from nymph.errors import ConfigError, NymphError
 from nymph.kube import errors as ke
 from nymph.kube.applier import ApplyOutcome, object_key
@@ -96,10 +99,12 @@ async def test_the_runner_fails_unknown_kinds_for_good_and_runs_the_rest(tmp_pat
     metrics = Metrics()
     audit = AuditLog(tmp_path / "audit.jsonl")
     settings = DaemonSettings(daemon_id="d1", node="node-a")
+    leases = LeaseLedger(outbox=outbox, disk=DiskHealth())
     claimer = Claimer(
         settings=settings,
         client=QueueClient(base_url="http://127.0.0.1:9"),
-        outbox=outbox,
+        leases=leases,
+        work=WorkQueue(leases=leases, metrics=metrics, in_flight=settings.in_flight),
         audit=audit,
         metrics=metrics,
     )
@@ -109,7 +114,7 @@ async def test_the_runner_fails_unknown_kinds_for_good_and_runs_the_rest(tmp_pat
         applier=kubectl,
         kubectl=kubectl,
         tracker=Tracker(node="node-a", outbox=outbox, metrics=metrics, workdirs=workdirs),
-        complete=claimer.complete,
+        complete=claimer.leases.complete,
         audit=audit,
         metrics=metrics,
         workdirs=workdirs,
@@ -128,16 +133,16 @@ async def test_the_runner_fails_unknown_kinds_for_good_and_runs_the_rest(tmp_pat
 
     reg = HandlerRegistry()
     reg.add(TaskKind.PROBE, echo)
-    runner = Runner(claimer=claimer, registry=reg, context=ctx, concurrency=2, batch_max=8)
+    runner = Runner(work=claimer.work, registry=reg, context=ctx, concurrency=2, batch_max=8)
     for t in (task("probe", "p1"), task("reboot", "r1"), task("probe", "p2")):
-        await claimer.local.put(t)
+        await claimer.work.local.put(t)
 
     async def ready() -> None:
         return None
 
     job = asyncio.create_task(runner.run(ready=ready))
     for _ in range(100):
-        if len(claimer.completing) == 3 and claimer.inflight == 0:
+        if len(claimer.leases.completing) == 3 and claimer.work.inflight == 0:
             break
         await asyncio.sleep(0.01)
     job.cancel()
@@ -147,7 +152,9 @@ async def test_the_runner_fails_unknown_kinds_for_good_and_runs_the_rest(tmp_pat
     assert done["r1"]["ok"] is False and done["r1"]["retryable"] is False
     assert done["r1"]["error"] == "unknown task kind 'reboot'"
     assert done["p1"]["ok"] and done["p2"]["ok"]
-    assert claimer.inflight == 0 and claimer.capacity() == settings.in_flight + claimer.prefetch
+    assert (
+        claimer.work.inflight == 0 and claimer.work.capacity() == settings.in_flight + claimer.work.prefetch
+    )
 
 
 # --- retry policy --------------------------------------------------------------------------------
