@@ -28,7 +28,7 @@ from pathlib import Path
 
 import platformdirs
 
-from nymph.client import QueueClient
+from nymph.client import UserClient
 from nymph.daemon.audit import verify
 from nymph.daemon.rbac import DAEMON_NODE_RULES, DAEMON_ROLE_RULES
 from nymph.errors import NymphError
@@ -256,7 +256,7 @@ def _cluster(opts: DevOptions, state: Path) -> Iterator[Cluster]:
         local.stop()
 
 
-async def _show_output(client: QueueClient, *, cluster: Cluster, instance_id: str) -> None:
+async def _show_output(client: UserClient, *, cluster: Cluster, instance_id: str) -> None:
     """The launch's real output, as the daemon shipped it to the queue, on stdout."""
     if cluster.simulated:
         return
@@ -278,7 +278,7 @@ async def _show_output(client: QueueClient, *, cluster: Cluster, instance_id: st
 async def _demo(url: str, user_token: str, *, cluster: Cluster, script: str) -> tuple[str, int]:
     from nymph.cli.userview import follow, print_instances
 
-    async with QueueClient(base_url=url, token=user_token) as c:
+    async with UserClient(base_url=url, token=user_token) as c:
         await c.create_provider(
             name="dev", launcher="Kube", kwargs={"namespace": "default"}, dispatch="daemon", replace=True
         )

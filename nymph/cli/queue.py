@@ -19,6 +19,7 @@ from nymph.netaddr import parse_listen
 from nymph.queue.auth import create_token, import_token
 from nymph.queue.db import connect, transaction
 from nymph.queue.direct.settings import DirectSettings
+from nymph.queue.http.serve import DEFAULT_LISTEN, default_db_path, serve
 from nymph.queue.models import (
     LeaseSettings,
     OutputSettings,
@@ -27,7 +28,6 @@ from nymph.queue.models import (
     Role,
     TenancySettings,
 )
-from nymph.queue.http.serve import DEFAULT_LISTEN, default_db_path, serve
 from nymph.queue.sql.dialect import Conn
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from typing import Any
 
 from nymph.cli.userverbs import _run
 from nymph.cli.userview import table
-from nymph.client import QueueClient
+from nymph.client import UserClient
 from nymph.client.results import download, list_results
 from nymph.errors import ConfigError
 from nymph.launch.results import BadResultPath
@@ -24,7 +24,7 @@ _HELP = (
 
 
 def cmd_results_list(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         got = await list_results(client, provider=args.provider, instance_id=args.instance_id)
         items = got.get("items") or []
         if items:
@@ -41,7 +41,7 @@ def cmd_results_list(args: argparse.Namespace) -> int:
 def cmd_results_get(args: argparse.Namespace) -> int:
     directory = Path(args.output).expanduser()
 
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         if args.path:
             paths = [args.path]
         else:

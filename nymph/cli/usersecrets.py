@@ -9,17 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 from typing import Any
-from urllib.parse import quote
 
 from nymph.cli.userverbs import _run
 from nymph.cli.userview import table
-from nymph.client import QueueClient
+from nymph.client import UserClient
 from nymph.errors import ConfigError
-
-
-def _path(client: QueueClient, name: str | None = None) -> str:
-    base = f"/v1/namespaces/{quote(client.namespace, safe='')}/secrets"
-    return base if name is None else f"{base}/{quote(name, safe='')}"
 
 
 def _value(args: argparse.Namespace) -> str:
@@ -40,8 +34,8 @@ def _value(args: argparse.Namespace) -> str:
 def cmd_secrets_set(args: argparse.Namespace) -> int:
     value = _value(args)
 
-    async def body(client: QueueClient) -> int:
-        await client.request("PUT", _path(client, args.name), json={"value": value})
+    async def body(client: UserClient) -> int:
+        await client.set_secret(name=args.name, value=value)
         print(
             f"secret {args.name} stored in namespace {client.namespace}; use it as "
             f'kubeconfig: {{"$secret": "{args.name}"}}'
@@ -52,8 +46,8 @@ def cmd_secrets_set(args: argparse.Namespace) -> int:
 
 
 def cmd_secrets_list(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
-        items = (await client.request("GET", _path(client)))["items"]
+    async def body(client: UserClient) -> int:
+        items = await client.list_secrets()
         if not items:
             print(f"no secrets in namespace {client.namespace}")
             return 0
@@ -68,8 +62,8 @@ def cmd_secrets_list(args: argparse.Namespace) -> int:
 
 
 def cmd_secrets_rm(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
-        await client.request("DELETE", _path(client, args.name))
+    async def body(client: UserClient) -> int:
+        await client.delete_secret(name=args.name)
         print(f"secret {args.name} removed from namespace {client.namespace}")
         return 0
 

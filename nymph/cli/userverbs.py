@@ -19,12 +19,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import yaml
 
 from nymph.cli.userview import follow, print_checks, print_instances, table
-from nymph.client import DEFAULT_URL, QueueClient, QueueError
+from nymph.client import DEFAULT_URL, QueueError, UserClient
 from nymph.client.logs import follow_log
 from nymph.dockyard.spec.yamlio import load_file
 from nymph.errors import ConfigError, NymphError
@@ -36,17 +35,17 @@ class ProbeTimeout(NymphError):
     """No daemon finished a probe in time."""
 
 
-def connection(args: argparse.Namespace) -> QueueClient:
+def connection(args: argparse.Namespace) -> UserClient:
     url = args.url or os.environ.get("NYMPH_URL")
     token = args.token or os.environ.get("NYMPH_TOKEN")
     if (url is None or token is None) and Path(args.dreamrc).expanduser().is_file():
         server = load_dreamrc(args.dreamrc).server
         url = url or server.get("url")
         token = token or server.get("token")
-    return QueueClient(base_url=url or DEFAULT_URL, token=token, namespace=args.namespace)
+    return UserClient(base_url=url or DEFAULT_URL, token=token, namespace=args.namespace)
 
 
-def _run(args: argparse.Namespace, body: Callable[[QueueClient], Awaitable[int]]) -> int:
+def _run(args: argparse.Namespace, body: Callable[[UserClient], Awaitable[int]]) -> int:
     async def main() -> int:
         async with connection(args) as client:
             return await body(client)
@@ -75,19 +74,14 @@ def describe_kubeconfig(ref: object) -> str:
 def cmd_providers_add(args: argparse.Namespace) -> int:
     provider = provider_from_cli(args.name, launcher=args.launcher, kwargs=args.kwarg)
 
-    async def body(client: QueueClient) -> int:
-        data: dict[str, Any] = {
-            "name": provider.name,
-            "launcher": provider.launcher,
-            "kwargs": dict(provider.kwargs),
-        }
-        if args.dispatch:
-            data["dispatch"] = args.dispatch
-        base = f"/v1/namespaces/{quote(client.namespace, safe='')}/providers"
-        if args.replace:
-            saved = await client.request("PUT", f"{base}/{quote(provider.name, safe='')}", json=data)
-        else:
-            saved = await client.request("POST", base, json=data)
+    async def body(client: UserClient) -> int:
+        saved = await client.create_provider(
+            name=provider.name,
+            kwargs=provider.kwargs,
+            launcher=provider.launcher,
+            dispatch=args.dispatch or None,
+            replace=args.replace,
+        )
         dispatch = saved.get("dispatch", "")
         print(f"provider {provider.name} saved in namespace {client.namespace}")
         print(f"dispatch: {dispatch} ({_DISPATCH_SAYS.get(dispatch, '')})")
@@ -100,7 +94,7 @@ def cmd_providers_add(args: argparse.Namespace) -> int:
 
 
 def cmd_providers_list(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         items = await client.list_providers()
         if not items:
             print(f"no providers in namespace {client.namespace}")
@@ -122,7 +116,7 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
 
 
 def cmd_providers_show(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         provider = await client.get_provider(name=args.name)
         kwargs = dict(provider.get("kwargs") or {})
         if provider.get("dispatch") == "direct" or "kubeconfig" in kwargs:
@@ -136,7 +130,7 @@ def cmd_providers_show(args: argparse.Namespace) -> int:
 
 
 def cmd_providers_rm(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         await client.delete_provider(name=args.name)
         print(f"provider {args.name} removed")
         return 0
@@ -145,7 +139,7 @@ def cmd_providers_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_instances(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         print_instances(await client.list_instances(provider=args.provider, state=args.state))  # type: ignore[arg-type]
         return 0
 
@@ -153,7 +147,7 @@ def cmd_instances(args: argparse.Namespace) -> int:
 
 
 def cmd_providers_test(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         task_id = await client.test_provider(provider=args.name, mode=args.mode)
         print(f"probe {task_id} queued for provider {args.name}; waiting up to {args.timeout:g}s")
         deadline = time.monotonic() + args.timeout
@@ -187,7 +181,7 @@ def cmd_providers_test(args: argparse.Namespace) -> int:
 def cmd_modes_add(args: argparse.Namespace) -> int:
     mode = mode_from_cli(args.name, provider=args.provider, fields=args.field)
 
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         await client.create_mode(
             name=mode.name, provider=mode.provider, fields=mode.fields, replace=args.replace
         )
@@ -198,7 +192,7 @@ def cmd_modes_add(args: argparse.Namespace) -> int:
 
 
 def cmd_modes_list(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         items = await client.list_modes()
         if not items:
             print(f"no modes in namespace {client.namespace}")
@@ -211,7 +205,7 @@ def cmd_modes_list(args: argparse.Namespace) -> int:
 
 
 def cmd_modes_show(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         print(yaml.safe_dump(await client.get_mode(name=args.name), sort_keys=False), end="")
         return 0
 
@@ -219,7 +213,7 @@ def cmd_modes_show(args: argparse.Namespace) -> int:
 
 
 def cmd_modes_rm(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         await client.delete_mode(name=args.name)
         print(f"mode {args.name} removed")
         return 0
@@ -242,7 +236,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     fields = parse_assignments(args.field, flag="--field")
     key = args.idempotency_key or str(uuid.uuid4())
 
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         accepted = await client.launch(
             provider=args.provider,
             mode=args.mode,
@@ -278,7 +272,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 _LOG_TAIL_SECONDS = 20.0
 
 
-async def _print_log(client: QueueClient, *, provider: str, instance_id: str) -> int:
+async def _print_log(client: UserClient, *, provider: str, instance_id: str) -> int:
     def write(data: bytes) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
@@ -312,7 +306,7 @@ def cmd_launch_dockyard(args: argparse.Namespace) -> int:
     infra = _read_mapping(args.infra, what="--infra") if args.infra else None
     key = args.idempotency_key or str(uuid.uuid4())
 
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         accepted = await client.launch_dockyard(
             provider=args.provider,
             recipe=recipe,
@@ -332,7 +326,7 @@ def cmd_launch_dockyard(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         await client.stop(provider=args.provider, instance_id=args.instance_id)
         print(f"stop requested for {args.instance_id}")
         return 0
@@ -341,7 +335,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    async def body(client: QueueClient) -> int:
+    async def body(client: UserClient) -> int:
         if args.follow:
             await _print_log(client, provider=args.provider, instance_id=args.instance_id)
             return 0

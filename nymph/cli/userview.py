@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from nymph.client import QueueClient
+from nymph.client import UserClient
 from nymph.launch.state import InstanceState, Reason
 
 
@@ -99,7 +99,7 @@ def print_checks(result: dict[str, Any] | None) -> bool:
 
 
 async def follow(
-    client: QueueClient,
+    client: UserClient,
     *,
     provider: str,
     instance_id: str,

@@ -1,11 +1,24 @@
-"""The queue API client, used by the CLI and by the daemon (see :mod:`nymph.client.user`)."""
+"""The queue API client, used by the CLI and by the daemon.
 
-from nymph.client.user import (
-    DEFAULT_URL,
-    DaemonIdentity,
+- :mod:`nymph.client.transport`: one session, the token, one ``request``, the retry of an
+  idempotent send, answers turned into results or errors;
+- :mod:`nymph.client.errors`: one :class:`QueueError` subclass per kind of failure, each with
+  the HTTP status and the server's ``detail`` (the token is never part of a message or a log line);
+- :mod:`nymph.client.user`: :class:`UserClient`, the user routes (what the CLI holds), with
+  :mod:`nymph.client.logs` (following a log) and :mod:`nymph.client.results` (downloading results);
+- :mod:`nymph.client.dispatch`: :class:`DispatchClient`, the daemon's calls, each through a daemon
+  session it registers (and registers again when the queue says the session lapsed).
+
+:class:`QueueClient` serves both audiences: one typed async method per route of ``nymph queue``
+(see ``nymph/queue/openapi.yaml``).
+"""
+
+from __future__ import annotations
+
+from nymph.client.dispatch import DaemonIdentity, DispatchClient
+from nymph.client.errors import (
     QueueAuthError,
     QueueBadRequest,
-    QueueClient,
     QueueConflict,
     QueueError,
     QueueNotFound,
@@ -14,10 +27,15 @@ from nymph.client.user import (
     QueueUnavailable,
     safe_url,
 )
+from nymph.client.logs import follow_log
+from nymph.client.results import download, list_results, target
+from nymph.client.transport import DEFAULT_URL, Transport
+from nymph.client.user import UserClient
 
 __all__ = [
     "DEFAULT_URL",
     "DaemonIdentity",
+    "DispatchClient",
     "QueueAuthError",
     "QueueBadRequest",
     "QueueClient",
@@ -27,5 +45,16 @@ __all__ = [
     "QueueNotInstanceDaemon",
     "QueueRegistrationRefused",
     "QueueUnavailable",
+    "Transport",
+    "UserClient",
+    "download",
+    "follow_log",
+    "list_results",
     "safe_url",
+    "target",
 ]
+
+
+class QueueClient(UserClient, DispatchClient):
+    """Async client of the whole queue API, the user routes and the dispatch routes. Use as
+    ``async with QueueClient(...) as client:``."""

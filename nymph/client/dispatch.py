@@ -1,5 +1,4 @@
-"""The dispatch half of :class:`nymph.client.QueueClient`: the calls a nymph daemon makes, each
-through a daemon session.
+"""The calls a nymph daemon makes (:class:`DispatchClient`), each through a daemon session.
 
 The client registers with its token (the daemon bootstrap token) on the first dispatch call, as
 the daemon identity the call names (or the ``daemon`` given at construction), keeps that session
@@ -13,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import secrets
-from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 from nymph.client.errors import QueueAuthError, QueueConflict, QueueRegistrationRefused, QueueUnavailable
+from nymph.client.transport import Transport, TransportOptions
 from nymph.protocol import ActiveJSON, CompleteAnswer, RenewAnswer, ReportAck, SessionJSON, TaskJSON
 
 #: Answers (401 codes) after which the client registers again and retries the call once.
@@ -35,12 +34,11 @@ class DaemonIdentity:
     namespaces: tuple[str, ...] = ()
 
 
-class DispatchCalls:
-    """The dispatch routes; the transport (:meth:`request`) is the subclass's."""
+class DispatchClient(Transport):
+    """The dispatch routes (``/v1/dispatch/...``), for a daemon."""
 
-    timeout: float
-
-    def __init__(self, *, daemon: DaemonIdentity | None) -> None:
+    def __init__(self, *, daemon: DaemonIdentity | None = None, **options: Unpack[TransportOptions]) -> None:
+        super().__init__(**options)
         #: The identity dispatch calls register as (learned from the calls when not given).
         self.daemon = daemon
         self._registered: DaemonIdentity | None = None
@@ -50,19 +48,6 @@ class DispatchCalls:
         #: the queue would hand its leases back).
         self._sessions: dict[DaemonIdentity, str] = {}
         self._register_lock = asyncio.Lock()
-
-    @abstractmethod
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        bearer: str | None = None,
-    ) -> Any: ...
 
     async def register(self, *, identity: DaemonIdentity) -> SessionJSON:
         """Register ``identity`` with the client's (bootstrap) token; later dispatch calls use

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 from nymph.client.errors import QueueUnavailable
-from nymph.client.user import QueueClient
+from nymph.client.user import UserClient
 from nymph.launch.logcap import Dropped, resume_offset
 
 
@@ -26,7 +26,7 @@ def _dropped(header: str | None) -> Dropped:
 
 
 async def follow_log(
-    client: QueueClient,
+    client: UserClient,
     *,
     provider: str,
     instance_id: str,

@@ -6,21 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import quote
 
-from nymph.client.user import QueueClient
+from nymph.client.user import UserClient
 from nymph.launch.results import BadResultPath, check_result_path
 
 
-def _base(client: QueueClient, *, provider: str, instance_id: str) -> str:
-    ns, prov, iid = (quote(v, safe="") for v in (client.namespace, provider, instance_id))
-    return f"/v1/namespaces/{ns}/providers/{prov}/instances/{iid}/results"
-
-
-async def list_results(client: QueueClient, *, provider: str, instance_id: str) -> dict[str, Any]:
+async def list_results(client: UserClient, *, provider: str, instance_id: str) -> dict[str, Any]:
     """``{instanceId, items: [{path, size}], error}``."""
     return cast(
-        dict[str, Any], await client.request("GET", _base(client, provider=provider, instance_id=instance_id))
+        dict[str, Any],
+        await client.request("GET", client.results_path(provider=provider, instance_id=instance_id)),
     )
 
 
@@ -35,16 +30,12 @@ def target(directory: Path, path: str) -> Path:
 
 
 async def download(
-    client: QueueClient, *, provider: str, instance_id: str, path: str, directory: Path
+    client: UserClient, *, provider: str, instance_id: str, path: str, directory: Path
 ) -> Path:
     """Write result ``path`` under ``directory`` (its subdirectories created); returns the file."""
     dest = target(directory, path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    url = (
-        _base(client, provider=provider, instance_id=instance_id)
-        + "/"
-        + "/".join(quote(p, safe="") for p in path.split("/"))
-    )
+    url = client.results_path(provider=provider, instance_id=instance_id, path=path)
     tmp = dest.with_name(f".{dest.name}.part")
     try:
         with tmp.open("wb") as fh:
