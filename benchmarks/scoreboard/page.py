@@ -231,6 +231,11 @@ def _limits(r: dict[str, Any]) -> str:
     direct_cpu = direct[max(direct, key=int)]["cpu_ms_per_launch"].get("queue") if direct else None
     kb1 = r["nymph"].get("kubectl_batched", {}).get("throughput", {}).get("1", {})
     ks1 = r["nymph"].get("kubectl_single", {}).get("throughput", {}).get("1", {})
+    share = (
+        f"queue {api_cpu.get('queue')} and daemon {api_cpu.get('daemon')} ms per launch in api\n  mode: "
+        if api_cpu
+        else ""
+    )
     out = [
         "What limits each path:",
         "",
@@ -241,9 +246,7 @@ def _limits(r: dict[str, Any]) -> str:
 {life.get("kwok")} in kwok, the rest in the scheduler and
   the controller manager). Every nymph figure runs longer than raw, so more of that work falls
   inside its window, and on {cpus} cores that work alone caps a steady stream at {limit} launches/s,
-  whatever dispatches it. nymph's own share on top (queue {api_cpu.get("queue")} and daemon \
-{api_cpu.get("daemon")} ms per launch in api
-  mode: the POST and its commit, the claim, the audit record, the create, the watch events, the
+  whatever dispatches it. nymph's own share on top ({share}the POST and its commit, the claim, the audit record, the create, the watch events, the
   reports, the completion) is bookkeeping every launch must have to be recorded, audited and
   reported. 0.8x raw ({budget_rate:.0f} launches/s here) leaves {budget_ms:.0f} ms of CPU per launch for \
 everything on

@@ -254,3 +254,23 @@ def test_architecture_lists_every_import_contract() -> None:
     text = (DOCS / "architecture.md").read_text()
     assert names
     assert not [n for n in names if f"| {n} |" not in text], names
+
+
+@pytest.mark.parametrize("drop", ["targets", "soak", "kubectl_invocation", "idle_daemon", "queue"])
+def test_performance_page_renders_a_partial_run(drop: str) -> None:
+    """A results document without a section (a smoke run has no targets and no soak) still makes
+    a page, with that section's rows left out rather than a crash."""
+    results = json.loads((REPO / "bench-results.json").read_text())
+    results[drop] = None
+    text = page.page(results)
+    assert text.startswith(page.HEADER) and "# Performance" in text
+    if drop == "targets":
+        assert "Against the targets" not in text
+
+
+def test_performance_page_renders_a_run_of_some_configurations() -> None:
+    """A run of some configurations only (`--only direct`) still makes a page."""
+    results = json.loads((REPO / "bench-results.json").read_text())
+    results["nymph"] = {"direct": results["nymph"]["direct"]}
+    text = page.page(results)
+    assert "| direct | 1000 |" in text and "| api |" not in text
