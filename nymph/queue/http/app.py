@@ -23,7 +23,9 @@ from nymph.queue.db import Backend, Database
 from nymph.queue.direct import wiring as direct
 from nymph.queue.http.keys import AUTH, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.middlewares import auth_middleware, error_middleware
+from nymph.queue.http.routes import catalog as catalog_routes
 from nymph.queue.http.routes import daemon as daemon_routes
+from nymph.queue.http.routes import dockyard as dockyard_routes
 from nymph.queue.http.routes import output as output_routes
 from nymph.queue.http.routes import results as result_routes
 from nymph.queue.http.routes import secrets as secret_routes
@@ -121,7 +123,9 @@ def create_app(*, db_path: Path | str, settings: QueueSettings | None = None) ->
     app.on_shutdown.append(_release_long_polls)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.yaml", openapi)
+    app.add_routes(catalog_routes.routes)
     app.add_routes(user_routes.routes)
+    app.add_routes(dockyard_routes.routes)
     app.add_routes(daemon_routes.routes)
     app.add_routes(secret_routes.routes)
     app.add_routes(output_routes.routes)

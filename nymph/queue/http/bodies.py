@@ -239,3 +239,19 @@ def query_int(request: web.Request, key: str, *, minimum: int, maximum: int) -> 
             f"query parameter {key} must be between {minimum} and {maximum}", code="invalid_query"
         )
     return value
+
+
+#: The longest Idempotency-Key header accepted.
+MAX_IDEMPOTENCY_KEY_LEN = 255
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_LEN or not key.isprintable():
+        raise BadRequest(
+            f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_LEN} printable characters (a UUID is ideal)",
+            code="invalid_idempotency_key",
+        )
+    return key
