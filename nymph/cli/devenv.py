@@ -12,29 +12,23 @@ happens, lists instances and verifies the audit log. Exits 0 when every step pas
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
 
+from nymph.cli.devcluster import Cluster, find_cluster, server_hosts
 from nymph.client import UserClient
 from nymph.daemon.audit import verify
-from nymph.daemon.rbac import DAEMON_NODE_RULES, DAEMON_ROLE_RULES
 from nymph.errors import NymphError
-from nymph.kube.binaries import kubectl_path
-from nymph.localcluster.assets import find_assets
-from nymph.localcluster.cluster import DEFAULT_NODE, LocalCluster, choose_node_kind, free_port
+from nymph.localcluster.cluster import free_port
 
 SAMPLE = """\
 import os, platform, time
@@ -67,19 +61,6 @@ def step(n: int, total: int, text: str) -> None:
 
 
 @dataclass
-class Cluster:
-    kubeconfig: str | None
-    node: str
-    embedded: bool
-    local: LocalCluster | None = None
-    image: str = "python:3.12-slim"
-
-    @property
-    def simulated(self) -> bool:
-        return self.local is not None and self.local.node_kind == "kwok"
-
-
-@dataclass
 class Procs:
     items: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -109,53 +90,6 @@ class Procs:
                 p.kill()
 
 
-def _reachable_context() -> tuple[str | None, str | None]:
-    """(kubeconfig, node) of the current context if an API server answers, else (None, None)."""
-    paths = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    if not any(Path(p).exists() for p in paths.split(os.pathsep) if p):
-        return None, None
-    try:
-        res = subprocess.run(
-            [
-                kubectl_path(),
-                "get",
-                "nodes",
-                "-o",
-                "jsonpath={.items[*].metadata.name}",
-                "--request-timeout=4s",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None, None
-    if res.returncode != 0:
-        return None, None
-    nodes = res.stdout.split()
-    return (paths if "KUBECONFIG" in os.environ else None), (nodes[0] if nodes else None)
-
-
-def _server_hosts(cluster: Cluster) -> list[str]:
-    """The host of the cluster's API server (the embedded one, or the current context's)."""
-    if cluster.local is not None:
-        return [cluster.local.api_host]
-    paths = cluster.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    try:
-        res = subprocess.run(
-            [kubectl_path(), "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            env={**os.environ, "KUBECONFIG": paths},
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired, NymphError):
-        return []
-    host = urllib.parse.urlsplit(res.stdout.strip()).hostname if res.returncode == 0 else None
-    return [host] if host else []
-
-
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -169,48 +103,6 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Pat
     raise DevError(f"{url} did not come up in {timeout:.0f}s; see {log}")
 
 
-def _daemon_kubeconfig(local: LocalCluster, state: Path) -> Path:
-    """A ServiceAccount bound to the daemon's Role and read-only node ClusterRole: the daemon
-    never runs as admin."""
-    ns = "default"
-    base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
-    with contextlib.suppress(NymphError):
-        local.api("POST", f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "nymph-daemon"}})
-        local.api("POST", f"{base}/roles", {"metadata": {"name": "nymph-daemon"}, "rules": DAEMON_ROLE_RULES})
-        local.api(
-            "POST",
-            f"{base}/rolebindings",
-            {
-                "metadata": {"name": "nymph-daemon"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nymph-daemon"},
-                "subjects": [{"kind": "ServiceAccount", "name": "nymph-daemon", "namespace": ns}],
-            },
-        )
-    with contextlib.suppress(NymphError):  # read-only Nodes, for node-aware claims
-        rbac = "/apis/rbac.authorization.k8s.io/v1"
-        name = "nymph-daemon-nodes"
-        local.api("POST", f"{rbac}/clusterroles", {"metadata": {"name": name}, "rules": DAEMON_NODE_RULES})
-        local.api(
-            "POST",
-            f"{rbac}/clusterrolebindings",
-            {
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                "subjects": [{"kind": "ServiceAccount", "name": "nymph-daemon", "namespace": ns}],
-            },
-        )
-    tok = local.api(
-        "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/nymph-daemon/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 86400},
-        },
-    )
-    return local.kubeconfig_for_token(tok["status"]["token"], state / "daemon.kubeconfig", namespace=ns)
-
-
 def _token(db: Path, role: str) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "nymph.cli", "queue", "token", "create", "--db", str(db), "--role", role],
@@ -221,39 +113,6 @@ def _token(db: Path, role: str) -> str:
     if out.returncode != 0:
         raise DevError(f"could not create a {role} token: {out.stderr.strip()}")
     return out.stdout.strip().splitlines()[-1].split()[-1]
-
-
-@contextlib.contextmanager
-def _cluster(opts: DevOptions, state: Path) -> Iterator[Cluster]:
-    if not opts.embedded:
-        kubeconfig, node = _reachable_context()
-        if node:
-            print(f"      using the current kube context (node {opts.node or node})", file=sys.stderr)
-            yield Cluster(kubeconfig=kubeconfig, node=opts.node or node, embedded=False)
-            return
-        print("      no reachable kube context: starting the embedded cluster", file=sys.stderr)
-    kind, _ = choose_node_kind(opts.node_kind, find_assets())  # LocalCluster says which, and why
-    cdir = state / "cluster"
-    shutil.rmtree(cdir, ignore_errors=True)
-    local = LocalCluster(
-        cdir,
-        node=kind,
-        node_names=() if kind == "real" else (DEFAULT_NODE,),
-        progress=lambda m: print(f"      {m}", file=sys.stderr, flush=True),
-    )
-    try:
-        local.start()
-        print(
-            f"      embedded cluster ready in {local.start_seconds:.1f}s (admin kubeconfig: {local.kubeconfig})",
-            file=sys.stderr,
-        )
-        kc = _daemon_kubeconfig(local, state)
-        node, image = local.real_node or DEFAULT_NODE, "python:3.12-slim"
-        if local.real_node:
-            image = next((i for i in local.node_image_names if "/python:" in i), image)
-        yield Cluster(kubeconfig=str(kc), node=node, embedded=True, local=local, image=image)
-    finally:
-        local.stop()
 
 
 async def _show_output(client: UserClient, *, cluster: Cluster, instance_id: str) -> None:
@@ -311,7 +170,7 @@ def run_dev(opts: DevOptions) -> int:
     try:
         step(1, total, f"state in {state}")
         step(2, total, "finding a cluster")
-        with _cluster(opts, state) as cluster:
+        with find_cluster(state, embedded=opts.embedded, node=opts.node, node_kind=opts.node_kind) as cluster:
             step(3, total, "starting the queue service")
             db = state / "queue.db"
             user_token, daemon_token = _token(db, "user"), _token(db, "daemon")
@@ -333,7 +192,7 @@ def run_dev(opts: DevOptions) -> int:
                     "--ambient-kubeconfig",
                     # and a kubeconfig the user hands it may reach this cluster (on loopback or
                     # this host's own address, refused by default)
-                    *(a for h in _server_hosts(cluster) for a in ("--kube-server-allow", h)),
+                    *(a for h in server_hosts(cluster) for a in ("--kube-server-allow", h)),
                 ],
                 log=qlog,
             )
