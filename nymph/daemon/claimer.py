@@ -20,7 +20,7 @@ from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.settings import DaemonSettings
-from nymph.daemon.tasks.validate import BadTask, check_task, usable_task_id
+from nymph.daemon.tasks.validate import CheckedTask, intake, usable_task_id
 from nymph.daemon.workqueue import WorkQueue
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON, TaskKind
@@ -155,13 +155,15 @@ class Claimer:
             backoff = 0.5
             self.queue_ok = True
             self.metrics.claims.labels("ok").inc()
+            # Each task is checked once, here; the runner refuses what does not check out.
+            checked = [intake(t, served=s.kube.namespaces) for t in tasks]
             if tasks:
                 self.metrics.queue_seconds.labels("claim").observe(time.monotonic() - t0)
-                for task in tasks:
-                    if self._claimed(task):
-                        await self.work.put(task)
+                for task, item in zip(tasks, checked, strict=True):
+                    if self._claimed(task) and item is not None:
+                        await self.work.put(item)
                 await self.release_abandoned()
-            if any(self._runnable(t) for t in tasks):
+            if any(isinstance(c, CheckedTask) for c in checked):
                 empty_pause = EMPTY_PAUSE_MIN
             elif time.monotonic() - t0 < min(EMPTY_FAST_SECONDS, s.queue.poll_wait / 2):
                 # A long-poll answered at once with nothing this daemon can run (a queue shutting
@@ -171,14 +173,6 @@ class Claimer:
                 empty_pause = min(empty_pause * 2, EMPTY_PAUSE_MAX)
             else:
                 empty_pause = EMPTY_PAUSE_MIN
-
-    def _runnable(self, task: TaskJSON) -> bool:
-        """Whether every field of ``task`` checks out (the runner refuses the others)."""
-        try:
-            check_task(task, served=self.s.kube.namespaces)
-        except BadTask:
-            return False
-        return True
 
     def _claimed(self, task: TaskJSON) -> bool:
         """Audit the claim, then hold the task; False when it is not to be run.
@@ -192,7 +186,7 @@ class Claimer:
             self.log.error("the queue sent a task without a usable taskId; ignored")
             return False
         kind, iid, requester, attempt = (task.get(k) for k in ("kind", "instanceId", "requester", "attempt"))
-        # Recorded as sent, cut short; the runner checks every field before anything acts on it.
+        # Recorded as sent, cut short; the runner refuses a task that did not check out.
         self.metrics.tasks.labels(kind if kind in _KINDS else "invalid").inc()
         try:
             self.audit.append(

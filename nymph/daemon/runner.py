@@ -12,18 +12,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from nymph.daemon.audit import AuditWriteError
 from nymph.daemon.tasks.context import TaskContext
-from nymph.daemon.tasks.validate import BadTask, check_task
-from nymph.daemon.workqueue import WorkQueue
+from nymph.daemon.tasks.validate import BadTask, CheckedTask, Refused
+from nymph.daemon.workqueue import Claimed, WorkQueue
 from nymph.errors import NymphError
 from nymph.logs import get_logger
 from nymph.protocol import TaskJSON, TaskKind
 
-BatchHandler = Callable[[TaskContext, list[TaskJSON]], Awaitable[None]]
-OneHandler = Callable[[TaskContext, TaskJSON], Awaitable[None]]
+BatchHandler = Callable[[TaskContext, list[CheckedTask]], Awaitable[None]]
+OneHandler = Callable[[TaskContext, CheckedTask], Awaitable[None]]
+#: What the registry sorts: checked tasks, or tasks as sent (to see which handler would take them).
+Task = TypeVar("Task", CheckedTask, TaskJSON)
 
 
 def stopped_kind(task: Mapping[str, Any]) -> TaskKind:
@@ -45,8 +47,9 @@ class HandlerKey:
     stops: TaskKind | None = None
 
     @classmethod
-    def of(cls, task: TaskJSON) -> HandlerKey:
-        """The key of a task off the wire. Raises :class:`UnknownTaskKind`."""
+    def of(cls, checked: CheckedTask | TaskJSON) -> HandlerKey:
+        """The key of a task (checked, or off the wire). Raises :class:`UnknownTaskKind`."""
+        task = checked.task if isinstance(checked, CheckedTask) else checked
         try:
             kind = TaskKind(task.get("kind"))
         except ValueError:
@@ -73,7 +76,7 @@ class HandlerRegistry:
     def add(self, kind: TaskKind, handler: OneHandler, *, stops: TaskKind | None = None) -> None:
         """Register a handler that takes one task at a time."""
 
-        async def one_by_one(ctx: TaskContext, tasks: list[TaskJSON]) -> None:
+        async def one_by_one(ctx: TaskContext, tasks: list[CheckedTask]) -> None:
             for task in tasks:
                 await handler(ctx, task)
 
@@ -83,23 +86,23 @@ class HandlerRegistry:
         """Register a handler that takes every task of ``kind`` that arrived together."""
         self._add(Handler(HandlerKey(kind), handler, batched=True))
 
-    def lookup(self, task: TaskJSON) -> Handler:
+    def lookup(self, task: CheckedTask | TaskJSON) -> Handler:
         """The handler of ``task``. Raises :class:`UnknownTaskKind`."""
         key = HandlerKey.of(task)
         try:
             return self._handlers[key]
         except KeyError:
-            what = task.get("kind") if key.stops is None else f"{key.kind.value} of {key.stops.value}"
+            what = key.kind.value if key.stops is None else f"{key.kind.value} of {key.stops.value}"
             raise UnknownTaskKind(f"unknown task kind {what!r}") from None
 
     def group(
-        self, batch: list[TaskJSON]
-    ) -> tuple[list[tuple[Handler, list[TaskJSON]]], list[tuple[TaskJSON, UnknownTaskKind]]]:
+        self, batch: list[Task]
+    ) -> tuple[list[tuple[Handler, list[Task]]], list[tuple[Task, UnknownTaskKind]]]:
         """Split a batch into handler groups: each batched key's tasks together (first), then
         the rest one each; and the tasks no handler takes, with the reason."""
-        batched: dict[HandlerKey, tuple[Handler, list[TaskJSON]]] = {}
-        singles: list[tuple[Handler, list[TaskJSON]]] = []
-        unknown: list[tuple[TaskJSON, UnknownTaskKind]] = []
+        batched: dict[HandlerKey, tuple[Handler, list[Task]]] = {}
+        singles: list[tuple[Handler, list[Task]]] = []
+        unknown: list[tuple[Task, UnknownTaskKind]] = []
         for task in batch:
             try:
                 handler = self.lookup(task)
@@ -110,7 +113,7 @@ class HandlerRegistry:
                 batched.setdefault(handler.key, (handler, []))[1].append(task)
             else:
                 singles.append((handler, [task]))
-        return [*batched.values(), *singles], unknown
+        return list(batched.values()) + singles, unknown
 
 
 class Runner:
@@ -147,14 +150,14 @@ class Runner:
             self.queue.begin(batch)
             groups, unknown = self.registry.group(self._checked(batch))
             for task, exc in unknown:
-                self.ctx.complete(task_id=task["taskId"], ok=False, error=str(exc), retryable=False)
+                self.ctx.complete(task_id=task.task_id, ok=False, error=str(exc), retryable=False)
                 self.queue.end(1)
             for handler, tasks in groups:
-                job = asyncio.create_task(self._run(handler, tasks), name=f"work:{tasks[0]['taskId']}")
+                job = asyncio.create_task(self._run(handler, tasks), name=f"work:{tasks[0].task_id}")
                 self.work.add(job)
                 job.add_done_callback(self.work.discard)
 
-    async def _linger(self, batch: list[TaskJSON]) -> None:
+    async def _linger(self, batch: list[Claimed]) -> None:
         """While other work runs, wait up to ``linger`` seconds for ``batch`` to fill (as slots
         free and claims arrive): one kubectl run costs about the same for one Pod as for
         sixteen, so a run started for a single launch while another runs wastes most of it.
@@ -173,20 +176,18 @@ class Runner:
             if arrived is not None:
                 batch.append(arrived)
 
-    def _checked(self, batch: list[TaskJSON]) -> list[TaskJSON]:
-        """The tasks of ``batch`` whose every field checks out; the others fail for good."""
-        good: list[TaskJSON] = []
+    def _checked(self, batch: list[Claimed]) -> list[CheckedTask]:
+        """The tasks of ``batch`` whose every field checked out; the others fail for good."""
+        good: list[CheckedTask] = []
         for task in batch:
-            try:
-                check_task(task, served=self.ctx.namespaces)
-            except BadTask as exc:
-                self._refuse(task, exc)
+            if isinstance(task, Refused):
+                self._refuse(task.error)
                 self.queue.end(1)
                 continue
             good.append(task)
         return good
 
-    def _refuse(self, task: TaskJSON, exc: BadTask) -> None:
+    def _refuse(self, exc: BadTask) -> None:
         message = str(exc)[:1000]
         self.log.warning("refused a task that does not check out", task=exc.task_id, error=message)
         self.ctx.metrics.tasks_refused.inc()
@@ -200,7 +201,7 @@ class Runner:
             self.ctx.disk.failed("audit log", err)
         self.ctx.complete(task_id=exc.task_id, ok=False, error=message, retryable=False)
 
-    async def _run(self, handler: Handler, tasks: list[TaskJSON]) -> None:
+    async def _run(self, handler: Handler, tasks: list[CheckedTask]) -> None:
         try:
             # The claims of these tasks (and all records before them) are durable before any acts.
             await self.ctx.audit.synced()
@@ -210,19 +211,19 @@ class Runner:
             # redelivery adopts what was applied) and pause claiming until the root is writable.
             self.ctx.disk.failed("audit log", exc)
             for t in tasks:
-                if not self.queue.completed(t["taskId"]):
+                if not self.queue.completed(t.task_id):
                     self.ctx.complete(
-                        task_id=t["taskId"],
+                        task_id=t.task_id,
                         ok=False,
                         error=f"the daemon cannot write its audit log: {exc}"[:1000],
                         retryable=True,
                     )
         except Exception:
-            self.log.exception("task handling crashed", tasks=[t["taskId"] for t in tasks])
+            self.log.exception("task handling crashed", tasks=[t.task_id for t in tasks])
             for t in tasks:
-                if not self.queue.completed(t["taskId"]):
+                if not self.queue.completed(t.task_id):
                     self.ctx.complete(
-                        task_id=t["taskId"], ok=False, error="internal error in the daemon", retryable=True
+                        task_id=t.task_id, ok=False, error="internal error in the daemon", retryable=True
                     )
         finally:
             self.queue.end(len(tasks))

@@ -15,7 +15,10 @@ from typing import Any
 
 from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
-from nymph.protocol import TaskJSON
+from nymph.daemon.tasks.validate import CheckedTask, Refused
+
+#: A claimed task as the claimer checked it: ready to handle, or to be refused.
+Claimed = CheckedTask | Refused
 
 
 class WorkQueue:
@@ -23,7 +26,7 @@ class WorkQueue:
         self.leases = leases
         self.metrics = metrics
         self.in_flight = in_flight
-        self.local: asyncio.Queue[TaskJSON] = asyncio.Queue()
+        self.local: asyncio.Queue[Claimed] = asyncio.Queue()
         self.slot_freed = asyncio.Event()  # the claim loop's wake-up
         self.work_done = asyncio.Event()  # the runner's
         #: Tasks claimed ahead of a free slot (held, renewed, waiting here).
@@ -41,7 +44,7 @@ class WorkQueue:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.slot_freed.wait(), timeout)
 
-    async def put(self, task: TaskJSON) -> None:
+    async def put(self, task: Claimed) -> None:
         await self.local.put(task)
 
     def drop_waiting(self) -> None:
@@ -51,12 +54,12 @@ class WorkQueue:
 
     # -- the runner's side ----------------------------------------------------------------------
 
-    async def get(self) -> TaskJSON:
+    async def get(self) -> Claimed:
         return await self.local.get()
 
-    def take(self, count: int) -> list[TaskJSON]:
+    def take(self, count: int) -> list[Claimed]:
         """Up to ``count`` tasks that wait already (none waited for)."""
-        taken: list[TaskJSON] = []
+        taken: list[Claimed] = []
         while len(taken) < count and not self.local.empty():
             taken.append(self.local.get_nowait())
         return taken
@@ -68,12 +71,12 @@ class WorkQueue:
             await self.work_done.wait()
         return concurrency - self.inflight
 
-    async def wait_change(self, *, timeout: float, take: bool) -> TaskJSON | None:
+    async def wait_change(self, *, timeout: float, take: bool) -> Claimed | None:
         """Wait up to ``timeout`` seconds for a running task to end or, when ``take``, for a
         task to arrive; the task that arrived (taken off the queue), else None."""
         self.work_done.clear()
         freed = asyncio.ensure_future(self.work_done.wait())
-        got: asyncio.Future[TaskJSON] | None = None
+        got: asyncio.Future[Claimed] | None = None
         if take:
             got = asyncio.ensure_future(self.local.get())
         waits: list[asyncio.Future[Any]] = [freed] if got is None else [freed, got]
@@ -81,7 +84,7 @@ class WorkQueue:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             freed.cancel()
-            arrived: TaskJSON | None = None
+            arrived: Claimed | None = None
             if got is not None:
                 if got.done() and not got.cancelled():
                     arrived = got.result()
@@ -89,9 +92,9 @@ class WorkQueue:
                     got.cancel()
         return arrived
 
-    def begin(self, batch: list[TaskJSON]) -> None:
+    def begin(self, batch: list[Claimed]) -> None:
         """The runner took ``batch`` off the queue: their work has begun."""
-        self.leases.start([t["taskId"] for t in batch])
+        self.leases.start([t.task_id for t in batch])
         self.inflight += len(batch)
         self.metrics.inflight.set(self.inflight)
 

@@ -31,7 +31,7 @@ from nymph.daemon.settings import DaemonQueueSettings, DaemonSettings
 from nymph.daemon.tasks import pods
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.identity import ANNOTATION_LAUNCH
-from nymph.daemon.tasks.validate import BadTask, check_task
+from nymph.daemon.tasks.validate import BadTask, CheckedTask, check_task, intake
 from nymph.daemon.tracker import Report, Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.daemon.workqueue import WorkQueue
@@ -58,6 +58,11 @@ def launch_spec(n: int, **extra: Any) -> dict[str, Any]:
         "script": "print(1)\n",
         **extra,
     }
+
+
+def checked(tasks: list[TaskJSON]) -> list[CheckedTask]:
+    """The tasks as the claimer checked them: what a handler receives."""
+    return [check_task(t, served=(NS,)) for t in tasks]
 
 
 def task(kind: str, n: int = 1, *, spec: Any = None, **fields: Any) -> TaskJSON:
@@ -331,7 +336,7 @@ async def test_a_claim_that_cannot_be_audited_is_handed_back_and_claiming_resume
         r.disk.full = False
         await until(lambda: "task-0000000000000002" in r.claimer.leases.held)
         assert r.health.ok and (await ready_status(r))[0] == 200
-        assert r.claimer.work.local.get_nowait()["taskId"] == "task-0000000000000002"
+        assert r.claimer.work.local.get_nowait().task_id == "task-0000000000000002"
     finally:
         stopping.set()
         loop.cancel()
@@ -356,7 +361,7 @@ async def test_a_completion_the_outbox_cannot_save_hands_the_task_back(tmp_path:
 async def test_a_workdir_that_cannot_be_created_fails_retryable_and_marks_the_root(tmp_path: Path) -> None:
     r = rig(tmp_path)
     (tmp_path / "work").write_text("a file where the workdirs go")  # mkdir fails: ENOTDIR/EEXIST
-    await pods.launch(r.ctx, [task("launch", 1)])
+    await pods.launch(r.ctx, checked([task("launch", 1)]))
     done = r.completions()["task-0000000000000001"]
     assert done["ok"] is False and done["retryable"] is True and "workdir" in done["error"]
     assert not r.health.ok and "workdir" in (r.health.problem or "")
@@ -371,7 +376,7 @@ async def test_an_audit_failure_inside_a_handler_is_retryable_not_an_internal_er
     reg.add_batch(TaskKind.LAUNCH, pods.launch)
     runner = Runner(work=r.claimer.work, registry=reg, context=r.ctx, concurrency=2, batch_max=8)
     r.disk.full = True
-    await r.claimer.work.local.put(task("launch", 1))
+    await r.claimer.work.put(intake(task("launch", 1), served=(NS,)))
 
     async def ready() -> None:
         return None
@@ -394,9 +399,9 @@ async def test_the_runner_fails_hostile_tasks_for_good_and_runs_the_rest(tmp_pat
     r = rig(tmp_path)
     deleted: list[tuple[str, str]] = []
 
-    async def stop(ctx: TaskContext, t: TaskJSON) -> None:
-        deleted.append((str(t["instanceId"]), str(t["kubeNamespace"])))
-        ctx.complete(task_id=t["taskId"], ok=True)
+    async def stop(ctx: TaskContext, t: CheckedTask) -> None:
+        deleted.append((t.instance_id, t.kube_namespace))
+        ctx.complete(task_id=t.task_id, ok=True)
 
     reg = HandlerRegistry()
     reg.add(TaskKind.STOP, stop, stops=TaskKind.LAUNCH)
@@ -408,7 +413,7 @@ async def test_the_runner_fails_hostile_tasks_for_good_and_runs_the_rest(tmp_pat
         task("stop", 4, spec=["x"]),
     ]
     for t in batch:
-        await r.claimer.work.local.put(t)
+        await r.claimer.work.put(intake(t, served=(NS,)))
 
     async def ready() -> None:
         return None
@@ -450,6 +455,8 @@ async def test_kubectl_deletes_only_a_nymph_pod_of_that_name(tmp_path: Path) -> 
 
 
 async def test_a_stop_with_a_hostile_id_never_reaches_the_applier(tmp_path: Path) -> None:
+    """The stop handler is given only a task that checked out as it was claimed: a hostile id
+    or namespace is refused before it, and nothing reaches the applier."""
     r = rig(tmp_path)
     calls: list[str] = []
 
@@ -458,8 +465,21 @@ async def test_a_stop_with_a_hostile_id_never_reaches_the_applier(tmp_path: Path
         return True
 
     r.applier.delete_pod = delete_pod  # type: ignore[method-assign]
-    await pods.stop(r.ctx, task("stop", 1, instanceId="--all"))
-    await pods.stop(r.ctx, task("stop", 2, kubeNamespace="kube-system"))
+    reg = HandlerRegistry()
+    reg.add(TaskKind.STOP, pods.stop, stops=TaskKind.LAUNCH)
+    runner = Runner(work=r.claimer.work, registry=reg, context=r.ctx, concurrency=2, batch_max=8)
+    for t in (task("stop", 1, instanceId="--all"), task("stop", 2, kubeNamespace="kube-system")):
+        await r.claimer.work.put(intake(t, served=(NS,)))
+
+    async def ready() -> None:
+        return None
+
+    job = asyncio.create_task(runner.run(ready=ready))
+    try:
+        await until(lambda: len(r.completions()) == 2 and r.claimer.work.inflight == 0)
+    finally:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
     assert calls == []
     done = r.completions()
     assert all(not done[f"task-{n:016x}"]["ok"] for n in (1, 2))
@@ -478,7 +498,7 @@ def nested(depth: int) -> Any:
 async def test_a_launch_that_cannot_be_rendered_fails_alone_with_its_reason(tmp_path: Path) -> None:
     r = rig(tmp_path)
     bad = task("launch", 2, spec=launch_spec(2, resources={"limits": nested(900)}))
-    await pods.launch(r.ctx, [task("launch", 1), bad, task("launch", 3)])
+    await pods.launch(r.ctx, checked([task("launch", 1), bad, task("launch", 3)]))
     done = r.completions()
     assert r.applier.calls == [[iid(1), iid(3)]]
     assert done["task-0000000000000001"]["ok"] and done["task-0000000000000003"]["ok"]
@@ -492,7 +512,7 @@ async def test_a_launch_that_cannot_be_rendered_fails_alone_with_its_reason(tmp_
 async def test_a_batch_refused_as_a_whole_is_applied_one_by_one(tmp_path: Path) -> None:
     r = rig(tmp_path)
     r.applier.refuse_batches_with = iid(2)
-    await pods.launch(r.ctx, [task("launch", n) for n in (1, 2, 3)])
+    await pods.launch(r.ctx, checked([task("launch", n) for n in (1, 2, 3)]))
     done = r.completions()
     assert r.applier.calls[0] == [iid(1), iid(2), iid(3)]
     assert sorted(r.applier.calls[1:]) == [[iid(1)], [iid(2)], [iid(3)]]
@@ -517,7 +537,7 @@ async def test_a_foreign_pod_with_the_launchs_name_is_a_conflict_not_adopted(tmp
     (tmp_path / "work" / iid(1) / "theirs").write_text("x")
     r.cache.cache[iid(1)] = pod(1, "someone-else")
     r.cache.cache[iid(2)] = pod(2, None)
-    await pods.launch(r.ctx, [task("launch", 1), task("launch", 2)])
+    await pods.launch(r.ctx, checked([task("launch", 1), task("launch", 2)]))
     done = r.completions()
     for n in (1, 2):
         item = done[f"task-{n:016x}"]
@@ -530,11 +550,11 @@ async def test_a_foreign_pod_with_the_launchs_name_is_a_conflict_not_adopted(tmp
 async def test_the_launchs_own_pod_is_adopted(tmp_path: Path) -> None:
     r = rig(tmp_path)
     first = rig(tmp_path / "first")
-    await pods.launch(first.ctx, [task("launch", 1, spec=launch_spec(1, launchUid="u-1"))])
+    await pods.launch(first.ctx, checked([task("launch", 1, spec=launch_spec(1, launchUid="u-1"))]))
     (applied,) = first.applier.applied  # the Pod applied carries the launch's identity
     assert applied["metadata"]["annotations"][ANNOTATION_LAUNCH] == "u-1"
     r.cache.cache[iid(1)] = pod(1, "u-1")
-    await pods.launch(r.ctx, [task("launch", 1, spec=launch_spec(1, launchUid="u-1"))])
+    await pods.launch(r.ctx, checked([task("launch", 1, spec=launch_spec(1, launchUid="u-1"))]))
     done = r.completions()["task-0000000000000001"]
     assert done["ok"] and done["result"]["adopted"] is True
     assert r.applier.calls == []
@@ -567,7 +587,7 @@ async def test_an_apply_clash_with_a_foreign_pod_is_not_adopted(tmp_path: Path) 
         return await apply_then_cache(ms, dry_run=dry_run)
 
     r.applier.apply = foreign_appears  # type: ignore[method-assign]
-    await pods.launch(r.ctx, [task("launch", 1), task("launch", 2)])
+    await pods.launch(r.ctx, checked([task("launch", 1), task("launch", 2)]))
     done = r.completions()
     assert done["task-0000000000000001"]["ok"] is False
     assert done["task-0000000000000001"]["error"].startswith("Conflict:")

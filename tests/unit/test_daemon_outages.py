@@ -17,8 +17,9 @@ from typing import Any
 
 from nymph.daemon.podreaper import ORPHAN_GRACE_MIN, Reaper, orphan_grace
 from nymph.daemon.settings import WorkSettings
+from nymph.daemon.tasks.validate import check_task
 from nymph.kube import errors as ke
-from tests.unit.test_daemon_faults import NODE, NS, Rig, iid, rig, task, until
+from tests.unit.test_daemon_faults import NODE, NS, Rig, checked, iid, rig, task, until
 
 UNREACHABLE = "dial tcp 127.0.0.1:6443: connect: connection refused"
 
@@ -47,7 +48,7 @@ async def test_a_launch_that_meets_an_outage_is_handed_back_not_failed(tmp_path:
     t = task("launch", 1)
     r.claimer.leases.held[t["taskId"]] = t
     r.applier.errors = {iid(1): [ke.Unavailable(UNREACHABLE)] * 3}
-    await pods.launch(r.ctx, [t])
+    await pods.launch(r.ctx, checked([t]))
     # No completion (which would spend one of the queue's attempts): the lease is handed back.
     assert r.completions() == {}
     assert r.claimer.leases.held == {} and r.claimer.leases.abandoned == [t["taskId"]]
@@ -67,7 +68,7 @@ async def test_an_unavailable_api_server_the_watch_still_reaches_is_a_retryable_
     t = task("launch", 1)
     r.claimer.leases.held[t["taskId"]] = t
     r.applier.errors = {iid(1): [ke.Unavailable("the server is currently unable")] * 3}
-    await pods.launch(r.ctx, [t])
+    await pods.launch(r.ctx, checked([t]))
     done = r.completions()[t["taskId"]]
     assert done["ok"] is False and done["retryable"] is True and r.claimer.leases.abandoned == []
 
@@ -83,7 +84,7 @@ async def test_a_stop_that_meets_an_outage_is_handed_back(tmp_path: Path) -> Non
         raise ke.Unavailable(UNREACHABLE)
 
     r.applier.delete_pod = unreachable  # type: ignore[method-assign]
-    await pods.stop(r.ctx, t)
+    await pods.stop(r.ctx, check_task(t, served=(NS,)))
     assert r.completions() == {} and r.claimer.leases.abandoned == [t["taskId"]]
     assert audit_results(r, "delete") == ["handed-back"]
 

@@ -22,6 +22,7 @@ from nymph.daemon.settings import DaemonSettings
 from nymph.daemon.tasks import dockyard, pods
 from nymph.daemon.tasks.apply import APPLY_RETRY, RetryPolicy, apply_all, apply_each
 from nymph.daemon.tasks.context import TaskContext
+from nymph.daemon.tasks.validate import CheckedTask, intake
 from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.daemon.workqueue import WorkQueue
@@ -127,15 +128,15 @@ async def test_the_runner_fails_unknown_kinds_for_good_and_runs_the_rest(tmp_pat
     )
     ran: list[str] = []
 
-    async def echo(ctx: TaskContext, t: TaskJSON) -> None:
-        ran.append(t["taskId"])
-        ctx.complete(task_id=t["taskId"], ok=True)
+    async def echo(ctx: TaskContext, t: CheckedTask) -> None:
+        ran.append(t.task_id)
+        ctx.complete(task_id=t.task_id, ok=True)
 
     reg = HandlerRegistry()
     reg.add(TaskKind.PROBE, echo)
     runner = Runner(work=claimer.work, registry=reg, context=ctx, concurrency=2, batch_max=8)
     for t in (task("probe", "p1"), task("reboot", "r1"), task("probe", "p2")):
-        await claimer.work.local.put(t)
+        await claimer.work.put(intake(t, served=("jobs",)))
 
     async def ready() -> None:
         return None

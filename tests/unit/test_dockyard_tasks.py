@@ -11,6 +11,7 @@ import yaml
 
 from nymph.daemon.runner import HandlerKey
 from nymph.daemon.tasks.dockyard import DockyardObject, render
+from nymph.daemon.tasks.validate import CheckedTask
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.launch.render import manifest_sha256
 from nymph.protocol import TaskJSON, TaskKind
@@ -172,7 +173,7 @@ async def test_the_last_retryable_attempt_is_rolled_back(
     }
     if max_attempts is not None:
         task["maxAttempts"] = max_attempts
-    await handler.launch(ctx, cast(TaskJSON, task))
+    await handler.launch(ctx, checked_dockyard(task))
     (done,) = completions
     assert done["ok"] is False and done["retryable"] is True
     # what was applied (all but the RayJob), deleted in reverse order by its API path
@@ -184,6 +185,13 @@ async def test_the_last_retryable_attempt_is_rolled_back(
     ]
     assert kubectl.deleted == (expected if rolled_back else [])
     assert ("rolled back" in done["error"]) is rolled_back
+
+
+def checked_dockyard(task: dict[str, Any]) -> CheckedTask:
+    """A dockyard task of namespace ``jobs`` as the claimer checked it: what the handler receives."""
+    return CheckedTask(
+        task["taskId"], TaskKind.DOCKYARD, task["instanceId"], "team", "jobs", cast(TaskJSON, task)
+    )
 
 
 def _single_apply(apply_mod: Any) -> Any:
@@ -224,7 +232,7 @@ async def test_a_spec_the_pod_policy_refuses_is_never_applied_by_the_daemon(tmp_
         "kubeNamespace": "jobs",
         "spec": {**SPEC, "infra": infra},
     }
-    await handler.launch(ctx, cast(TaskJSON, task))
+    await handler.launch(ctx, checked_dockyard(task))
     (done,) = completions
     assert done["ok"] is False and done["retryable"] is False
     assert (

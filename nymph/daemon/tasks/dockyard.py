@@ -46,6 +46,7 @@ from typing import Any
 from nymph.daemon.tasks.apply import apply_all
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.dockyard_objects import Deleted, DockyardObject, Live, delete_owned, live_objects
+from nymph.daemon.tasks.validate import CheckedTask
 from nymph.daemon.tracker import Report
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.ownership import LAUNCH_LABEL, Ownership, mark, ownership
@@ -55,7 +56,6 @@ from nymph.launch.names import is_instance_id
 from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.launch.state import InstanceState, Reason
 from nymph.logs import get_logger
-from nymph.protocol import TaskJSON
 
 #: the queue's default number of attempts of a task (``nymph.queue.models.RetrySettings``),
 #: for a task that does not say its own ``maxAttempts``
@@ -131,11 +131,10 @@ async def _render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
 # --- task handlers -----------------------------------------------------------------------------
 
 
-async def launch(ctx: TaskContext, task: TaskJSON) -> None:
+async def launch(ctx: TaskContext, checked: CheckedTask) -> None:
     """A ``dockyard`` task: render, check ownership, apply every object in order, report."""
-    tid = str(task["taskId"])
-    iid = str(task.get("instanceId"))
-    ns = str(task.get("kubeNamespace") or "")
+    task = checked.task
+    tid, iid, ns = checked.task_id, checked.instance_id, checked.kube_namespace
     blog = _log(ctx, task)
     try:
         manifests = await _render(task.get("spec"), namespace=ns)
@@ -283,11 +282,10 @@ async def _rollback(
         )
 
 
-async def stop(ctx: TaskContext, task: TaskJSON) -> None:
+async def stop(ctx: TaskContext, checked: CheckedTask) -> None:
     """A stop task of a dockyard instance: delete its objects in reverse order, report stopped."""
-    tid = str(task["taskId"])
-    iid = str(task.get("instanceId"))
-    ns = str(task.get("kubeNamespace") or "")
+    task = checked.task
+    tid, iid, ns = checked.task_id, checked.instance_id, checked.kube_namespace
     spec = (task.get("spec") or {}).get("dockyard")
     try:
         manifests = list(reversed(await _render(spec, namespace=ns)))

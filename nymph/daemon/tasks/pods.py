@@ -23,7 +23,7 @@ from nymph.daemon.tasks.identity import (
     launch_identity,
     pod_identity,
 )
-from nymph.daemon.tasks.validate import BadTask, check_task
+from nymph.daemon.tasks.validate import CheckedTask
 from nymph.daemon.tracker import Report, pod_node
 from nymph.daemon.workdirs import WorkdirWriteError
 from nymph.errors import NymphError, ValidationError
@@ -61,14 +61,14 @@ def _log(ctx: TaskContext) -> Any:
 # --- launch ----------------------------------------------------------------------------------------
 
 
-async def launch(ctx: TaskContext, tasks: list[TaskJSON]) -> None:
+async def launch(ctx: TaskContext, tasks: list[CheckedTask]) -> None:
     """A batch of ``launch`` tasks: their Pods are applied together.
 
     Each launch is rendered on its own first: one that cannot be rendered fails alone, with its
     reason. A batch the applier refuses as a whole is applied again one by one
     (:func:`~nymph.daemon.tasks.apply.apply_each`), so one bad Pod costs the others nothing.
     """
-    ready = [r for r in (_prepare(ctx, t) for t in tasks) if r is not None]
+    ready = [r for r in (_prepare(ctx, t.task) for t in tasks) if r is not None]
 
     def adoptable(outcome: ApplyOutcome, r: _Ready) -> bool:
         # Another delivery of this launch got there first: adopt it (only if it is this launch's).
@@ -242,15 +242,10 @@ def _failed(ctx: TaskContext, r: _Ready, err: KubeError) -> None:
 # --- stop ------------------------------------------------------------------------------------------
 
 
-async def stop(ctx: TaskContext, task: TaskJSON) -> None:
+async def stop(ctx: TaskContext, checked: CheckedTask) -> None:
     """A ``stop`` of a Pod instance: delete the Pod; the watch reports ``stopped`` when it is gone."""
     tracker = ctx.tracker
-    try:  # checked by the runner already; a handler trusts nothing it did not check
-        checked = check_task(task, served=ctx.namespaces)
-    except BadTask as exc:
-        if exc.task_id is not None:
-            ctx.complete(task_id=exc.task_id, ok=False, error=str(exc)[:1000], retryable=False)
-        return
+    task = checked.task
     name, ns = checked.instance_id, checked.kube_namespace
     grace = task.get("gracePeriodSeconds", ctx.delete_grace_seconds)
     track = tracker.track(name, namespace=ns)
@@ -305,8 +300,9 @@ async def stop(ctx: TaskContext, task: TaskJSON) -> None:
 # --- probe -----------------------------------------------------------------------------------------
 
 
-async def probe(ctx: TaskContext, task: TaskJSON) -> None:
+async def probe(ctx: TaskContext, checked: CheckedTask) -> None:
     """``nymph providers test``: prove RBAC and a server-side dry-run apply."""
+    task = checked.task
     checks: list[dict[str, Any]] = [
         {"name": "daemon reachable", "ok": True, "detail": f"{ctx.daemon_id} on {ctx.node}"}
     ]

@@ -1,21 +1,22 @@
 """Checking a task off the wire before anything acts on it (pure).
 
 The daemon does not trust the queue: its connection may be plain HTTP, so every field of a
-task is checked here, once, the way the queue checks a launch (:mod:`nymph.launch.names`),
-before a handler sees it. A task that fails is completed as a non-retryable failure naming the
-field; nothing from it reaches a command line, a path or the API server.
+task is checked here, once, as it is claimed (:func:`intake`), the way the queue checks a launch
+(:mod:`nymph.launch.names`); handlers receive the :class:`CheckedTask`. A task that fails is
+completed as a non-retryable failure naming the field; nothing from it reaches a command line,
+a path or the API server.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from nymph.errors import NymphError, ValidationError
 from nymph.launch.names import check_instance_id, check_namespace
-from nymph.protocol import TaskKind
+from nymph.protocol import TaskJSON, TaskKind
 
 _TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _REQUESTER_MAX = 512
@@ -33,13 +34,32 @@ class BadTask(NymphError):
 
 @dataclass(frozen=True)
 class CheckedTask:
-    """The checked identity of a task: what a handler may pass on."""
+    """A task whose every field checked out: its checked identity, what a handler may pass on,
+    and the task as sent (its other fields: spec, requester, attempt, grace period)."""
 
     task_id: str
     kind: TaskKind
     instance_id: str
     namespace: str  # the owner's (queue) namespace
     kube_namespace: str  # where its Pod / objects live: one this daemon serves
+    task: TaskJSON = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A claimed task that does not check out: it is failed for good, never handled."""
+
+    task_id: str
+    error: BadTask
+
+
+def intake(task: object, *, served: Collection[str]) -> CheckedTask | Refused | None:
+    """The one check of a task as it is claimed: the checked task, a refusal, or None for a task
+    without a usable ``taskId`` (nothing to complete it by)."""
+    try:
+        return check_task(task, served=served)
+    except BadTask as exc:
+        return None if exc.task_id is None else Refused(exc.task_id, exc)
 
 
 def usable_task_id(task: object) -> str | None:
@@ -116,4 +136,4 @@ def check_task(task: object, *, served: Collection[str]) -> CheckedTask:
         _check_extras(task)
     except ValueError as exc:
         raise BadTask(f"bad task: {exc}", task_id=tid) from None
-    return CheckedTask(tid, kind, instance_id, namespace, kube_namespace)
+    return CheckedTask(tid, kind, instance_id, namespace, kube_namespace, cast(TaskJSON, task))
