@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from nymph.errors import ConfigError
 from nymph.launch import names
 from nymph.launch.config import load_dreamrc, parse_assignments
 from nymph.launch.render import render_pod, to_json, to_yaml
@@ -18,12 +17,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     config = load_dreamrc(args.dreamrc)
     mode = config.mode(args.mode)
     provider = config.provider_for(mode, args.provider)
-    tags: dict[str, Any] = {}
-    for item in args.tag:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--tag {item!r}: expected KEY=VALUE")
-        tags[key] = value
+    tags = names.parse_tags(args.tag)
     env = parse_assignments(args.env, flag="--env")
     body: dict[str, Any] = {"script": read_script(args.script), "tags": tags}
     if env:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Iterable
 
-from nymph.errors import ValidationError
+from nymph.errors import ConfigError, ValidationError
 
 INSTANCE_PREFIX = "lakeshore-"
 _INSTANCE_RE = re.compile(r"^lakeshore-[0-9a-f]{8}$")
@@ -98,6 +99,19 @@ def tag_value_to_str(value: object) -> str | None:
     if isinstance(value, (int, float, str)):
         return str(value)
     return None
+
+
+def parse_tags(items: Iterable[str]) -> dict[str, str]:
+    """``--tag KEY=VALUE`` items as ``{KEY: VALUE}``, each value kept as text (a repeated key:
+    the last wins); a malformed item is a one-line ConfigError. :func:`tags_to_labels` checks
+    the labels they become."""
+    tags: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--tag {item!r}: expected KEY=VALUE")
+        tags[key] = value
+    return tags
 
 
 def tags_to_labels(tags: object, *, field: str = "tags") -> tuple[dict[str, str], list[str]]:
