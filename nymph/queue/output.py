@@ -22,7 +22,7 @@ from nymph.queue.notify import KeyedSignal
 from nymph.queue.sql import logchunks
 from nymph.queue.sql import results as sql_results
 from nymph.queue.sql.dialect import Conn
-from nymph.queue.sql.launches import instance_row
+from nymph.queue.sql.instances import instance_row
 from nymph.queue.sql.logchunks import LogRead, LogStatus
 
 log = structlog.get_logger(__name__, component="queue.output")

@@ -31,7 +31,7 @@ from nymph.queue.direct.records import DirectRecords
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, WorkSignal
 from nymph.queue.output import LOG_KEY, OutputStore
-from nymph.queue.sql import catalog, dispatch, launches
+from nymph.queue.sql import catalog, dispatch, instances, launches
 from nymph.queue.sql import reports as sql_reports
 
 #: Broadcast key prefix (besides a bare instance id, and ``output.LOG_KEY``): new tasks, with
@@ -206,19 +206,19 @@ class Store:
 
     async def list_instances(self, *, ns: str, provider: str, state: str | None) -> list[InstanceJSON]:
         return await self.db.read(
-            lambda conn: launches.list_instances(conn, ns=ns, provider=provider, state=state)
+            lambda conn: instances.list_instances(conn, ns=ns, provider=provider, state=state)
         )
 
     async def get_instance(self, *, ns: str, provider: str, instance_id: str) -> InstanceJSON:
         return await self.db.read(
-            lambda conn: launches.get_instance(conn, ns=ns, provider=provider, instance_id=instance_id)
+            lambda conn: instances.get_instance(conn, ns=ns, provider=provider, instance_id=instance_id)
         )
 
     async def stop_instance(
         self, *, ns: str, provider: str, instance_id: str, grace: int | None, principal: Principal
     ) -> None:
         changed, queued = await self.db.write(
-            lambda conn: launches.stop(
+            lambda conn: instances.stop(
                 conn,
                 ns=ns,
                 provider=provider,
@@ -235,7 +235,7 @@ class Store:
 
     async def get_logs(self, *, ns: str, provider: str, instance_id: str) -> str | None:
         return await self.db.read(
-            lambda conn: launches.get_logs(conn, ns=ns, provider=provider, instance_id=instance_id)
+            lambda conn: instances.get_logs(conn, ns=ns, provider=provider, instance_id=instance_id)
         )
 
     async def probe(self, *, ns: str, provider: str, mode: str | None, principal: Principal) -> str:
@@ -253,7 +253,7 @@ class Store:
         return task_id
 
     async def get_task(self, *, ns: str, task_id: str) -> TaskStatusJSON:
-        return await self.db.read(lambda conn: launches.get_task(conn, ns=ns, task_id=task_id))
+        return await self.db.read(lambda conn: instances.get_task(conn, ns=ns, task_id=task_id))
 
     async def list_daemons(self, *, principal: Principal) -> list[DaemonJSON]:
         return await self.db.read(lambda conn: dispatch.list_daemons(conn, visible_to=principal.namespace))

@@ -10,7 +10,7 @@ from typing import Any
 from nymph.launch.config import Mode, Provider
 from nymph.protocol import InstanceJSON, LaunchAccepted
 from nymph.queue.db import Backend
-from nymph.queue.sql import catalog, launches
+from nymph.queue.sql import catalog, instances, launches
 from nymph.queue.sql import direct as sql
 from nymph.queue.sql.dialect import Row
 
@@ -73,7 +73,7 @@ class DirectRecords:
 
     async def instance(self, *, ns: str, provider: str, instance_id: str) -> Row:
         return await self.db.read(
-            lambda c: launches.instance_row(c, ns=ns, provider=provider, instance_id=instance_id)
+            lambda c: instances.instance_row(c, ns=ns, provider=provider, instance_id=instance_id)
         )
 
     async def connection(self, *, instance_id: str) -> dict[str, Any]:
@@ -87,7 +87,7 @@ class DirectRecords:
             return (
                 catalog.get_provider(c, ns=ns, name=provider),
                 sql.connections_of(c, ns=ns, provider=provider),
-                launches.list_instances(c, ns=ns, provider=provider, state=None),
+                instances.list_instances(c, ns=ns, provider=provider, state=None),
             )
 
         return await self.db.read(read)

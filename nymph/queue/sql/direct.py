@@ -18,8 +18,9 @@ from nymph.launch.render import render_pod
 from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
 from nymph.protocol import LaunchAccepted, TaskKind, now
 from nymph.queue.sql.dialect import Conn, Row
-from nymph.queue.sql.launches import Guard, accept, new_task_id
+from nymph.queue.sql.launches import Guard, accept
 from nymph.queue.sql.rows import fetch_instance
+from nymph.queue.sql.tasks import new_task_id
 from nymph.queue.sql.transitions import record_termination, transition
 
 

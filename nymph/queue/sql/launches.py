@@ -8,7 +8,6 @@ Idempotency-Key remembers the 202 body so a retried launch with the same body ge
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,18 +18,12 @@ from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
 from nymph.launch.podpolicy import check_pod_spec
 from nymph.launch.render import manifest_sha256, render_pod
 from nymph.launch.spec import LaunchSpec, build_launch_spec
-from nymph.launch.state import InstanceState, Reason
-from nymph.protocol import START_KINDS, InstanceJSON, LaunchAccepted, TaskKind, TaskStatusJSON, iso, now
-from nymph.queue.errors import BadRequest, Conflict, NotFound
+from nymph.launch.state import InstanceState
+from nymph.protocol import LaunchAccepted, TaskKind, iso, now
+from nymph.queue.errors import BadRequest, Conflict
 from nymph.queue.sql import catalog, idempotency
-from nymph.queue.sql.dialect import Conn, Row
-from nymph.queue.sql.rows import (
-    INSTANCE_COLUMNS,
-    fetch_instance,
-    instances_json,
-    task_status_json,
-)
-from nymph.queue.sql.transitions import transition
+from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.tasks import insert_task
 
 PROBE_SCRIPT = "print('nymph probe')\n"
 PROBE_IMAGE = "busybox"
@@ -44,10 +37,6 @@ RENDER_CHECK_NODE = "node"
 RENDER_CHECK_ROOT = "/var/lib/nymph"
 #: Where fresh instance ids come from (``lakeshore-<8 hex>``); a seam for tests.
 new_instance_id = names.new_instance_id
-
-
-def new_task_id() -> str:
-    return "task-" + secrets.token_hex(8)
 
 
 def new_launch_uid() -> str:
@@ -93,54 +82,6 @@ def build_spec(
     if guard is not None:
         guard(spec)
     return spec
-
-
-def instance_row(conn: Conn, *, ns: str, provider: str, instance_id: str) -> Row:
-    row = fetch_instance(conn, instance_id)
-    if row is None or row["namespace"] != ns or row["provider"] != provider:
-        raise NotFound(
-            f"no instance {instance_id!r} of provider {provider!r} in namespace {ns!r}: "
-            "list them with 'nymph instances PROVIDER'",
-            code="instance_not_found",
-        )
-    return row
-
-
-def _insert_task(
-    conn: Conn,
-    *,
-    kind: str,
-    ns: str,
-    kube_ns: str,
-    provider: str,
-    instance_id: str | None,
-    spec: dict[str, Any] | None,
-    requester: str,
-    ts: float,
-    after: str | None = None,
-    grace: int | None = None,
-) -> str:
-    task_id = new_task_id()
-    conn.execute(
-        "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
-        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at) "
-        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            task_id,
-            kind,
-            ns,
-            kube_ns,
-            provider,
-            instance_id,
-            json.dumps(spec) if spec is not None else None,
-            requester,
-            after,
-            grace,
-            ts,
-            ts,
-        ),
-    )
-    return task_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +163,7 @@ def launch(
     )
     if got.spec is None or got.provider is None:
         return got.accepted, False
-    _insert_task(
+    insert_task(
         conn,
         kind=TaskKind.LAUNCH.value,
         ns=ns,
@@ -270,7 +211,7 @@ def launch_dockyard(
         ts=ts,
     )
     instance_id = accepted["instanceId"]
-    _insert_task(
+    insert_task(
         conn,
         kind=TaskKind.DOCKYARD.value,
         ns=ns,
@@ -328,73 +269,6 @@ def _new_instance(
     )
 
 
-def stop(
-    conn: Conn,
-    *,
-    ns: str,
-    provider: str,
-    instance_id: str,
-    grace: int | None,
-    requester: str,
-) -> tuple[bool, bool]:
-    """Returns (instance changed, task queued)."""
-    row = instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
-    if row["state"] == InstanceState.STOPPED.value or row["stop_requested_at"] is not None:
-        return False, False
-    ts = now()
-    conn.execute("UPDATE instances SET stop_requested_at = ? WHERE instance_id = ?", (ts, instance_id))
-    marks = ",".join("?" * len(START_KINDS))
-    launch = conn.execute(
-        "SELECT task_id, kind, status, attempts, spec FROM tasks "  # noqa: S608 - placeholders only
-        f"WHERE instance_id = ? AND kind IN ({marks}) ORDER BY seq DESC LIMIT 1",
-        (instance_id, *START_KINDS),
-    ).fetchone()
-    if launch is not None and launch["status"] == "pending":
-        conn.execute(
-            "UPDATE tasks SET status = 'cancelled', finished_at = ?, updated_at = ?, "
-            "error = 'stopped before it was applied' WHERE task_id = ?",
-            (ts, ts, launch["task_id"]),
-        )
-        if launch["attempts"] == 0:
-            transition(
-                conn,
-                instance_id=instance_id,
-                now=ts,
-                state=InstanceState.STOPPED.value,
-                reason=Reason.STOPPED.value,
-                message="stopped before a daemon picked up the launch",
-            )
-            return True, False
-    after = launch["task_id"] if launch is not None and launch["status"] == "leased" else None
-    # A dockyard instance has no Pod named after it: its stop task carries the dockyard spec, so
-    # the daemon renders the same objects again and deletes them.
-    stop_spec = None
-    if launch is not None and launch["kind"] == TaskKind.DOCKYARD.value:
-        stop_spec = {"dockyard": json.loads(launch["spec"])}
-    _insert_task(
-        conn,
-        kind=TaskKind.STOP.value,
-        ns=ns,
-        kube_ns=row["kube_namespace"],
-        provider=provider,
-        instance_id=instance_id,
-        spec=stop_spec,
-        requester=requester,
-        ts=ts,
-        after=after,
-        grace=grace,
-    )
-    transition(
-        conn,
-        instance_id=instance_id,
-        now=ts,
-        state=InstanceState.STOPPING.value,
-        reason=None,
-        message="stop requested",
-    )
-    return True, True
-
-
 def probe(
     conn: Conn,
     *,
@@ -416,7 +290,7 @@ def probe(
         ns=ns,
         guard=guard,
     )
-    return _insert_task(
+    return insert_task(
         conn,
         kind=TaskKind.PROBE.value,
         ns=ns,
@@ -427,30 +301,3 @@ def probe(
         requester=requester,
         ts=now(),
     )
-
-
-def list_instances(conn: Conn, *, ns: str, provider: str, state: str | None) -> list[InstanceJSON]:
-    sql = f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE namespace = ? AND provider = ?"  # noqa: S608
-    params: list[Any] = [ns, provider]
-    if state is not None:
-        sql += " AND state = ?"
-        params.append(state)
-    rows = conn.execute(sql + " ORDER BY launched_at, instance_id", params).fetchall()
-    return instances_json(conn, rows)
-
-
-def get_instance(conn: Conn, *, ns: str, provider: str, instance_id: str) -> InstanceJSON:
-    return instances_json(conn, [instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)])[0]
-
-
-def get_logs(conn: Conn, *, ns: str, provider: str, instance_id: str) -> str | None:
-    instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
-    row = conn.execute("SELECT text FROM instance_logs WHERE instance_id = ?", (instance_id,)).fetchone()
-    return None if row is None else str(row[0])
-
-
-def get_task(conn: Conn, *, ns: str, task_id: str) -> TaskStatusJSON:
-    row = conn.execute("SELECT * FROM tasks WHERE task_id = ? AND namespace = ?", (task_id, ns)).fetchone()
-    if row is None:
-        raise NotFound(f"no task {task_id!r} in namespace {ns!r}", code="task_not_found")
-    return task_status_json(row)

@@ -10,7 +10,7 @@ from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import DaemonSession
 from nymph.queue.sql import binding
 from nymph.queue.sql.dialect import Conn
-from nymph.queue.sql.launches import instance_row
+from nymph.queue.sql.instances import instance_row
 from nymph.queue.sql.rows import fetch_instance, session_may_act
 
 

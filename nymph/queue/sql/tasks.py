@@ -1,0 +1,51 @@
+"""Task rows: their ids and one insert every kind of task goes through (synchronous SQL inside
+the caller's transaction)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from nymph.queue.sql.dialect import Conn
+
+
+def new_task_id() -> str:
+    return "task-" + secrets.token_hex(8)
+
+
+def insert_task(
+    conn: Conn,
+    *,
+    kind: str,
+    ns: str,
+    kube_ns: str,
+    provider: str,
+    instance_id: str | None,
+    spec: dict[str, Any] | None,
+    requester: str,
+    ts: float,
+    after: str | None = None,
+    grace: int | None = None,
+) -> str:
+    task_id = new_task_id()
+    conn.execute(
+        "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
+        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at) "
+        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            task_id,
+            kind,
+            ns,
+            kube_ns,
+            provider,
+            instance_id,
+            json.dumps(spec) if spec is not None else None,
+            requester,
+            after,
+            grace,
+            ts,
+            ts,
+        ),
+    )
+    return task_id
