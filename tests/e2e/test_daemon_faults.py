@@ -1,4 +1,4 @@
-"""The real daemon process against hostile tasks and an unwritable root (issue 11, bugs 2 and 3).
+"""The real daemon process against hostile tasks and an unwritable root.
 
 Hostile tasks come through a man in the middle: the daemon talks to the queue over plain HTTP,
 through a proxy in the test that rewrites the tasks of a claim answer, as anyone on that path

@@ -1,4 +1,4 @@
-"""The fault suite (issue 11): crash matrix, disk faults, hostile peers, bad input, secrets.
+"""The fault suite: crash matrix, disk faults, hostile peers, bad input, secrets.
 
 Every test here runs against the real kube-apiserver (kwok nodes) and/or the real queue service
 (a subprocess speaking HTTP, state in a SQLite file). The totals every test measured are written

@@ -1,4 +1,4 @@
-"""What the queue makes of a daemon's reports after a crash (issue 11, the crash matrix)."""
+"""What the queue makes of a daemon's reports after a crash (the crash matrix)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Bodies that do not decode, requests the HTTP parser refuses, instance id collisions and
-launches the daemon could not render (issue 11, bugs 4, 6 and 7): every error a documented 4xx."""
+launches the daemon could not render: every error a documented 4xx."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Daemon sessions (issue 11, bug 5): each gap of the dispatch authorization, replayed as the
+"""Daemon sessions: each gap of the dispatch authorization, replayed as the
 attack it allowed, now fails; and the client registers, and registers again, on its own."""
 
 from __future__ import annotations

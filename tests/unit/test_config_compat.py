@@ -1,4 +1,4 @@
-"""Configuration that lakeshore users bring unchanged (issue 13, part 4): the provider named as a
+"""Configuration that lakeshore users bring unchanged: the provider named as a
 mode field, ``name`` kwargs ignored, kwargs merged provider then mode, and a launch that cannot
 change the connection."""
 
