@@ -39,7 +39,8 @@ from nymph.kube.credentials import (
     staged_kubeconfig,
 )
 from nymph.kube.errors import AlreadyExists, NotFound
-from nymph.kube.userconfig import build_client, check_user_kubeconfig
+from nymph.kube.userclient import build_client
+from nymph.kube.userconfig import check_user_kubeconfig
 from nymph.logs import forget_secret, register_secret
 
 #: The accesses the direct path needs in the provider's namespace.

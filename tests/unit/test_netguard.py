@@ -18,7 +18,8 @@ from nymph.kube.api import MESSAGE_LIMIT, api_error, status_error
 from nymph.kube.errors import Conflict, Unavailable
 from nymph.kube.netguard import HostAddresses, ServerNotAllowed, ServerPolicy, as_ipv4, special_kind
 from nymph.kube.pods import list_pods
-from nymph.kube.userconfig import build_client, check_user_kubeconfig
+from nymph.kube.userclient import build_client
+from nymph.kube.userconfig import check_user_kubeconfig
 
 PLANTED = "PLANTED-BODY-SECRET-7f3a"
 

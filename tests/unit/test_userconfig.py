@@ -14,7 +14,8 @@ import yaml
 
 from nymph.errors import CredentialsError
 from nymph.kube.netguard import ServerPolicy
-from nymph.kube.userconfig import build_client, check_user_fields, check_user_kubeconfig, configuration
+from nymph.kube.userclient import build_client, configuration
+from nymph.kube.userconfig import check_user_fields, check_user_kubeconfig
 
 SECRET = "PLANTED-VALUE-d41d8cd98f"
 
