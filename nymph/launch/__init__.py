@@ -1,16 +1,7 @@
 """The Kube launch contract, as pure code: config, validation, Pod render, state mapping."""
 
-from nymph.launch.config import (
-    LAUNCHER,
-    DreamConfig,
-    Mode,
-    Provider,
-    check_launcher,
-    load_dreamrc,
-    mode_from_cli,
-    parse_dreamrc,
-    provider_from_cli,
-)
+from nymph.launch.config import LAUNCHER, Mode, Provider, check_launcher
+from nymph.launch.dreamrc import DreamConfig, load_dreamrc, mode_from_cli, parse_dreamrc, provider_from_cli
 from nymph.launch.names import (
     RESERVED_LABEL_KEYS,
     label_selector,

@@ -3,10 +3,8 @@ from __future__ import annotations
 import pytest
 
 from nymph.errors import ConfigError
-from nymph.launch.config import (
-    Mode,
-    Provider,
-    check_launcher,
+from nymph.launch.config import Mode, Provider, check_launcher
+from nymph.launch.dreamrc import (
     load_dreamrc,
     mode_from_cli,
     parse_assignments,

@@ -9,14 +9,8 @@ import logging
 import pytest
 
 from nymph.errors import ConfigError, ValidationError
-from nymph.launch.config import (
-    Mode,
-    Provider,
-    check_dispatch_kwargs,
-    connection_kwargs,
-    mode_from_cli,
-    parse_dreamrc,
-)
+from nymph.launch.config import Mode, Provider, check_dispatch_kwargs, connection_kwargs
+from nymph.launch.dreamrc import mode_from_cli, parse_dreamrc
 from nymph.launch.spec import build_launch_spec
 
 IID = "lakeshore-0123abcd"
