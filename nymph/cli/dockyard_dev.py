@@ -13,16 +13,7 @@ from nymph.dockyard.errors import DockyardLiveError
 from nymph.dockyard.live import dev
 from nymph.dockyard.live.kubectl import Kube, say
 from nymph.dockyard.render import devpod
-
-
-def _labels(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise DockyardLiveError(f"--label {pair!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
+from nymph.launch.names import parse_labels
 
 
 def register(
@@ -43,7 +34,7 @@ def register(
             namespace=namespace(args),
             image=args.image,
             pvc=args.pvc,
-            labels=_labels(args.label),
+            labels=parse_labels(args.label, flag="--label", error=DockyardLiveError),
             timeout=args.timeout,
             poll=args.poll,
             shell=args.shell,

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from nymph.launch import names
-from nymph.launch.config import load_dreamrc, parse_assignments
+from nymph.launch.dreamrc import load_dreamrc, parse_assignments
 from nymph.launch.render import render_pod, to_json, to_yaml
 from nymph.launch.script import read_script
 from nymph.launch.spec import build_launch_spec
@@ -17,7 +17,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     config = load_dreamrc(args.dreamrc)
     mode = config.mode(args.mode)
     provider = config.provider_for(mode, args.provider)
-    tags = names.parse_tags(args.tag)
+    tags = names.parse_labels(args.tag)
     env = parse_assignments(args.env, flag="--env")
     body: dict[str, Any] = {"script": read_script(args.script), "tags": tags}
     if env:

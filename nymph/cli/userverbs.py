@@ -27,8 +27,8 @@ from nymph.client import DEFAULT_URL, QueueError, UserClient
 from nymph.client.logs import follow_log
 from nymph.dockyard.spec.yamlio import load_file
 from nymph.errors import ConfigError, NymphError
-from nymph.launch.config import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
-from nymph.launch.names import parse_tags
+from nymph.launch.dreamrc import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
+from nymph.launch.names import parse_labels
 from nymph.launch.script import read_script
 
 
@@ -227,7 +227,7 @@ def cmd_modes_rm(args: argparse.Namespace) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     script = read_script(args.script)
-    tags = parse_tags(args.tag)
+    tags = parse_labels(args.tag)
     env = parse_assignments(args.env, flag="--env")
     fields = parse_assignments(args.field, flag="--field")
     key = args.idempotency_key or str(uuid.uuid4())

@@ -6,7 +6,7 @@ import re
 import secrets
 from collections.abc import Iterable
 
-from nymph.errors import ConfigError, ValidationError
+from nymph.errors import ConfigError, NymphError, ValidationError
 
 INSTANCE_PREFIX = "lakeshore-"
 _INSTANCE_RE = re.compile(r"^lakeshore-[0-9a-f]{8}$")
@@ -101,17 +101,19 @@ def tag_value_to_str(value: object) -> str | None:
     return None
 
 
-def parse_tags(items: Iterable[str]) -> dict[str, str]:
-    """``--tag KEY=VALUE`` items as ``{KEY: VALUE}``, each value kept as text (a repeated key:
-    the last wins); a malformed item is a one-line ConfigError. :func:`tags_to_labels` checks
-    the labels they become."""
-    tags: dict[str, str] = {}
+def parse_labels(
+    items: Iterable[str], *, flag: str = "--tag", error: type[NymphError] = ConfigError
+) -> dict[str, str]:
+    """``KEY=VALUE`` items (``--tag``, ``--label``) as ``{KEY: VALUE}``, each value kept as text
+    (a repeated key: the last wins); a malformed item is a one-line ``error`` naming ``flag``.
+    :func:`tags_to_labels` checks the labels launch tags become."""
+    labels: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--tag {item!r}: expected KEY=VALUE")
-        tags[key] = value
-    return tags
+            raise error(f"{flag} {item!r}: expected KEY=VALUE")
+        labels[key] = value
+    return labels
 
 
 def tags_to_labels(tags: object, *, field: str = "tags") -> tuple[dict[str, str], list[str]]:
