@@ -23,7 +23,6 @@ daemon imports the dockyard render path lazily, on its first dockyard task).
 
 from __future__ import annotations
 
-import ipaddress
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -44,7 +43,6 @@ from nymph.dockyard.spec.enums import (
 )
 from nymph.dockyard.spec.fieldtypes import (
     Block,
-    IntOrStr,
     Problems,
     Qty,
     QtyMap,
@@ -55,8 +53,9 @@ from nymph.dockyard.spec.fieldtypes import (
     as_enum,
     as_tuple,
 )
+from nymph.dockyard.spec.podblocks import NetworkPolicySpec, PDBSpec, PodResources, SecuritySpec
 
-__all__ = ["Quantity"]
+__all__ = ["NetworkPolicySpec", "PDBSpec", "PodResources", "Quantity", "SecuritySpec"]
 
 _Scheduler = Annotated[SchedulerKind, BeforeValidator(as_enum(SchedulerKind))]
 _Workspace = Annotated[WorkspaceKind, BeforeValidator(as_enum(WorkspaceKind))]
@@ -189,71 +188,6 @@ class LaunchSpec(Block):
         if self.codeSource in (CodeSource.IMAGE, CodeSource.LUSTRE) and not self.codePath:
             out.append(("codePath", f"required when codeSource is {self.codeSource.value}"))
         return out
-
-
-class SecuritySpec(Block):
-    """Pod / container hardening. ``runAsNonRoot`` and ``readOnlyRootFilesystem`` are
-    opt-in (``null`` leaves them unset): they break many images."""
-
-    enabled: bool = True
-    runAsNonRoot: bool | None = None
-    runAsUser: int | None = None
-    runAsGroup: int | None = None
-    fsGroup: int | None = None
-    readOnlyRootFilesystem: bool | None = None
-    allowPrivilegeEscalation: bool = False
-    dropCapabilities: StrTuple = ("ALL",)
-    addCapabilities: StrTuple = ()
-    seccompProfile: Literal["RuntimeDefault", "Unconfined"] | None = "RuntimeDefault"
-
-
-class NetworkPolicySpec(Block):
-    """Sandbox isolation: ingress only on the executor port from this namespace (or from
-    pods with ``fromLabels``); egress open unless ``allowEgress: false``, then only to
-    ``allowedEgressCidrs``; DNS is always allowed."""
-
-    enabled: bool = True
-    allowEgress: bool = True
-    allowedEgressCidrs: StrTuple = ()
-    fromLabels: StrMap = Field(default_factory=dict)
-
-    def problems(self) -> Problems:
-        out: Problems = []
-        for i, cidr in enumerate(self.allowedEgressCidrs):
-            try:
-                if "/" not in cidr:
-                    raise ValueError(cidr)
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                out.append((f"allowedEgressCidrs[{i}]", f"{cidr!r} is not a CIDR (10.0.0.0/8)"))
-        return out + names.label_map(self.fromLabels, key="fromLabels")
-
-
-class PDBSpec(Block):
-    enabled: bool = False
-    minAvailable: IntOrStr | None = None
-    maxUnavailable: IntOrStr | None = None
-
-    #: Setting one of these in a partial block drops the default of the other.
-    exclusive: ClassVar[tuple[str, ...]] = ("minAvailable", "maxUnavailable")
-
-    def problems(self) -> Problems:
-        if self.enabled and (self.minAvailable is None) == (self.maxUnavailable is None):
-            return [("", "exactly one of minAvailable / maxUnavailable must be set when enabled")]
-        return []
-
-
-class PodResources(Block):
-    """Requests (``cpu``, ``memory``, ``ephemeralStorage``) and limits (``*Limit``), each
-    limit defaulting to its request."""
-
-    cpu: Qty | None = None
-    memory: Qty | None = None
-    gpu: int | None = None
-    ephemeralStorage: Qty | None = None
-    cpuLimit: Qty | None = None
-    memoryLimit: Qty | None = None
-    ephemeralStorageLimit: Qty | None = None
 
 
 class ClusterSpec(Block):
