@@ -5,10 +5,12 @@ Jobs REST API tests (the real-cluster fixtures are in tests/kube_fixtures.py).""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -205,6 +207,36 @@ def _ray_ports() -> list[str]:
     return [f"--{n}={free_port()}" for n in names]
 
 
+RAY_MARK = "NYMPH_TEST_RAY_HEAD"
+
+
+def _marked(name: str, value: str) -> list[int]:
+    """Processes whose environment has ``name=value``."""
+    needle = f"{name}={value}".encode()
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _kill_marked(name: str, value: str) -> None:
+    """``ray stop --force`` kills Ray's own processes, but a job's child (an entrypoint still
+    running) can outlive them, orphaned: kill whatever still carries the head's mark."""
+    deadline = time.monotonic() + 10
+    while (pids := _marked(name, value)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="session")
 def ray_head() -> Iterator[str]:
     """The dashboard URL of a Ray head started from the ``ray`` wheel (``ray[default]`` in the
@@ -217,6 +249,8 @@ def ray_head() -> Iterator[str]:
         **os.environ,
         "PATH": f"{ray.parent}{os.pathsep}{os.environ.get('PATH', '')}",  # `python` is this venv's
         "RAY_USAGE_STATS_ENABLED": "0",
+        # every process of this head (and of the jobs it runs) carries it: swept at the end
+        RAY_MARK: str(temp),
     }
     ports = _ray_ports()
     dashboard = next(p for p in ports if p.startswith("--dashboard-port=")).split("=", 1)[1]
@@ -254,4 +288,5 @@ def ray_head() -> Iterator[str]:
         yield url
     finally:
         subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120, check=False)
+        _kill_marked(RAY_MARK, str(temp))
         shutil.rmtree(temp, ignore_errors=True)
