@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nymph.logs import configure_logging
+    from nymph.logsetup import configure_logging
 
     parser = build_parser()
     args = parser.parse_args(argv)

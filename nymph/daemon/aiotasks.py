@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 
 def guarded(name: str, factory: Callable[[], Awaitable[None]], *, restart: bool = True) -> asyncio.Task[None]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from nymph.daemon.durable import TornAppend, Writer, append_whole, fsync_file, replace_atomically, truncate_to
 from nymph.errors import NymphError
-from nymph.logs import redact_text
+from nymph.logsetup import redact_text
 
 GENESIS = "0" * 64
 GENESIS_SEQ = 0

@@ -22,7 +22,7 @@ from nymph.daemon.metrics import Metrics
 from nymph.daemon.settings import DaemonSettings
 from nymph.daemon.tasks.validate import CheckedTask, intake, usable_task_id
 from nymph.daemon.workqueue import WorkQueue
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 from nymph.protocol import TaskJSON, TaskKind
 
 _KINDS = frozenset(k.value for k in TaskKind)

@@ -43,7 +43,7 @@ from nymph.kube.applier import Applier
 from nymph.kube.kubectl import Kubectl
 from nymph.kube.watch import PodWatcher
 from nymph.launch.names import LABEL_MANAGED
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 from nymph.protocol import TaskKind
 
 #: The longest an audit record waits to be made durable when nothing else syncs it first.

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nymph.daemon.durable import Writer
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 PROBE_NAME = ".nymph-write-test"
 

@@ -14,7 +14,7 @@ from typing import Unpack
 from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.outboxitems import Completion
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 from nymph.protocol import TaskJSON
 
 

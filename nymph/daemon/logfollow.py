@@ -31,7 +31,7 @@ from nymph.daemon.tracker import Tracker
 from nymph.kube.logfollow import FollowSettings, follow_container_log
 from nymph.launch.logcursor import Cursor
 from nymph.launch.state import container_started, container_termination
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 
 class LogFollowers:

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as kclient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from nymph.launch.placement import NodeOffer, node_offer
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 #: How long the first claim waits for the node's offer before claiming without one.
 FIRST_READ_TIMEOUT = 20.0

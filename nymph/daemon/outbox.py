@@ -48,7 +48,7 @@ from nymph.daemon.outboxitems import (
     parse_line,
 )
 from nymph.errors import NymphError
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 __all__ = ["DropItem", "Outbox", "OutboxSyncError", "Sender", "Syncable"]
 

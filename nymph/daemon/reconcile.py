@@ -10,7 +10,7 @@ from nymph.daemon.audit import AuditLog
 from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.tracker import Report, Tracker
 from nymph.launch.state import InstanceState, Reason
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 
 async def reconcile(

@@ -33,7 +33,7 @@ from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.results import DEFAULT_RESULTS_CAP, RESULTS_DIR, BadResultPath, check_result_path
 from nymph.launch.state import container_termination
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 CHUNK = 384 * 1024
 

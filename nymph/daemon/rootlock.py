@@ -18,7 +18,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 LOCK_NAME = "daemon.lock"
 

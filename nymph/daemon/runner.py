@@ -19,7 +19,7 @@ from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.validate import BadTask, CheckedTask, Refused
 from nymph.daemon.workqueue import Claimed, WorkQueue
 from nymph.errors import NymphError
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 from nymph.protocol import TaskJSON, TaskKind
 
 BatchHandler = Callable[[TaskContext, list[CheckedTask]], Awaitable[None]]

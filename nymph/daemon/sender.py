@@ -25,7 +25,7 @@ from nymph.daemon.claimer import Claimer
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.outboxitems import DropItem
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 #: Outbox fields that are not part of the report the queue receives.
 _LOCAL_FIELDS = ("kind", "stream", "_line", "_bytes")

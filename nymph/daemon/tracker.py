@@ -20,7 +20,7 @@ from nymph.daemon.outbox import Outbox
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.render import HOSTNAME_LABEL
 from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 
 @dataclass

@@ -40,7 +40,7 @@ import yaml
 from nymph.errors import CredentialsError
 from nymph.kube.netguard import DEFAULT_SERVERS, ServerPolicy
 from nymph.kube.userconfig import check_user_fields
-from nymph.logs import forget_secret, register_secret
+from nymph.logsetup import forget_secret, register_secret
 
 SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _SECRET_NAME = SECRET_NAME

@@ -23,7 +23,7 @@ from kubernetes_asyncio import client
 from nymph.kube.errors import KubeError, NotFound
 from nymph.kube.logstream import LogNotReady, NoContainerLog, open_log
 from nymph.launch.logcursor import Chunker, Cursor, LineSplitter, Stamp, parse_line
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 
 class LogSink(Protocol):

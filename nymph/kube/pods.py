@@ -41,7 +41,7 @@ from nymph.kube.credentials import (
 from nymph.kube.errors import AlreadyExists, NotFound
 from nymph.kube.userclient import build_client
 from nymph.kube.userconfig import check_user_kubeconfig
-from nymph.logs import forget_secret, register_secret
+from nymph.logsetup import forget_secret, register_secret
 
 #: The accesses the direct path needs in the provider's namespace.
 REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (

@@ -18,7 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from nymph.kube.api import raw_json
 from nymph.kube.errors import KubeError
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 OnEvent = Callable[[str, dict[str, Any]], Awaitable[None]]
 

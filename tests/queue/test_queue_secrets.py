@@ -18,7 +18,7 @@ import yaml
 from queue_helpers import FAST, Queue, open_queue
 
 from nymph.localcluster import LocalCluster
-from nymph.logs import configure_logging
+from nymph.logsetup import configure_logging
 from nymph.queue.direct.settings import DirectSettings
 from tests.kube_fixtures import SaKubeconfig
 

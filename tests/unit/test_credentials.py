@@ -20,7 +20,7 @@ from nymph.kube.credentials import (
     looks_like_path,
     staged_kubeconfig,
 )
-from nymph.logs import configure_logging
+from nymph.logsetup import configure_logging
 
 SECRET = "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user: {token: s3cr3t-t0ken-value}\n"
 

@@ -157,7 +157,7 @@ def test_audit_chain_and_head(tmp_path: Path) -> None:
 
 
 def test_audit_never_stores_registered_secrets(tmp_path: Path) -> None:
-    from nymph.logs import forget_secret, register_secret
+    from nymph.logsetup import forget_secret, register_secret
 
     register_secret("super-secret-token-value")
     try:

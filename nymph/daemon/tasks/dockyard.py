@@ -55,7 +55,7 @@ from nymph.kube.errors import KubeError
 from nymph.launch.names import is_instance_id
 from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.launch.state import InstanceState, Reason
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 
 #: the queue's default number of attempts of a task (``nymph.queue.models.RetrySettings``),
 #: for a task that does not say its own ``maxAttempts``

@@ -32,7 +32,7 @@ from nymph.kube.errors import AlreadyExists, Conflict, Invalid, KubeError
 from nymph.launch.render import PodManifest, manifest_sha256, render_pod
 from nymph.launch.spec import LaunchSpec
 from nymph.launch.state import InstanceState, Reason
-from nymph.logs import get_logger
+from nymph.logsetup import get_logger
 from nymph.protocol import TaskJSON
 
 _RBAC_VERBS = ("create", "get", "list", "watch", "delete")

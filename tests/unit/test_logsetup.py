@@ -5,7 +5,7 @@ import json
 
 import structlog
 
-from nymph.logs import REDACTED, configure_logging, forget_secret, register_secret
+from nymph.logsetup import REDACTED, configure_logging, forget_secret, register_secret
 
 
 def test_json_when_not_a_tty_and_sensitive_keys_redacted() -> None:
