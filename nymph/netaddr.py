@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from nymph.errors import ConfigError
 
+#: Where ``nymph queue serve`` listens and the CLI looks for it unless told otherwise.
+DEFAULT_LISTEN = "127.0.0.1:8700"
+DEFAULT_URL = "http://127.0.0.1:8700"
+
 
 def parse_listen(text: str, *, example: str, default_host: str | None = None) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8700`` for IPv6) -> (host, port); port 0 picks a free one.

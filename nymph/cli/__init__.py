@@ -15,12 +15,6 @@ from collections.abc import Sequence
 
 from nymph import __version__
 from nymph.errors import NymphError
-from nymph.kube import slim as _slim
-
-# The command loads the generated Kubernetes client one class at a time (see nymph.kube.slim):
-# a daemon or queue process then holds the few dozen classes it uses, not about 850. Library
-# users importing nymph's modules get the package as its authors ship it.
-_slim.install()
 
 #: Modules that contribute subcommands, in ``--help`` order. Missing ones are skipped so a
 #: partial install still runs.
@@ -71,6 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     configure_logging(fmt=args.log_format, level=args.log_level)
+    # A command loads the generated Kubernetes client one class at a time (see nymph.kube.slim):
+    # a daemon or queue process then holds the few dozen classes it uses, not about 850. It is
+    # installed once the command is known and before its handler imports anything (building
+    # the parser imports no Kubernetes client). Library users importing nymph's modules get
+    # the package as its authors ship it.
+    from nymph.kube import slim
+
+    slim.install()
     try:
         code: int = args.func(args)
     except NymphError as exc:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 from pathlib import Path
 from typing import Any
-
-from nymph.daemon.audit import verify
-from nymph.daemon.settings import load_settings
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -18,6 +16,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     # start-up of every other command (there is no import cycle to avoid here).
     from nymph.daemon.daemon import run_locked
     from nymph.daemon.footprint import tune_process
+    from nymph.daemon.settings import load_settings
 
     settings = load_settings(
         config_file=args.config,
@@ -49,10 +48,47 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
+#: The audit log's name under the daemon's root (``--workdir-root``), as the daemon writes it.
+AUDIT_LOG = "audit.jsonl"
+
+
+def _head_problem(log: Path) -> str:
+    """Why the end of ``log`` cannot be checked ('' when its ``.head`` file can be read)."""
+    head = log.with_name(log.name + ".head")
+    try:
+        data = json.loads(head.read_text(encoding="utf-8"))
+        int(data["seq"]), str(data["hash"])
+    except FileNotFoundError:
+        return f"no {head.name} beside it"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{head.name} cannot be read"
+    return ""
+
+
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    result = verify(Path(args.file))
+    from nymph.daemon.audit import verify
+
+    log = Path(args.file).expanduser()
+    if log.is_dir():
+        if not (log / AUDIT_LOG).is_file():
+            print(
+                f"FAILED: {log} is a directory without {AUDIT_LOG}: give the audit log, or the "
+                f"daemon's root directory (its --workdir-root), which holds {AUDIT_LOG}",
+                file=sys.stderr,
+            )
+            return 1
+        log = log / AUDIT_LOG
+    result = verify(log)
     if result.ok:
-        print(f"ok: {result.records} records, chain intact")
+        unchecked = _head_problem(log)
+        if unchecked:
+            print(f"ok: {result.records} records, chain intact; its end is unchecked ({unchecked})")
+            print(
+                "note: records removed from the end of the log would not show; copy the .head "
+                "file with the log to check its end"
+            )
+        else:
+            print(f"ok: {result.records} records, chain intact")
         for note in result.notes:
             print(f"note: {note} (repaired, and audited, at the daemon's next start)")
         return 0
@@ -123,7 +159,14 @@ def register(sub: Any) -> None:
     v = asub.add_parser(
         "verify",
         help="verify the hash chain of an audit log",
-        description="Exit 0 if the chain is intact; otherwise exit 1 naming the first bad record.",
+        description="Exit 0 if the chain is intact; otherwise exit 1 naming the first bad record. "
+        "The end of the log is checked against its .head file; without one, the output says the "
+        "end is unchecked.",
     )
-    v.add_argument("file", help="the audit log, e.g. /var/lib/nymph/audit.jsonl")
+    v.add_argument(
+        "file",
+        metavar="PATH",
+        help=f"the audit log (e.g. /var/lib/nymph/{AUDIT_LOG}, with its .head file beside it), or the "
+        f"daemon's root directory holding {AUDIT_LOG}",
+    )
     v.set_defaults(func=cmd_audit_verify)

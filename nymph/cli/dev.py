@@ -6,10 +6,23 @@ import argparse
 import os
 from typing import Any
 
-from nymph.cli import devenv
+_DESCRIPTION = """\
+The whole path on one machine, end to end.
+
+Starts the queue service (SQLite under a local state dir) and a daemon; uses the current kube
+context when one is reachable, and otherwise starts the embedded local control plane: with a
+real node (containerd + kubelet: the sample really runs, in the local python image, and its
+output is shown) when the machine allows it, else with kwok (Pods are simulated, and it says
+so). Creates a provider and a mode, submits a sample launch, shows each state change as it
+happens, lists instances and verifies the audit log. Exits 0 when every step passed. With
+--stay the queue and daemon keep running for more launches until Ctrl-C.
+"""
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    # The queue, the daemon and the local cluster load only when the demo runs.
+    from nymph.cli import devenv
+
     return devenv.run_dev(
         devenv.DevOptions(
             stay=args.stay,
@@ -28,7 +41,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "dev",
         help="run queue + daemon + a sample launch on this machine (the main demo)",
-        description=devenv.__doc__,
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

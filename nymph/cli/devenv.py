@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +42,20 @@ time.sleep(1)
 
 class DevError(NymphError):
     pass
+
+
+def nymph_command() -> str:
+    """How another shell runs this nymph: ``nymph`` when PATH finds this very executable, else
+    its full path (e.g. ``.venv/bin/nymph`` of a virtualenv not on PATH), else this interpreter
+    with ``-m nymph.cli``."""
+    candidates = [Path(sys.argv[0]), Path(sys.executable).parent / "nymph"]
+    exe = next((c for c in candidates if c.name == "nymph" and c.is_file() and os.access(c, os.X_OK)), None)
+    if exe is None:
+        return f"{shlex.quote(sys.executable)} -m nymph.cli"
+    found = shutil.which("nymph")
+    if found and Path(found).resolve() == exe.resolve():
+        return "nymph"
+    return shlex.quote(str(exe.absolute()))
 
 
 @dataclass(frozen=True)
@@ -262,9 +278,10 @@ def run_dev(opts: DevOptions) -> int:
             if opts.stay:
                 (state / "user.env").write_text(f"export NYMPH_URL={url}\nexport NYMPH_TOKEN={user_token}\n")
                 os.chmod(state / "user.env", 0o600)
+                nymph = nymph_command()
                 print(
                     f"\nnymph is running. In another shell:\n  source {state / 'user.env'}\n"
-                    f"  nymph launch dev --mode python --script job.py --wait\n  nymph instances dev\n"
+                    f"  {nymph} launch dev --mode python --script job.py --wait\n  {nymph} instances dev\n"
                     "Ctrl-C stops everything.",
                     file=sys.stderr,
                     flush=True,

@@ -9,26 +9,19 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import platformdirs
 
 from nymph.cli import user
 from nymph.errors import ConfigError
-from nymph.kube.netguard import ServerPolicy
 from nymph.launch.placement import QuantityError, parse_quantity
-from nymph.netaddr import parse_listen
-from nymph.queue.auth import create_token, import_token
-from nymph.queue.db import connect, transaction
-from nymph.queue.direct.settings import DirectSettings
-from nymph.queue.http.serve import DEFAULT_LISTEN, default_db_path, serve
-from nymph.queue.models import (
-    LeaseSettings,
-    OutputSettings,
-    QueueSettings,
-    RetrySettings,
-    Role,
-    TenancySettings,
-)
-from nymph.queue.sql.dialect import Conn
+from nymph.netaddr import DEFAULT_LISTEN, parse_listen
+
+# The queue server is imported by the commands that run it, not to build the parser.
+if TYPE_CHECKING:
+    from nymph.queue.models import TenancySettings
+    from nymph.queue.sql.dialect import Conn
 
 T = TypeVar("T")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -36,6 +29,13 @@ _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 #: a resource name: ``cpu``, ``memory``, ``ephemeral-storage``, ``nvidia.com/gpu``
 _RESOURCE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
 DB_URL_ENV = "NYMPH_DB_URL"
+#: The token roles (``nymph.queue.models.Role``), for the parser.
+ROLES = ("user", "daemon")
+
+
+def default_db_path() -> Path:
+    """The queue's default SQLite file (as ``nymph.queue.http.serve.default_db_path``)."""
+    return platformdirs.user_data_path("nymph") / "queue.db"
 
 
 def _is_url(text: str) -> bool:
@@ -56,6 +56,8 @@ def _db_path(args: argparse.Namespace) -> Path | str:
 
 
 def _write_once(target: Path | str, fn: Callable[[Conn], T]) -> T:
+    from nymph.queue.db import connect, transaction
+
     if isinstance(target, str):
         from nymph.queue.pgdb import write_once
 
@@ -78,6 +80,9 @@ def _where(target: Path | str) -> str:
 
 def _import_tokens(path: Path | str, specs: list[str]) -> None:
     """``--import-token ROLE:FILE``: make the token in FILE (e.g. a mounted Secret) valid."""
+    from nymph.queue.auth import import_token
+    from nymph.queue.models import Role
+
     for spec in specs:
         role_text, sep, file = spec.partition(":")
         if not sep or role_text not in [r.value for r in Role] or not file:
@@ -142,6 +147,8 @@ def _pod_requests(specs: list[str]) -> dict[str, str]:
 
 
 def tenancy_settings(args: argparse.Namespace) -> TenancySettings:
+    from nymph.queue.models import TenancySettings
+
     if args.max_replicas < 1:
         raise ConfigError(f"--max-replicas {args.max_replicas}: at least 1")
     return TenancySettings(
@@ -170,6 +177,11 @@ def kubeconfig_dirs(values: list[str]) -> tuple[tuple[Path, ...], tuple[tuple[st
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from nymph.kube.netguard import ServerPolicy
+    from nymph.queue.direct.settings import DirectSettings
+    from nymph.queue.http.serve import serve
+    from nymph.queue.models import LeaseSettings, OutputSettings, QueueSettings, RetrySettings
+
     host, port = parse_listen(args.listen, example=DEFAULT_LISTEN)
     bare_dirs, team_dirs = kubeconfig_dirs(args.kubeconfig_dir)
     try:
@@ -201,6 +213,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
+    from nymph.queue.auth import create_token
+    from nymph.queue.models import Role
+
     path = _db_path(args)
     created = _write_once(
         path, lambda conn: create_token(conn, role=Role(args.role), namespace=args.namespace, name=args.name)
@@ -368,7 +383,7 @@ def register(sub: Any) -> None:
         "dispatch API). Example: nymph queue token create --role daemon --namespace team-a",
     )
     p.add_argument("--db", help=db_help)
-    p.add_argument("--role", required=True, choices=[r.value for r in Role])
+    p.add_argument("--role", required=True, choices=ROLES)
     p.add_argument("--namespace", help="limit the token to this namespace (default: all)")
     p.add_argument("--name", help="a label recorded as the requester of launches")
     p.set_defaults(func=cmd_token_create)

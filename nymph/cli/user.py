@@ -12,26 +12,12 @@ import argparse
 from typing import Any
 
 from nymph.cli import userresults, usersecrets
-from nymph.cli.userverbs import (
-    cmd_instances,
-    cmd_launch,
-    cmd_launch_dockyard,
-    cmd_logs,
-    cmd_modes_add,
-    cmd_modes_list,
-    cmd_modes_rm,
-    cmd_modes_show,
-    cmd_providers_add,
-    cmd_providers_list,
-    cmd_providers_rm,
-    cmd_providers_show,
-    cmd_providers_test,
-    cmd_stop,
-)
+from nymph.cli.lazy import handler
 from nymph.cli.userview import NEVER_RAN_EXIT
-from nymph.client import DEFAULT_URL
 from nymph.launch.state import InstanceState
+from nymph.netaddr import DEFAULT_URL
 
+_VERBS = "nymph.cli.userverbs"
 _STATES = [s.value for s in InstanceState]
 
 
@@ -79,12 +65,12 @@ def register(sub: Any) -> None:
         "context are refused)",
     )
     p.add_argument("--replace", action="store_true", help="replace an existing provider of that name")
-    p.set_defaults(func=cmd_providers_add)
+    p.set_defaults(func=handler(_VERBS, "cmd_providers_add"))
     p = psub.add_parser("list", parents=[common], help="list providers")
-    p.set_defaults(func=cmd_providers_list)
+    p.set_defaults(func=handler(_VERBS, "cmd_providers_list"))
     for verb, func, text in (
-        ("show", cmd_providers_show, "show a provider"),
-        ("rm", cmd_providers_rm, "remove a provider"),
+        ("show", handler(_VERBS, "cmd_providers_show"), "show a provider"),
+        ("rm", handler(_VERBS, "cmd_providers_rm"), "remove a provider"),
     ):
         p = psub.add_parser(verb, parents=[common], help=text)
         p.add_argument("name")
@@ -92,7 +78,7 @@ def register(sub: Any) -> None:
     p = psub.add_parser("instances", parents=[common], help="list a provider's instances")
     p.add_argument("provider", metavar="name")
     p.add_argument("--state", choices=_STATES)
-    p.set_defaults(func=cmd_instances)
+    p.set_defaults(func=handler(_VERBS, "cmd_instances"))
     p = psub.add_parser(
         "test",
         parents=[common],
@@ -102,7 +88,7 @@ def register(sub: Any) -> None:
     p.add_argument("name")
     p.add_argument("--mode", help="mode whose Pod shape to probe (default: a tiny busybox Pod)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a daemon (default 60)")
-    p.set_defaults(func=cmd_providers_test)
+    p.set_defaults(func=handler(_VERBS, "cmd_providers_test"))
 
     modes = sub.add_parser("modes", help="add, list, show and remove modes")
     msub = modes.add_subparsers(dest="modes_command", metavar="COMMAND", required=True)
@@ -122,10 +108,13 @@ def register(sub: Any) -> None:
         help="Pod-shape field (repeatable; JSON/YAML values)",
     )
     p.add_argument("--replace", action="store_true", help="replace an existing mode of that name")
-    p.set_defaults(func=cmd_modes_add)
+    p.set_defaults(func=handler(_VERBS, "cmd_modes_add"))
     p = msub.add_parser("list", parents=[common], help="list modes")
-    p.set_defaults(func=cmd_modes_list)
-    for verb, func, text in (("show", cmd_modes_show, "show a mode"), ("rm", cmd_modes_rm, "remove a mode")):
+    p.set_defaults(func=handler(_VERBS, "cmd_modes_list"))
+    for verb, func, text in (
+        ("show", handler(_VERBS, "cmd_modes_show"), "show a mode"),
+        ("rm", handler(_VERBS, "cmd_modes_rm"), "remove a mode"),
+    ):
         p = msub.add_parser(verb, parents=[common], help=text)
         p.add_argument("name")
         p.set_defaults(func=func)
@@ -162,7 +151,7 @@ def register(sub: Any) -> None:
         "stopped before it started)",
     )
     p.add_argument("--quiet", action="store_true", help="with --wait: show the states only, not the output")
-    p.set_defaults(func=cmd_launch)
+    p.set_defaults(func=handler(_VERBS, "cmd_launch"))
 
     p = sub.add_parser(
         "launch-dockyard",
@@ -194,7 +183,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="show each state change until the objects are applied; exit 1 if it failed",
     )
-    p.set_defaults(func=cmd_launch_dockyard)
+    p.set_defaults(func=handler(_VERBS, "cmd_launch_dockyard"))
 
     usersecrets.register(sub, common)
     userresults.register(sub, common)
@@ -202,12 +191,18 @@ def register(sub: Any) -> None:
     p = sub.add_parser("instances", parents=[common], help="list a provider's instances")
     p.add_argument("provider")
     p.add_argument("--state", choices=_STATES)
-    p.set_defaults(func=cmd_instances)
+    p.set_defaults(func=handler(_VERBS, "cmd_instances"))
 
-    p = sub.add_parser("stop", parents=[common], help="stop an instance")
+    p = sub.add_parser(
+        "stop",
+        parents=[common],
+        help="stop an instance",
+        description="Stop an instance (its Pod or dockyard objects are deleted). Stopping one that "
+        "already stopped changes nothing and says so; both exit 0.",
+    )
     p.add_argument("provider")
     p.add_argument("instance_id", metavar="ID")
-    p.set_defaults(func=cmd_stop)
+    p.set_defaults(func=handler(_VERBS, "cmd_stop"))
 
     p = sub.add_parser(
         "logs",
@@ -220,4 +215,4 @@ def register(sub: Any) -> None:
     p.add_argument("provider")
     p.add_argument("instance_id", metavar="ID")
     p.add_argument("-f", "--follow", action="store_true", help="follow the log until the job ends")
-    p.set_defaults(func=cmd_logs)
+    p.set_defaults(func=handler(_VERBS, "cmd_logs"))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nymph.cli.userverbs import _run
 from nymph.cli.userview import table
-from nymph.client import UserClient
-from nymph.client.results import download, list_results
 from nymph.errors import ConfigError
 from nymph.launch.results import BadResultPath
+
+if TYPE_CHECKING:
+    from nymph.client import UserClient
 
 _HELP = (
     "Results are the regular files a job writes under /workdir/out/ (symlinks and anything "
@@ -24,6 +24,9 @@ _HELP = (
 
 
 def cmd_results_list(args: argparse.Namespace) -> int:
+    from nymph.cli.userverbs import _run
+    from nymph.client.results import list_results
+
     async def body(client: UserClient) -> int:
         got = await list_results(client, provider=args.provider, instance_id=args.instance_id)
         items = got.get("items") or []
@@ -39,7 +42,10 @@ def cmd_results_list(args: argparse.Namespace) -> int:
 
 
 def cmd_results_get(args: argparse.Namespace) -> int:
-    directory = Path(args.output).expanduser()
+    from nymph.cli.userverbs import _run
+    from nymph.client.results import download, list_results, target
+
+    directory = Path(args.directory or args.instance_id).expanduser()
 
     async def body(client: UserClient) -> int:
         if args.path:
@@ -50,6 +56,16 @@ def cmd_results_get(args: argparse.Namespace) -> int:
             if not paths:
                 print(f"no results for {args.instance_id}", file=sys.stderr)
                 return 1
+        try:
+            existing = [dest for dest in (target(directory, path) for path in paths) if dest.exists()]
+        except BadResultPath as exc:
+            raise ConfigError(str(exc)) from None
+        if existing and not args.force:
+            names = ", ".join(str(dest) for dest in existing[:3]) + (" ..." if len(existing) > 3 else "")
+            raise ConfigError(
+                f"{len(existing)} file(s) already there, not replaced: {names} "
+                "(--force replaces them, -d DIR writes elsewhere)"
+            )
         for path in paths:
             try:
                 dest = await download(
@@ -79,13 +95,23 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = rsub.add_parser(
         "get",
         parents=[common],
-        help="download result files (all, or PATH) under -o DIR",
-        description=_HELP,
+        help="download result files (all, or PATH) under ./ID/ or -d DIR",
+        description=_HELP + " Files go under ./ID/ unless -d DIR is given; a file already "
+        "there is never replaced without --force (then nothing is downloaded).",
     )
     p.add_argument("provider")
     p.add_argument("instance_id", metavar="ID")
     p.add_argument(
         "path", nargs="?", metavar="PATH", help="one file (relative to /workdir/out/); default: all"
     )
-    p.add_argument("-o", "--output", default=".", metavar="DIR", help="where to write them (default .)")
+    p.add_argument(
+        "-d",
+        "--dir",
+        "-o",
+        "--output",
+        dest="directory",
+        metavar="DIR",
+        help="where to write them (default: ./ID/, the instance id); -o/--output is the same",
+    )
+    p.add_argument("--force", action="store_true", help="replace files that are already there")
     p.set_defaults(func=cmd_results_get)

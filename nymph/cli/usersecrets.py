@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nymph.cli.userverbs import _run
 from nymph.cli.userview import table
-from nymph.client import UserClient
 from nymph.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nymph.client import UserClient
 
 
 def _value(args: argparse.Namespace) -> str:
@@ -32,6 +33,8 @@ def _value(args: argparse.Namespace) -> str:
 
 
 def cmd_secrets_set(args: argparse.Namespace) -> int:
+    from nymph.cli.userverbs import _run
+
     value = _value(args)
 
     async def body(client: UserClient) -> int:
@@ -46,6 +49,8 @@ def cmd_secrets_set(args: argparse.Namespace) -> int:
 
 
 def cmd_secrets_list(args: argparse.Namespace) -> int:
+    from nymph.cli.userverbs import _run
+
     async def body(client: UserClient) -> int:
         items = await client.list_secrets()
         if not items:
@@ -62,6 +67,8 @@ def cmd_secrets_list(args: argparse.Namespace) -> int:
 
 
 def cmd_secrets_rm(args: argparse.Namespace) -> int:
+    from nymph.cli.userverbs import _run
+
     async def body(client: UserClient) -> int:
         await client.delete_secret(name=args.name)
         print(f"secret {args.name} removed from namespace {client.namespace}")

@@ -25,7 +25,6 @@ import yaml
 from nymph.cli.userview import follow, print_checks, print_instances, table
 from nymph.client import DEFAULT_URL, QueueError, UserClient
 from nymph.client.logs import follow_log
-from nymph.dockyard.spec.yamlio import load_file
 from nymph.errors import ConfigError, NymphError
 from nymph.launch.dreamrc import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
 from nymph.launch.names import parse_labels
@@ -278,6 +277,8 @@ async def _print_log(client: UserClient, *, provider: str, instance_id: str) -> 
 
 def _read_mapping(path: str, *, what: str) -> dict[str, Any]:
     """A YAML file (anchors expanded) as a JSON-ready mapping; errors name the file."""
+    from nymph.dockyard.spec.yamlio import load_file
+
     doc = load_file(Path(path))
     if doc is None:
         doc = {}
@@ -323,8 +324,16 @@ def cmd_launch_dockyard(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     async def body(client: UserClient) -> int:
+        # The API answers 204 for a stopped instance too: read its state first to say which.
+        before = await client.get_instance(provider=args.provider, instance_id=args.instance_id)
         await client.stop(provider=args.provider, instance_id=args.instance_id)
-        print(f"stop requested for {args.instance_id}")
+        state, reason = before.get("state"), before.get("reason")
+        if state == "stopped":
+            print(f"{args.instance_id} was already stopped" + (f" ({reason})" if reason else ""))
+        elif state == "stopping":
+            print(f"{args.instance_id} was already stopping")
+        else:
+            print(f"stop requested for {args.instance_id}")
         return 0
 
     return _run(args, body)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nymph.client import UserClient
 from nymph.launch.state import InstanceState, Reason
+
+if TYPE_CHECKING:
+    from nymph.client import UserClient
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

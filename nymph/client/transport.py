@@ -18,8 +18,7 @@ from urllib.parse import quote
 import aiohttp
 
 from nymph.client.errors import BY_CODE, BY_STATUS, QueueError, QueueUnavailable, safe_url
-
-DEFAULT_URL = "http://127.0.0.1:8700"
+from nymph.netaddr import DEFAULT_URL as DEFAULT_URL
 
 
 def seg(value: str) -> str:

@@ -29,7 +29,7 @@ from nymph.queue.threads import BoundedExecutor, start_cpu, stop_cpu
 
 log = structlog.get_logger(__name__, component="queue.serve")
 
-DEFAULT_LISTEN = "127.0.0.1:8700"
+DEFAULT_LISTEN = netaddr.DEFAULT_LISTEN
 
 
 def default_db_path() -> Path:

@@ -1,0 +1,104 @@
+"""What the CLI tells a user, against a real queue: downloads that never clobber files, stops of
+stopped instances, and connection mistakes that say what to set."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+from queue_helpers import Served
+
+from nymph.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("NYMPH_URL", raising=False)
+    monkeypatch.delenv("NYMPH_TOKEN", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(["--log-format", "console", "--log-level", "warning", *argv])
+    finally:
+        structlog.reset_defaults()
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def env(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    monkeypatch.setenv("NYMPH_URL", served.url)
+    monkeypatch.setenv("NYMPH_TOKEN", served.user_token)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    yield served
+    structlog.reset_defaults()
+
+
+def _launched(env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> str:
+    assert run(capsys, "providers", "add", "kind", "--launcher", "Kube", "--dispatch", "daemon")[0] == 0
+    assert run(capsys, "modes", "add", "small", "--provider", "kind", "--field", "image=busybox")[0] == 0
+    (tmp_path / "job.py").write_text("print('hello')\n")
+    code, out, _ = run(capsys, "launch", "kind", "--mode", "small", "--script", "job.py")
+    assert code == 0
+    return out.strip()
+
+
+def _ran_with_results(env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> str:
+    iid = _launched(env, capsys, tmp_path)
+
+    async def daemon() -> None:
+        async with env.client(env.daemon_token) as d:
+            [task] = await d.claim(daemon_id="d1", node="n1", capacity=1, wait=5)
+            await d.complete(daemon_id="d1", task_id=task["taskId"], ok=True)
+            for path, data in (("a.txt", b"from the job\n"), ("sub/b.txt", b"nested\n")):
+                await d.upload_result(daemon_id="d1", instance_id=iid, path=path, data=data, eof=True)
+
+    env.run(daemon())
+    return iid
+
+
+def test_results_get_writes_under_the_instance_dir_and_never_replaces_a_file(
+    env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    iid = _ran_with_results(env, capsys, tmp_path)
+    (tmp_path / "a.txt").write_text("a file of the user's\n")
+
+    code, out, _ = run(capsys, "results", "get", "kind", iid)
+    assert code == 0, out
+    assert (tmp_path / iid / "a.txt").read_text() == "from the job\n"
+    assert (tmp_path / iid / "sub" / "b.txt").read_text() == "nested\n"
+    assert (tmp_path / "a.txt").read_text() == "a file of the user's\n"
+
+    # a second download replaces nothing, and says how to
+    (tmp_path / iid / "a.txt").write_text("edited\n")
+    code, _, err = run(capsys, "results", "get", "kind", iid)
+    assert code == 2 and "already there, not replaced" in err and "--force" in err
+    assert (tmp_path / iid / "a.txt").read_text() == "edited\n"
+    code, _, err = run(capsys, "results", "get", "kind", iid, "a.txt", "-d", ".")
+    assert code == 2 and "a.txt" in err
+    assert (tmp_path / "a.txt").read_text() == "a file of the user's\n"
+
+    code, _, _ = run(capsys, "results", "get", "kind", iid, "--force")
+    assert code == 0 and (tmp_path / iid / "a.txt").read_text() == "from the job\n"
+    # -d DIR, and -o DIR as scripts wrote it before
+    assert run(capsys, "results", "get", "kind", iid, "-d", "out")[0] == 0
+    assert run(capsys, "results", "get", "kind", iid, "sub/b.txt", "-o", "old")[0] == 0
+    assert (tmp_path / "out" / "a.txt").is_file() and (tmp_path / "old" / "sub" / "b.txt").is_file()
+
+
+def test_stopping_a_stopped_instance_says_it_was_already_stopped(
+    env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    iid = _launched(env, capsys, tmp_path)
+    code, out, _ = run(capsys, "stop", "kind", iid)
+    assert code == 0 and out.strip() == f"stop requested for {iid}"
+    code, out, _ = run(capsys, "stop", "kind", iid)
+    assert code == 0 and out.startswith(f"{iid} was already stopped") and "requested" not in out
+    code, _, err = run(capsys, "stop", "kind", "lakeshore-00000000")
+    assert code == 2 and "no instance 'lakeshore-00000000'" in err
