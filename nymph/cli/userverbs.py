@@ -19,36 +19,102 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
 from nymph.cli.userview import follow, print_checks, print_instances, table
-from nymph.client import DEFAULT_URL, QueueError, UserClient
+from nymph.client import QueueAuthError, QueueError, QueueNotFound, UserClient, safe_url
 from nymph.client.logs import follow_log
 from nymph.errors import ConfigError, NymphError
 from nymph.launch.dreamrc import load_dreamrc, mode_from_cli, parse_assignments, provider_from_cli
 from nymph.launch.names import parse_labels
 from nymph.launch.script import read_script
+from nymph.netaddr import DEFAULT_URL
 
 
 class ProbeTimeout(NymphError):
     """No daemon finished a probe in time."""
 
 
-def connection(args: argparse.Namespace) -> UserClient:
-    url = args.url or os.environ.get("NYMPH_URL")
-    token = args.token or os.environ.get("NYMPH_TOKEN")
+def _server(args: argparse.Namespace) -> tuple[str, str, str | None, str]:
+    """(url, where the URL came from, token, where the token came from)."""
+    url, url_from = args.url or None, "--url"
+    if url is None and os.environ.get("NYMPH_URL"):
+        url, url_from = os.environ["NYMPH_URL"], "NYMPH_URL"
+    token, token_from = args.token or None, "--token"
+    if token is None and os.environ.get("NYMPH_TOKEN"):
+        token, token_from = os.environ["NYMPH_TOKEN"], "NYMPH_TOKEN"
     if (url is None or token is None) and Path(args.dreamrc).expanduser().is_file():
         server = load_dreamrc(args.dreamrc).server
-        url = url or server.get("url")
-        token = token or server.get("token")
-    return UserClient(base_url=url or DEFAULT_URL, token=token, namespace=args.namespace)
+        if url is None and server.get("url"):
+            url, url_from = str(server["url"]), f"{args.dreamrc} server.url"
+        if token is None and server.get("token"):
+            token, token_from = str(server["token"]), f"{args.dreamrc} server.token"
+    if url is None:
+        url, url_from = DEFAULT_URL, "the default"
+    return url, url_from, token or None, token_from if token else ""
+
+
+def check_url(url: str, *, source: str) -> None:
+    """A queue URL is ``http(s)://HOST:PORT`` (a path prefix allowed): a ConfigError saying what
+    to set for one without a scheme or one naming the API's ``/v1`` itself."""
+    example = f"e.g. {DEFAULT_URL}"
+    if not url.lower().startswith(("http://", "https://")):
+        raise ConfigError(
+            f"queue URL {safe_url(url)!r} (from {source}) has no http:// or https://: set it to "
+            f"http://{url.split('://', 1)[-1]}" + ("" if "://" in url else f" ({example})")
+        )
+    path = urlsplit(url).path.rstrip("/")
+    if path == "/v1" or path.endswith("/v1") or "/v1/" in path:
+        root = safe_url(url)[: safe_url(url).rfind("/v1")]
+        raise ConfigError(
+            f"queue URL {safe_url(url)!r} (from {source}) names the API path: set the queue's root "
+            f"URL, without /v1 ({root or example})"
+        )
+
+
+def connection(args: argparse.Namespace) -> UserClient:
+    url, url_from, token, _ = _server(args)
+    check_url(url, source=url_from)
+    return UserClient(base_url=url, token=token, namespace=args.namespace)
+
+
+def _no_token(args: argparse.Namespace) -> str:
+    return (
+        "set NYMPH_TOKEN, pass --token, or write server: {token: ...} in "
+        f"{args.dreamrc}; an operator creates one with 'nymph queue token create --role user'"
+    )
 
 
 def _run(args: argparse.Namespace, body: Callable[[UserClient], Awaitable[int]]) -> int:
+    """Run ``body`` with a client of the queue; a refused or missing token and a URL that is not
+    a nymph queue become errors that say what to set."""
+    url, url_from, token, token_from = _server(args)
+
     async def main() -> int:
         async with connection(args) as client:
-            return await body(client)
+            try:
+                return await body(client)
+            except QueueAuthError as exc:
+                if exc.status != 401:
+                    raise
+                if token is None:
+                    raise ConfigError(
+                        f"the queue at {safe_url(url)} needs a token (HTTP 401): {_no_token(args)}"
+                    ) from None
+                raise ConfigError(
+                    f"the queue at {safe_url(url)} refused the token from {token_from}: {exc.detail} "
+                    f"(HTTP 401); {_no_token(args).replace('set ', 'set a valid ', 1)}"
+                ) from None
+            except QueueNotFound as exc:
+                if exc.code is not None:
+                    raise  # the queue's own answer: no such provider, mode, instance ...
+                raise QueueError(
+                    f"{safe_url(url)} (from {url_from}) answered HTTP 404 on the queue API: it is not "
+                    f"a nymph queue; set the URL of 'nymph queue serve' (e.g. {DEFAULT_URL})",
+                    status=404,
+                ) from None
 
     return asyncio.run(main())
 

@@ -3,7 +3,10 @@ stopped instances, and connection mistakes that say what to set."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,3 +105,45 @@ def test_stopping_a_stopped_instance_says_it_was_already_stopped(
     assert code == 0 and out.startswith(f"{iid} was already stopped") and "requested" not in out
     code, _, err = run(capsys, "stop", "kind", "lakeshore-00000000")
     assert code == 2 and "no instance 'lakeshore-00000000'" in err
+
+
+def test_a_missing_or_refused_token_names_where_to_set_one(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NYMPH_URL", served.url)
+    code, _, err = run(capsys, "providers", "list")
+    assert code == 2 and "needs a token (HTTP 401)" in err
+    assert "NYMPH_TOKEN" in err and "--token" in err and ".dreamrc" in err and "Authorization" not in err
+    code, _, err = run(capsys, "providers", "list", "--token", "not-a-token")
+    assert code == 2 and "refused the token from --token" in err and "NYMPH_TOKEN" in err
+    assert "not-a-token" not in err
+
+
+def test_a_url_that_is_not_a_nymph_queue_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        code, _, err = run(capsys, "instances", "kind", "--url", url, "--token", "t")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 2 and "answered HTTP 404 on the queue API: it is not a nymph queue" in err
+    assert "nymph queue serve" in err and "(HTTP 404)" not in err
+
+
+def test_a_url_naming_v1_or_without_a_scheme_says_what_to_set(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NYMPH_TOKEN", served.user_token)
+    monkeypatch.setenv("NYMPH_URL", served.url + "/v1/")
+    code, _, err = run(capsys, "providers", "list")
+    assert code == 2 and "(from NYMPH_URL) names the API path" in err and f"without /v1 ({served.url})" in err
+    bare = served.url.removeprefix("http://")
+    code, _, err = run(capsys, "providers", "list", "--url", bare)
+    assert code == 2 and "(from --url) has no http://" in err and f"set it to http://{bare}" in err
+    # the root URL itself works
+    assert run(capsys, "providers", "list", "--url", served.url)[0] == 0
