@@ -113,7 +113,7 @@ def register(sub: Any) -> None:
         "--queue", metavar="URL", help="queue service URL (env NYMPH_URL; default http://127.0.0.1:8700)"
     )
     p.add_argument(
-        "--token", help="daemon token (env NYMPH_TOKEN; create with `nymph queue token create --role daemon`)"
+        "--token", help="daemon token (env NYMPH_TOKEN; create with 'nymph queue token create --role daemon')"
     )
     p.add_argument(
         "--node", help="this node's name (env NODE_NAME, from the downward API); Pods are pinned to it"
