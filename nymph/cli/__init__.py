@@ -57,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nymph.logsetup import configure_logging
-
     parser = build_parser()
     args = parser.parse_args(argv)
+    from nymph.logsetup import configure_logging  # structlog: once a command runs, not for --help
+
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
