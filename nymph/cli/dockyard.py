@@ -9,14 +9,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nymph.cli import dockyard_live
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.render import k8s, summary
-from nymph.dockyard.render.manifests import render_manifests, to_yaml
-from nymph.dockyard.spec.load import Environment, LoadedConfig, load_config
 from nymph.errors import ConfigError
+
+# The spec models and the renderer load when a verb runs, not to build the parser.
+if TYPE_CHECKING:
+    from nymph.dockyard.render import k8s
+    from nymph.dockyard.spec.load import Environment, LoadedConfig
 
 
 class _IntermixedParser(argparse.ArgumentParser):
@@ -39,6 +41,9 @@ class _IntermixedParser(argparse.ArgumentParser):
 def _load(
     args: argparse.Namespace, *, extra_overrides: Sequence[str] = (), environment: Environment | None = None
 ) -> tuple[LoadedConfig, list[k8s.Manifest]]:
+    from nymph.dockyard.render.manifests import render_manifests
+    from nymph.dockyard.spec.load import load_config
+
     loaded = load_config(
         recipe_path=Path(args.recipe),
         infra_path=Path(args.infra) if args.infra else None,
@@ -57,12 +62,16 @@ def _load(
 def cmd_render(args: argparse.Namespace) -> int:
     if args.dry_run:
         return dockyard_live.render_dry_run(args, load=_load)
+    from nymph.dockyard.render.manifests import to_yaml
+
     _, manifests = _load(args)
     sys.stdout.write(to_yaml(manifests))
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from nymph.dockyard.render import summary
+
     loaded, manifests = _load(args)
     if args.output is None:
         sys.stdout.write(summary.summary(loaded, manifests))

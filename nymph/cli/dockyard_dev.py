@@ -7,12 +7,13 @@ import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.live import dev
-from nymph.dockyard.live.kubectl import Kube, say
 from nymph.dockyard.render import devpod
+
+if TYPE_CHECKING:
+    from nymph.dockyard.live.kubectl import Kube
 from nymph.launch.names import parse_labels
 
 
@@ -28,6 +29,9 @@ def register(
     kube_args: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     def cmd_connect(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import dev
+        from nymph.dockyard.live.kubectl import say
+
         k = kube(args)
         opts = dev.DevOptions(
             user=user(),
@@ -51,9 +55,15 @@ def register(
         return 0
 
     def cmd_stop(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import dev
+        from nymph.dockyard.live.kubectl import say
+
         return go(dev.dev_stop(kube(args), user=user(), namespace=namespace(args), say=say))
 
     def cmd_secrets(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import dev
+        from nymph.dockyard.live.kubectl import say
+
         data = dev.secret_data(
             list(args.pairs),
             ssh_key=Path(args.ssh_key) if args.ssh_key else None,
@@ -72,6 +82,9 @@ def register(
         )
 
     def cmd_dashboard(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import dev
+        from nymph.dockyard.live.kubectl import say
+
         return go(
             dev.dashboard_forward(
                 kube(args),

@@ -15,12 +15,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.live import execrun, handles, observe
-from nymph.dockyard.live.handles import RunHandle
-from nymph.dockyard.live.kubectl import Kube, Say, say
+
+# kubectl and the Ray Jobs client load when a job verb runs, not to build the parser.
+if TYPE_CHECKING:
+    from nymph.dockyard.live import observe
+    from nymph.dockyard.live.handles import RunHandle
+    from nymph.dockyard.live.kubectl import Kube, Say
 
 
 def _split(args: list[str]) -> tuple[Path | None, list[str], list[str]]:
@@ -51,6 +54,8 @@ async def _resolve(
     namespace: Callable[[], str],
     need_id: bool,
 ) -> tuple[observe.JobTarget, str | None, RunHandle | None]:
+    from nymph.dockyard.live import handles, observe
+
     recipe, overrides, ids = _split(list(args.args))
     job_id = ids[0] if ids else None
     handle = handles.load(job_id) if job_id else None
@@ -97,11 +102,15 @@ def register(verbs: Any, *, load: Callable[..., Any], kube: Callable[[argparse.N
         )
 
     async def job_list(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import observe
+
         k = kube(args)
         target, _, _ = await resolve(args, k, need_id=False)
         return await observe.job_list(k, target, say=stderr_say)
 
     async def job_logs(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import observe
+
         k = kube(args)
         target, job_id, handle = await resolve(args, k, need_id=True)
         assert job_id is not None
@@ -110,6 +119,9 @@ def register(verbs: Any, *, load: Callable[..., Any], kube: Callable[[argparse.N
         return await observe.job_logs(k, target, job_id, follow=args.follow, say=stderr_say)
 
     async def job_stop(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import execrun, observe
+        from nymph.dockyard.live.kubectl import say
+
         k = kube(args)
         target, job_id, handle = await resolve(args, k, need_id=True)
         assert job_id is not None
@@ -168,6 +180,8 @@ def register(verbs: Any, *, load: Callable[..., Any], kube: Callable[[argparse.N
 
 
 async def _exec_logs(kube: Kube, handle: RunHandle, *, follow: bool, poll: float) -> int:
+    from nymph.dockyard.live import execrun
+
     assert handle.pod is not None and handle.run_dir is not None
     deadline = None if follow else time.monotonic()
     code = await execrun.follow(

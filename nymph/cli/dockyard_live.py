@@ -14,27 +14,41 @@ import dataclasses
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nymph.cli import dockyard_dev, dockyard_jobs
 from nymph.dockyard.errors import DockyardLiveError
-from nymph.dockyard.live import doctor, observe, run
-from nymph.dockyard.live.kubectl import Kube, say
-from nymph.dockyard.render.plan import LogSource
-from nymph.dockyard.render.runopts import RunFlags
-from nymph.dockyard.spec import kubecontext
 from nymph.dockyard.spec.enums import CodeSource, RunMode, SubmitterMode
-from nymph.dockyard.spec.load import Environment, LoadedConfig
 
-Loader = Callable[..., tuple[LoadedConfig, list[Any]]]
+# The live path (kubectl, the Ray Jobs client, the spec models) is imported by the verbs that
+# run, not to build the parser.
+if TYPE_CHECKING:
+    from nymph.dockyard.live import run
+    from nymph.dockyard.live.kubectl import Kube
+    from nymph.dockyard.spec.load import Environment, LoadedConfig
+
+#: ``nymph.dockyard.render.plan.LogSource`` values, for the parser.
+LOG_SOURCES = ("head", "worker", "sandbox")
+
+Loader = Callable[..., "tuple[LoadedConfig, list[Any]]"]
 BRINGUP = "infra.launch.mode=bringup"
 
 
+def _say(line: str) -> None:
+    from nymph.dockyard.live.kubectl import say
+
+    say(line)
+
+
 def _kube(args: argparse.Namespace) -> Kube:
+    from nymph.dockyard.live.kubectl import Kube
+
     return Kube.connect(kubeconfig=args.kubeconfig, context=args.context)
 
 
 def _environment(args: argparse.Namespace) -> Environment:
+    from nymph.dockyard.spec.load import Environment
+
     env = Environment.from_process()
     if args.kubeconfig or args.context:
         env = dataclasses.replace(
@@ -48,6 +62,8 @@ def _environment(args: argparse.Namespace) -> Environment:
 def _namespace(args: argparse.Namespace) -> str:
     if args.namespace:
         return str(args.namespace)
+    from nymph.dockyard.spec import kubecontext
+
     env = _environment(args)
     choice = kubecontext.infer_namespace(
         kubeconfigs=env.kubeconfig_paths(), sa_namespace_path=env.sa_namespace_path, context=env.context
@@ -56,6 +72,10 @@ def _namespace(args: argparse.Namespace) -> str:
 
 
 def _options(args: argparse.Namespace) -> run.LiveOptions:
+    from nymph.dockyard.live import run
+    from nymph.dockyard.render.runopts import RunFlags
+    from nymph.dockyard.spec.load import Environment
+
     wait = getattr(args, "wait", None)
     flags = RunFlags(
         mode=_enum(RunMode, getattr(args, "mode", None)),
@@ -103,26 +123,39 @@ def register(
         return load(args, extra_overrides=extra, environment=_environment(args))
 
     def cmd_run(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import run
+
         cfg, manifests = loaded(args)
-        return _go(run.run(_kube(args), cfg, manifests, opts=_options(args), say=say))
+        return _go(run.run(_kube(args), cfg, manifests, opts=_options(args), say=_say))
 
     def cmd_cluster_up(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import run
+
         cfg, manifests = loaded(args, BRINGUP)
-        return _go(run.cluster_up(_kube(args), cfg, manifests, opts=_options(args), say=say))
+        return _go(run.cluster_up(_kube(args), cfg, manifests, opts=_options(args), say=_say))
 
     def cmd_cluster_down(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import run
+
         cfg, manifests = loaded(args, BRINGUP)
-        return _go(run.cluster_down(_kube(args), cfg, manifests, opts=_options(args), say=say))
+        return _go(run.cluster_down(_kube(args), cfg, manifests, opts=_options(args), say=_say))
 
     def cmd_cluster_list(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import observe
+
         ns = None if args.all_namespaces else _namespace(args)
-        return _go(observe.cluster_list(_kube(args), namespace=ns, say=say))
+        return _go(observe.cluster_list(_kube(args), namespace=ns, say=_say))
 
     def cmd_status(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import observe
+
         cfg, manifests = loaded(args)
-        return _go(observe.show_status(_kube(args), cfg, manifests, say=say))
+        return _go(observe.show_status(_kube(args), cfg, manifests, say=_say))
 
     def cmd_logs(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import observe
+        from nymph.dockyard.render.plan import LogSource
+
         cfg, manifests = loaded(args)
         opts = observe.LogOptions(
             source=LogSource(args.source),
@@ -134,6 +167,8 @@ def register(
         return _go(observe.logs(_kube(args), cfg, manifests, opts=opts, say=_stderr_say))
 
     def cmd_doctor(args: argparse.Namespace) -> int:
+        from nymph.dockyard.live import doctor
+
         infra = None
         if args.recipe:
             cfg, _ = loaded(args)
@@ -145,7 +180,7 @@ def register(
                     "overrides need a RECIPE: nymph dockyard doctor RECIPE [--infra F] KEY=VALUE"
                 )
             namespace = _namespace(args)
-        return _go(doctor.doctor(_kube(args), namespace=namespace, infra=infra, say=say))
+        return _go(doctor.doctor(_kube(args), namespace=namespace, infra=infra, say=_say))
 
     # -- parsers ---------------------------------------------------------------------------
 
@@ -218,9 +253,7 @@ def register(
     lg = verbs.add_parser("logs", help="logs of the head, the workers or the sandbox pool (kubectl logs)")
     common(lg)
     _kube_args(lg)
-    lg.add_argument(
-        "--source", choices=[x.value for x in LogSource], default="head", help="whose logs (default head)"
-    )
+    lg.add_argument("--source", choices=LOG_SOURCES, default="head", help="whose logs (default head)")
     lg.add_argument("-f", "--follow", action="store_true", help="stream new lines")
     lg.add_argument("--tail", type=int, default=200, help="lines per pod to start with (default 200)")
     lg.add_argument("--group", help="only this worker group (with --source worker)")
@@ -241,7 +274,7 @@ def register(
         cverbs,
         kube=_kube,
         namespace=_namespace,
-        user=lambda: Environment.from_process().user,
+        user=_user,
         parser_class=parser_class,
         go=_go,
         kube_args=_kube_args,
@@ -265,8 +298,16 @@ def register(
 
 def render_dry_run(args: argparse.Namespace, *, load: Loader) -> int:
     """``render --dry-run``: every rendered object through a server-side dry run."""
+    from nymph.dockyard.live import run
+
     cfg, manifests = load(args, extra_overrides=(), environment=_environment(args))
-    return _go(run.dry_run_all(_kube(args), manifests, namespace=cfg.infra.namespace, say=say))
+    return _go(run.dry_run_all(_kube(args), manifests, namespace=cfg.infra.namespace, say=_say))
+
+
+def _user() -> str:
+    from nymph.dockyard.spec.load import Environment
+
+    return Environment.from_process().user
 
 
 def _stderr_say(line: str) -> None:

@@ -10,7 +10,18 @@ import textwrap
 
 import platformdirs
 
-HEAVY = ("nymph.queue", "nymph.daemon", "aiohttp.web", "kubernetes_asyncio")
+HEAVY = (
+    "nymph.queue",
+    "nymph.daemon",
+    "aiohttp",  # aiohttp.web included
+    "kubernetes_asyncio",
+    "nymph.client",
+    "nymph.localcluster",
+    "nymph.dockyard.live",
+    "pydantic",
+    "omegaconf",
+    "structlog",
+)
 
 PROBE = textwrap.dedent(
     """
@@ -47,3 +58,11 @@ def test_the_parser_defaults_match_the_queue_it_describes() -> None:
     assert cli_queue.default_db_path() == default_db_path()
     assert platformdirs.user_data_path("nymph") in cli_queue.default_db_path().parents
     assert f"http://{DEFAULT_LISTEN}" == DEFAULT_URL
+
+
+def test_the_dockyard_parser_offers_every_log_source() -> None:
+    """``nymph dockyard logs --source`` lists the renderer's log sources without importing it."""
+    from nymph.cli.dockyard_live import LOG_SOURCES
+    from nymph.dockyard.render.plan import LogSource
+
+    assert tuple(s.value for s in LogSource) == LOG_SOURCES
