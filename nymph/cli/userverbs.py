@@ -154,6 +154,15 @@ def cmd_providers_add(args: argparse.Namespace) -> int:
         ref = (saved.get("kwargs") or {}).get("kubeconfig")
         if ref is not None:
             print(f"kubeconfig: {describe_kubeconfig(ref)}")
+        elif dispatch == "direct":
+            print(
+                f"warning: provider {provider.name} uses dispatch: direct without a kubeconfig: its "
+                "launches work only if the queue lends its own credentials (queue serve "
+                "--ambient-kubeconfig); otherwise add one with '--kwarg kubeconfig=PATH' or "
+                "'--kwarg kubeconfig={\"$secret\": NAME}' (nymph secrets set NAME --from-file FILE), "
+                "or use '--dispatch daemon' to have the nymph daemon in the cluster create its Pods",
+                file=sys.stderr,
+            )
         return 0
 
     return _run(args, body)
@@ -252,6 +261,12 @@ def cmd_modes_add(args: argparse.Namespace) -> int:
             name=mode.name, provider=mode.provider, fields=mode.fields, replace=args.replace
         )
         print(f"mode {mode.name} saved in namespace {client.namespace}")
+        if mode.fields.get("image") in (None, ""):
+            print(
+                f"warning: mode {mode.name} has no image: its launches fail until it has one "
+                f"(nymph modes add {mode.name} --replace --field image=IMAGE ...)",
+                file=sys.stderr,
+            )
         return 0
 
     return _run(args, body)

@@ -261,7 +261,9 @@ def staged_kubeconfig(
         if not policy.ambient:
             raise CredentialsError(
                 "this provider names no kubeconfig, and this queue does not lend its own "
-                'credentials: give the provider a kubeconfig ({"$secret": NAME} or a path), '
+                "credentials: add one to the provider ('--kwarg kubeconfig=PATH' or "
+                "'--kwarg kubeconfig={\"$secret\": NAME}' after nymph secrets set NAME --from-file FILE), "
+                "use '--dispatch daemon' to have the nymph daemon in the cluster create its Pods, "
                 "or have the operator start the queue with '--ambient-kubeconfig'"
             )
         yield None

@@ -43,6 +43,15 @@ from nymph.kube.userclient import build_client
 from nymph.kube.userconfig import check_user_kubeconfig
 from nymph.logsetup import forget_secret, register_secret
 
+#: A provider without a kubeconfig on a host whose own credentials do not load.
+NO_HOST_CREDENTIALS = (
+    "this provider names no kubeconfig, and the queue host has no credentials of its own that "
+    "load (no in-cluster ServiceAccount, KUBECONFIG or ~/.kube/config): add one to the provider "
+    "('--kwarg kubeconfig=PATH' or '--kwarg kubeconfig={\"$secret\": NAME}' after nymph secrets set "
+    "NAME --from-file FILE), or use '--dispatch daemon' to have the nymph daemon in the cluster "
+    "create its Pods"
+)
+
 #: The accesses the direct path needs in the provider's namespace.
 REQUIRED_ACCESS: tuple[tuple[str, str, str], ...] = (
     ("create", "pods", ""),
@@ -159,6 +168,8 @@ async def load_api(
             try:
                 return await _load(path, conn=conn, tmp=tmp, pool=pool)
             except (ConfigException, OSError, ValueError, KeyError, TypeError) as exc:
+                if path is None:  # the host's own credentials, and it has none that load
+                    raise CredentialsError(NO_HOST_CREDENTIALS + f" ({exc.__class__.__name__})") from None
                 raise CredentialsError(
                     f"{conn.describe()}: cannot be loaded as a kubeconfig ({exc.__class__.__name__})"
                 ) from None

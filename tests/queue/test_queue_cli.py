@@ -360,3 +360,20 @@ def test_launch_dockyard_wait_returns_once_running(
     assert out.strip().startswith("lakeshore-")
     states = [m[1] for m in re.finditer(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d  (\w+)", err, re.M)]
     assert states == (["queued", "starting", "running"] if ok else ["queued", "starting", "stopped"])
+
+
+def test_providers_and_modes_that_cannot_launch_yet_are_saved_with_a_warning(
+    env: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A direct provider without a kubeconfig and a mode without an image are saved (exit 0),
+    and stderr says what is missing and what to do; a complete one prints no warning."""
+    code, out, err = run(capsys, "providers", "add", "bare", "--launcher", "Kube")
+    assert code == 0 and "provider bare saved" in out
+    assert "without a kubeconfig" in err and "--kwarg kubeconfig=" in err and "--dispatch daemon" in err
+    code, _, err = run(capsys, "providers", "add", "kind", "--launcher", "Kube", "--dispatch", "daemon")
+    assert code == 0 and "warning" not in err
+    code, out, err = run(capsys, "modes", "add", "noimage", "--provider", "kind")
+    assert code == 0 and "mode noimage saved" in out
+    assert "has no image" in err and "--field image=IMAGE" in err
+    code, _, err = run(capsys, "modes", "add", "ok", "--provider", "kind", "--field", "image=busybox")
+    assert code == 0 and "warning" not in err
