@@ -69,10 +69,6 @@ class Claimer:
         self.last_progress = time.monotonic()
         self.queue_ok = False
 
-    def settled(self, task_id: str) -> None:
-        """The queue has the completion of ``task_id`` (or refused it for good): its lease is over."""
-        self.leases.settled(task_id)
-
     # -- release --------------------------------------------------------------------------------
 
     async def release(self, task_ids: list[str]) -> None:

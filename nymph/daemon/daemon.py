@@ -235,7 +235,7 @@ class Daemon:
             logs_settled=lambda name: followers.settled(name) and uploads.settled(name),
         )
         sender = QueueSender(
-            daemon_id=s.daemon_id, client=client, claimer=claimer, outbox=self.outbox, metrics=self.metrics
+            daemon_id=s.daemon_id, client=client, leases=leases, outbox=self.outbox, metrics=self.metrics
         )
         try:
             self.workdirs.base.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from nymph.client import (
     QueueNotInstanceDaemon,
     QueueRegistrationRefused,
 )
-from nymph.daemon.claimer import Claimer
+from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.outboxitems import DropItem
@@ -33,11 +33,11 @@ _LOCAL_FIELDS = ("kind", "stream", "_line", "_bytes")
 
 class QueueSender:
     def __init__(
-        self, *, daemon_id: str, client: QueueClient, claimer: Claimer, outbox: Outbox, metrics: Metrics
+        self, *, daemon_id: str, client: QueueClient, leases: LeaseLedger, outbox: Outbox, metrics: Metrics
     ) -> None:
         self.daemon_id = daemon_id
         self.client = client
-        self.claimer = claimer
+        self.leases = leases
         self.outbox = outbox
         self.metrics = metrics
         self.log = get_logger("sender", daemon=daemon_id)
@@ -109,6 +109,6 @@ class QueueSender:
                 result=item.get("result"),
             )
         except (QueueConflict, QueueNotFound, QueueBadRequest):
-            self.claimer.settled(item["taskId"])  # refused for good: the lease is not ours
+            self.leases.settled(item["taskId"])  # refused for good: the lease is not ours
             raise
-        self.claimer.settled(item["taskId"])
+        self.leases.settled(item["taskId"])

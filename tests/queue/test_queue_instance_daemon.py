@@ -17,8 +17,8 @@ from dispatch_helpers import apply, take
 from queue_helpers import Queue
 
 from nymph.client import QueueNotInstanceDaemon
-from nymph.daemon.claimer import Claimer
 from nymph.daemon.daemon import queue_client
+from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import DropItem, Outbox
 from nymph.daemon.sender import QueueSender
@@ -349,7 +349,7 @@ async def test_the_daemon_drops_what_is_refused_as_not_its_own_and_sends_the_res
         outbox.report(instance_id=victim, state="stopped", reason="Completed")
         outbox.report(instance_id=mine, state="running", node="n2")
         sender = QueueSender(
-            daemon_id="d2", client=client, claimer=cast(Claimer, None), outbox=outbox, metrics=Metrics()
+            daemon_id="d2", client=client, leases=cast(LeaseLedger, None), outbox=outbox, metrics=Metrics()
         )
         kind_, batch = outbox._next_batch()
         assert (kind_, len(batch)) == ("report", 3)

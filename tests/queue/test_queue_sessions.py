@@ -11,8 +11,8 @@ from dispatch_helpers import take
 from queue_helpers import REGISTER, Queue, add_kind
 
 from nymph.client import DaemonIdentity, QueueAuthError, QueueConflict, QueueRegistrationRefused
-from nymph.daemon.claimer import Claimer
 from nymph.daemon.daemon import queue_client
+from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import DropItem, Outbox
 from nymph.daemon.sender import QueueSender
@@ -255,7 +255,7 @@ async def test_a_refused_registration_keeps_the_report_for_a_retry(kind: Queue, 
     outbox.report(instance_id=iid, state="running")
     async with queue_client(settings) as client:
         sender = QueueSender(
-            daemon_id="dup", client=client, claimer=cast(Claimer, None), outbox=outbox, metrics=Metrics()
+            daemon_id="dup", client=client, leases=cast(LeaseLedger, None), outbox=outbox, metrics=Metrics()
         )
         kind_, batch = outbox._next_batch()
         with pytest.raises(QueueRegistrationRefused) as err:
