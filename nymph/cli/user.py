@@ -1,5 +1,5 @@
 """The user verbs over the queue API: ``providers``, ``modes``, ``launch``, ``launch-dockyard``,
-``instances``, ``stop``, ``logs`` (argparse; the handlers are in :mod:`nymph.cli.userverbs`).
+``instances``, ``stop``, ``logs`` (argparse; the handlers are in :mod:`nymph.cli.usercatalog` and :mod:`nymph.cli.userverbs`).
 
 The server URL and token come from ``--url`` / ``--token``, else ``NYMPH_URL`` /
 ``NYMPH_TOKEN``, else the ``.dreamrc`` ``server: {url, token}``; the namespace from
@@ -18,6 +18,7 @@ from nymph.launch.state import InstanceState
 from nymph.netaddr import DEFAULT_URL
 
 _VERBS = "nymph.cli.userverbs"
+_CATALOG = "nymph.cli.usercatalog"
 _STATES = [s.value for s in InstanceState]
 
 
@@ -65,12 +66,12 @@ def register(sub: Any) -> None:
         "context are refused)",
     )
     p.add_argument("--replace", action="store_true", help="replace an existing provider of that name")
-    p.set_defaults(func=handler(_VERBS, "cmd_providers_add"))
+    p.set_defaults(func=handler(_CATALOG, "cmd_providers_add"))
     p = psub.add_parser("list", parents=[common], help="list providers")
-    p.set_defaults(func=handler(_VERBS, "cmd_providers_list"))
+    p.set_defaults(func=handler(_CATALOG, "cmd_providers_list"))
     for verb, func, text in (
-        ("show", handler(_VERBS, "cmd_providers_show"), "show a provider"),
-        ("rm", handler(_VERBS, "cmd_providers_rm"), "remove a provider"),
+        ("show", handler(_CATALOG, "cmd_providers_show"), "show a provider"),
+        ("rm", handler(_CATALOG, "cmd_providers_rm"), "remove a provider"),
     ):
         p = psub.add_parser(verb, parents=[common], help=text)
         p.add_argument("name")
@@ -88,7 +89,7 @@ def register(sub: Any) -> None:
     p.add_argument("name")
     p.add_argument("--mode", help="mode whose Pod shape to probe (default: a tiny busybox Pod)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a daemon (default 60)")
-    p.set_defaults(func=handler(_VERBS, "cmd_providers_test"))
+    p.set_defaults(func=handler(_CATALOG, "cmd_providers_test"))
 
     modes = sub.add_parser("modes", help="add, list, show and remove modes")
     msub = modes.add_subparsers(dest="modes_command", metavar="COMMAND", required=True)
@@ -108,12 +109,12 @@ def register(sub: Any) -> None:
         help="Pod-shape field (repeatable; JSON/YAML values)",
     )
     p.add_argument("--replace", action="store_true", help="replace an existing mode of that name")
-    p.set_defaults(func=handler(_VERBS, "cmd_modes_add"))
+    p.set_defaults(func=handler(_CATALOG, "cmd_modes_add"))
     p = msub.add_parser("list", parents=[common], help="list modes")
-    p.set_defaults(func=handler(_VERBS, "cmd_modes_list"))
+    p.set_defaults(func=handler(_CATALOG, "cmd_modes_list"))
     for verb, func, text in (
-        ("show", handler(_VERBS, "cmd_modes_show"), "show a mode"),
-        ("rm", handler(_VERBS, "cmd_modes_rm"), "remove a mode"),
+        ("show", handler(_CATALOG, "cmd_modes_show"), "show a mode"),
+        ("rm", handler(_CATALOG, "cmd_modes_rm"), "remove a mode"),
     ):
         p = msub.add_parser(verb, parents=[common], help=text)
         p.add_argument("name")
