@@ -11,11 +11,13 @@ PostgreSQL server (:mod:`tests.pg_server`). A test marked ``sqlite_only`` runs o
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from queue_helpers import FAST, Queue, Served, add_kind, open_queue
 
 from nymph.queue.models import QueueSettings
@@ -104,3 +106,22 @@ def served(tmp_path: Path, queue_db: Path | str, served_settings: QueueSettings)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@pytest.fixture
+def cli_isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A CLI test sees no queue URL or token from the environment, and runs in its own directory."""
+    monkeypatch.delenv("NYMPH_URL", raising=False)
+    monkeypatch.delenv("NYMPH_TOKEN", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def env(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    """The served queue's URL and user token in the environment, as a user's shell has them."""
+    monkeypatch.setenv("NYMPH_URL", served.url)
+    monkeypatch.setenv("NYMPH_TOKEN", served.user_token)
+    # The queue under test logs from its own thread, also between runs: keep that out of stdout.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    yield served
+    structlog.reset_defaults()

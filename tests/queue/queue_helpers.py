@@ -7,6 +7,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import logging
 import re
 import secrets
 from collections.abc import Awaitable
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 from nymph.client import QueueClient
@@ -271,3 +273,17 @@ class Served:
 
     def client(self, token: str) -> QueueClient:
         return QueueClient(base_url=self.url, token=token, timeout=20)
+
+
+def run_cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    """``nymph ARGV`` in this process (console logs at warning level): its exit code, stdout and
+    stderr; structlog is set back to warnings only afterwards (main() pointed it at stderr)."""
+    from nymph.cli import main
+
+    try:
+        code = main(["--log-format", "console", "--log-level", "warning", *argv])
+    finally:
+        structlog.reset_defaults()
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    out, err = capsys.readouterr()
+    return code, out, err

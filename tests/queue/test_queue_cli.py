@@ -3,45 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from queue_helpers import Served
+from queue_helpers import run_cli as run
 
-from nymph.cli import main
 from nymph.client import QueueClient
 
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("NYMPH_URL", raising=False)
-    monkeypatch.delenv("NYMPH_TOKEN", raising=False)
-    monkeypatch.chdir(tmp_path)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(["--log-format", "console", "--log-level", "warning", *argv])
-    finally:
-        structlog.reset_defaults()  # main() pointed structlog at the captured stderr
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def env(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    monkeypatch.setenv("NYMPH_URL", served.url)
-    monkeypatch.setenv("NYMPH_TOKEN", served.user_token)
-    # The queue under test logs from its own thread, also between runs: keep that out of stdout.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    yield served
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("cli_isolated")
 
 
 def test_verbs_round_trip(env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

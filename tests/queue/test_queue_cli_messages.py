@@ -5,42 +5,14 @@ from __future__ import annotations
 
 import functools
 import http.server
-import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from queue_helpers import Served
+from queue_helpers import run_cli as run
 
-from nymph.cli import main
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("NYMPH_URL", raising=False)
-    monkeypatch.delenv("NYMPH_TOKEN", raising=False)
-    monkeypatch.chdir(tmp_path)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(["--log-format", "console", "--log-level", "warning", *argv])
-    finally:
-        structlog.reset_defaults()
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def env(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    monkeypatch.setenv("NYMPH_URL", served.url)
-    monkeypatch.setenv("NYMPH_TOKEN", served.user_token)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    yield served
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("cli_isolated")
 
 
 def _launched(env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> str:

@@ -9,10 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import structlog
 from queue_helpers import FAST, Served, open_queue
+from queue_helpers import run_cli as run
 
-from nymph.cli import main
 from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.models import QueueSettings
@@ -23,15 +22,6 @@ POD_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
 ]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(["--log-format", "console", "--log-level", "warning", *argv])
-    finally:
-        structlog.reset_defaults()
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
