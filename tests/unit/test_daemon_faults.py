@@ -1,4 +1,4 @@
-"""The daemon under faults and hostile tasks (issue 11: bugs 2, 3, 4 and 7), without a cluster.
+"""The daemon under faults and hostile tasks, without a cluster.
 
 A full or unwritable root (a failing write injected into the audit log and the write test), a
 queue sending hostile fields, a launch that cannot be rendered in a batch, a batch refused as a
@@ -81,7 +81,7 @@ def task(kind: str, n: int = 1, *, spec: Any = None, **fields: Any) -> TaskJSON:
     return cast(TaskJSON, body)
 
 
-# --- bug 3: every field of every task is checked ---------------------------------------------
+# --- every field of every task is checked ---------------------------------------------
 
 
 def test_a_good_task_checks_out() -> None:
@@ -311,7 +311,7 @@ async def ready_status(r: Rig) -> tuple[int, dict[str, Any]]:
     return resp.status, json.loads(cast(bytes, resp.body))
 
 
-# --- bug 2: a root that cannot be written ----------------------------------------------------
+# --- a root that cannot be written ----------------------------------------------------
 
 
 async def test_a_claim_that_cannot_be_audited_is_handed_back_and_claiming_resumes(tmp_path: Path) -> None:
@@ -392,7 +392,7 @@ async def test_an_audit_failure_inside_a_handler_is_retryable_not_an_internal_er
     assert not r.health.ok
 
 
-# --- bug 3: the runner refuses hostile tasks, never crashes --------------------------------------
+# --- the runner refuses hostile tasks, never crashes --------------------------------------
 
 
 async def test_the_runner_fails_hostile_tasks_for_good_and_runs_the_rest(tmp_path: Path) -> None:
@@ -485,7 +485,7 @@ async def test_a_stop_with_a_hostile_id_never_reaches_the_applier(tmp_path: Path
     assert all(not done[f"task-{n:016x}"]["ok"] for n in (1, 2))
 
 
-# --- bug 4: one bad launch does not fail its batch -----------------------------------------------
+# --- one bad launch does not fail its batch -----------------------------------------------
 
 
 def nested(depth: int) -> Any:
@@ -521,7 +521,7 @@ async def test_a_batch_refused_as_a_whole_is_applied_one_by_one(tmp_path: Path) 
     assert "Invalid" in done["task-0000000000000002"]["error"]
 
 
-# --- bug 7: adopt only this launch's Pod ----------------------------------------------------------
+# --- adopt only this launch's Pod ----------------------------------------------------------
 
 
 def pod(n: int, annotation: str | None) -> dict[str, Any]:

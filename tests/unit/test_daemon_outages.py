@@ -1,5 +1,5 @@
-"""The daemon through an API server outage and after a crash, without a cluster (issue 11, the
-crash matrix's findings).
+"""The daemon through an API server outage and after a crash, without a cluster (what the crash
+matrix found).
 
 * An outage the daemon can see (its watches are down, the apply says Unavailable) costs a task
   none of its attempts: the task is handed back, not completed, and nothing is claimed until the
