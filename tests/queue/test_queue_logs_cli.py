@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 from queue_helpers import Served
-from test_queue_cli import _setup, env, run  # noqa: F401 - the env fixture is used by name
+from queue_helpers import run_cli as run
+from test_queue_cli import _setup
 
 from nymph.cli.userview import NEVER_RAN_EXIT
+
+pytestmark = pytest.mark.usefixtures("cli_isolated")
 
 
 async def _daemon(served: Served, *, printed: list[bytes], ran: bool, exit_code: int | None) -> str:
@@ -44,7 +47,7 @@ async def _daemon(served: Served, *, printed: list[bytes], ran: bool, exit_code:
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_launch_wait_prints_the_output_and_exits_with_the_jobs_code(
-    env: Served,  # noqa: F811
+    env: Served,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
     quiet: bool,
@@ -69,7 +72,7 @@ def test_launch_wait_prints_the_output_and_exits_with_the_jobs_code(
 
 
 def test_launch_wait_of_a_job_that_never_ran_exits_with_the_reserved_code(
-    env: Served,  # noqa: F811
+    env: Served,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
