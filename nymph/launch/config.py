@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nymph.errors import ConfigError
+from nymph.errors import ConfigError, ValidationError
+from nymph.launch.runlimits import check_settings
 
 LAUNCHER = "Kube"
 PROVIDER_TAG_PREFIX = "!providers."
@@ -44,6 +45,8 @@ MODE_FIELDS = frozenset(
         "tolerations",
         "service_account",
         "image_pull_secrets",
+        "priority",
+        "max_runtime",
     }
 )
 #: Every kwarg a provider or a mode may carry (either may sit on the other).
@@ -64,6 +67,15 @@ def _drop_ignored(kwargs: Mapping[str, Any], *, where: str) -> dict[str, Any]:
         log.debug("%s: kwarg %r is not read by the Kube launcher; ignored", where, key)
         del out[key]
     return out
+
+
+def _check_settings(kwargs: Mapping[str, Any], *, where: str, name: str) -> None:
+    """``priority`` and ``max_runtime`` are checked when a mode or provider is made, not first
+    at its first launch (see :mod:`nymph.launch.runlimits`)."""
+    try:
+        check_settings(kwargs, where=where)
+    except ValidationError as exc:
+        raise ConfigError(f"{where} {name!r}: {exc}") from None
 
 
 def check_launcher(launcher: object) -> str:
@@ -102,6 +114,7 @@ class Provider:
                 f"takes {', '.join(sorted(PROVIDER_KWARGS))} and the Pod-shape kwargs "
                 f"{', '.join(sorted(MODE_FIELDS))}"
             )
+        _check_settings(self.kwargs, where="provider", name=self.name)
         object.__setattr__(self, "kwargs", _drop_ignored(self.kwargs, where=f"provider {self.name!r}"))
 
     @property
@@ -141,6 +154,7 @@ class Mode:
                 f"{', '.join(sorted(MODE_FIELDS))} and the connection kwargs "
                 f"{', '.join(sorted(PROVIDER_KWARGS))}"
             )
+        _check_settings(self.fields, where="mode", name=self.name)
         object.__setattr__(self, "fields", _drop_ignored(self.fields, where=f"mode {self.name!r}"))
 
     def to_json(self) -> dict[str, Any]:

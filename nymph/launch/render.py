@@ -13,6 +13,8 @@ The Pod:
   many different bytes that no safe delimiter exists travels compressed and base64-encoded
   instead, decoded by ``python3``; see :func:`heredoc_command`);
 * ``restartPolicy: Never``;
+* ``activeDeadlineSeconds`` when the launch has a ``max_runtime`` (the kubelet then ends the Pod
+  ``Failed`` with ``status.reason: DeadlineExceeded``), and nothing of it when it has none;
 * on the daemon path, a hostPath volume ``<root>/work/<instanceId>`` (``type: Directory``,
   created by the daemon) mounted at :data:`WORKDIR_MOUNT`, and a required node affinity on
   ``kubernetes.io/hostname`` so the Pod lands on the node whose disk holds that directory.
@@ -201,6 +203,8 @@ def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str |
         pod_spec["serviceAccountName"] = spec.service_account
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    if spec.max_runtime is not None:
+        pod_spec["activeDeadlineSeconds"] = spec.max_runtime
 
     script_sha = hashlib.sha256(spec.script.encode("utf-8")).hexdigest()
     annotations = {ANNOTATION_MANIFEST_SHA: script_sha, ANNOTATION_LAUNCH: launch_annotation(spec)}

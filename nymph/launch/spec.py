@@ -9,7 +9,11 @@ Precedence, low to high:
 2. a launch can never change the connection;
 3. the **launch body** gives ``script`` (required) and ``tags``; its ``fields`` replace mode fields
    of the same name for this launch only, and its ``env`` is merged over the mode's env name by
-   name.
+   name; its top-level ``priority`` wins over a ``priority`` in ``fields`` and on the mode.
+
+``priority`` (an integer, -1000..1000, default 0) and ``max_runtime`` (a duration: seconds, or
+``90s`` / ``30m`` / ``2h`` / ``1d``; the Pod's ``activeDeadlineSeconds``) are checked by
+:mod:`nymph.launch.runlimits` and :mod:`nymph.launch.durations`.
 
 Every error names the field (``mode.image``, ``tags.team``) and says what to do.
 """
@@ -23,6 +27,8 @@ from typing import Any
 from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.launch.config import MODE_FIELDS, Mode, Provider, merged_kwargs
+from nymph.launch.durations import parse_duration
+from nymph.launch.runlimits import check_priority
 
 #: Env vars nymph sets itself; a mode or launch may not set any name of this prefix.
 RESERVED_ENV_PREFIX = "NYMPH_"
@@ -33,7 +39,7 @@ MAX_SCRIPT_BYTES = 120 * 1024
 #: How deeply a mode field or launch value (resources, tolerations, env, tags, ...) may nest
 #: lists and mappings; the Pod fields nymph renders need a handful of levels.
 MAX_DEPTH = 32
-_BODY_KEYS = frozenset({"script", "tags", "env", "fields", "mode"})
+_BODY_KEYS = frozenset({"script", "tags", "env", "fields", "mode", "priority"})
 _RESOURCE_KEYS = frozenset({"requests", "limits", "claims"})
 
 
@@ -57,6 +63,10 @@ class LaunchSpec:
     #: A random id of this launch, given by the queue when it accepts it (see
     #: :data:`nymph.launch.render.ANNOTATION_LAUNCH`); None for specs made before it existed.
     launch_uid: str | None = None
+    #: Higher runs first within a namespace (-1000..1000).
+    priority: int = 0
+    #: Seconds the Pod may be active (its ``activeDeadlineSeconds``); None for no limit.
+    max_runtime: int | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -77,6 +87,11 @@ class LaunchSpec:
         }
         if self.launch_uid is not None:
             data["launchUid"] = self.launch_uid
+        # Left out at their defaults, so a spec without them is the JSON it always was.
+        if self.priority:
+            data["priority"] = self.priority
+        if self.max_runtime is not None:
+            data["maxRuntime"] = self.max_runtime
         return data
 
     @classmethod
@@ -99,6 +114,8 @@ class LaunchSpec:
                 image_pull_secrets=tuple(data.get("imagePullSecrets") or ()),
                 labels=tuple((str(k), str(v)) for k, v in data.get("labels") or ()),
                 launch_uid=_check_launch_uid(data.get("launchUid")),
+                priority=check_priority(data.get("priority", 0), "spec.priority"),
+                max_runtime=_check_max_runtime(data.get("maxRuntime"), "spec.maxRuntime"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValidationError(
@@ -130,6 +147,10 @@ def _check_launch_uid(value: object) -> str | None:
     if not isinstance(value, str) or not names.is_label_value(value) or not value:
         raise ValidationError("spec.launchUid", f"{value!r} is not a launch uid")
     return value
+
+
+def _check_max_runtime(value: object, fld: str) -> int | None:
+    return None if value is None else parse_duration(value, fld)
 
 
 def _check_image(value: object, fld: str) -> str:
@@ -312,6 +333,10 @@ def build_launch_spec(
         field="mode.namespace" if "namespace" in mode.fields else "provider.namespace",
     )
     sa, sa_fld = pick("service_account")
+    if body.get("priority") is not None:
+        priority_raw, priority_fld = body["priority"], "launch.priority"
+    else:
+        priority_raw, priority_fld = pick("priority")
     return LaunchSpec(
         instance_id=names.check_instance_id(instance_id),
         provider=provider.name,
@@ -327,5 +352,7 @@ def build_launch_spec(
         image_pull_secrets=_check_pull_secrets(*pick("image_pull_secrets")),
         labels=tuple(sorted(labels.items())),
         launch_uid=_check_launch_uid(launch_uid),
+        priority=0 if priority_raw is None else check_priority(priority_raw, priority_fld),
+        max_runtime=_check_max_runtime(*pick("max_runtime")),
         warnings=tuple(notes),
     )

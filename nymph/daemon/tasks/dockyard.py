@@ -50,8 +50,10 @@ from nymph.daemon.tasks.validate import CheckedTask
 from nymph.daemon.tracker import Report
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.ownership import LAUNCH_LABEL, Ownership, mark, ownership
+from nymph.errors import ValidationError
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import KubeError
+from nymph.launch.durations import parse_duration
 from nymph.launch.names import is_instance_id
 from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.launch.state import InstanceState, Reason
@@ -71,7 +73,8 @@ def render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
     """The manifests of a dockyard task spec for ``namespace``, in apply order.
 
     Raises :class:`DockyardConfigError` for a spec of the wrong shape, one dispatched to
-    another namespace than the task's, or one the renderer refuses.
+    another namespace than the task's, or one the renderer refuses. A ``maxRuntime`` in the
+    spec (seconds, the queue's runtime cap) becomes a RayJob's ``activeDeadlineSeconds``.
     """
     if not isinstance(spec, Mapping):
         raise DockyardConfigError("the task carries no dockyard spec", source="task")
@@ -90,11 +93,18 @@ def render(spec: object, *, namespace: str) -> list[dict[str, Any]]:
             path="namespace",
             source="task",
         )
+    try:
+        raw_runtime = spec.get("maxRuntime")
+        max_runtime = None if raw_runtime is None else parse_duration(raw_runtime, "maxRuntime")
+    except ValidationError as exc:
+        raise DockyardConfigError(exc.message, path="maxRuntime", source="task") from None
     # imported here: the render path loads OmegaConf and pydantic, which a daemon that only
     # runs Pods never needs
     from nymph.dockyard.render.task import dockyard_task_manifests
 
-    return dockyard_task_manifests(recipe=recipe, infra=infra, overrides=overrides, namespace=namespace)
+    return dockyard_task_manifests(
+        recipe=recipe, infra=infra, overrides=overrides, namespace=namespace, max_runtime=max_runtime
+    )
 
 
 def last_attempt(task: Mapping[str, Any]) -> bool:

@@ -38,8 +38,10 @@ def cross_env(infra: InfraConfig) -> dict[str, str]:
     return env
 
 
-def render_manifests(*, infra: InfraConfig) -> list[k8s.Manifest]:
-    """The ordered manifest list of one deployment (see the module docstring)."""
+def render_manifests(*, infra: InfraConfig, max_runtime: int | None = None) -> list[k8s.Manifest]:
+    """The ordered manifest list of one deployment (see the module docstring). ``max_runtime``
+    (seconds) becomes a RayJob's ``spec.activeDeadlineSeconds``; None leaves the output as it
+    was."""
     out: list[k8s.Manifest] = []
     if infra.resourceQuota.enabled:
         out.append(governance.resource_quota(infra))
@@ -60,7 +62,7 @@ def render_manifests(*, infra: InfraConfig) -> list[k8s.Manifest]:
             )
         )
     if mode is LaunchMode.RAYJOB:
-        out.append(raycluster.rayjob(infra, cross_env=cross_env(infra)))
+        out.append(raycluster.rayjob(infra, cross_env=cross_env(infra), max_runtime=max_runtime))
     elif mode is LaunchMode.BRINGUP:
         out.append(raycluster.raycluster(infra, cross_env=cross_env(infra)))
     _check_unique(out)

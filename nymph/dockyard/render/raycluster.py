@@ -287,7 +287,11 @@ def raycluster(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> k8s.Manif
     }
 
 
-def rayjob(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> k8s.Manifest:
+def rayjob(
+    infra: InfraConfig, *, cross_env: Mapping[str, str], max_runtime: int | None = None
+) -> k8s.Manifest:
+    """The RayJob; with ``max_runtime`` (seconds: a namespace's runtime cap) its
+    ``spec.activeDeadlineSeconds`` (KubeRay then fails the job with ``DeadlineExceeded``)."""
     assert infra.kuberay is not None
     if not infra.launch.entrypoint:
         raise DockyardConfigError("required when launch.mode is rayjob", path="infra.launch.entrypoint")
@@ -297,6 +301,8 @@ def rayjob(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> k8s.Manifest:
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": TTL_SECONDS_AFTER_FINISHED,
     }
+    if max_runtime is not None:
+        spec["activeDeadlineSeconds"] = max_runtime
     if infra.launch.env:
         spec["runtimeEnvYAML"] = yaml.safe_dump(
             {"env_vars": dict(infra.launch.env)}, sort_keys=False, default_flow_style=False

@@ -69,6 +69,7 @@ def dockyard_task_manifests(
     overrides: Sequence[str],
     namespace: str,
     budget: RenderBudget | None = None,
+    max_runtime: int | None = None,
 ) -> list[dict[str, Any]]:
     """The manifests of a dockyard task, in apply order, render-only kinds excluded.
 
@@ -76,13 +77,21 @@ def dockyard_task_manifests(
     :class:`DockyardConfigError` (one line naming the key path) on any invalid input, its
     subclass :class:`~nymph.dockyard.errors.DockyardBudgetError` when the render needs more
     than ``budget`` (default: a fresh :class:`RenderBudget`, shared by every step).
+    ``max_runtime`` (seconds) is a RayJob's ``spec.activeDeadlineSeconds`` (None: none).
     """
     with limited(budget if budget is not None else RenderBudget()):
-        return _task_manifests(recipe=recipe, infra=infra, overrides=overrides, namespace=namespace)
+        return _task_manifests(
+            recipe=recipe, infra=infra, overrides=overrides, namespace=namespace, max_runtime=max_runtime
+        )
 
 
 def _task_manifests(
-    *, recipe: Mapping[str, Any], infra: Mapping[str, Any], overrides: Sequence[str], namespace: str
+    *,
+    recipe: Mapping[str, Any],
+    infra: Mapping[str, Any],
+    overrides: Sequence[str],
+    namespace: str,
+    max_runtime: int | None,
 ) -> list[dict[str, Any]]:
     task_infra: Mapping[str, Any] | None = infra if infra else None
     loaded = load_mappings(
@@ -102,4 +111,4 @@ def _task_manifests(
             path="infra.namespace",
             source=loaded.infra_source,
         )
-    return applicable(render_manifests(infra=loaded.infra))
+    return applicable(render_manifests(infra=loaded.infra, max_runtime=max_runtime))
