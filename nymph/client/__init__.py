@@ -28,6 +28,7 @@ from nymph.client.errors import (
     safe_url,
 )
 from nymph.client.logs import follow_log
+from nymph.client.paging import Page
 from nymph.client.results import download, list_results, target
 from nymph.client.transport import DEFAULT_URL, Transport
 from nymph.client.user import UserClient
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_URL",
     "DaemonIdentity",
     "DispatchClient",
+    "Page",
     "QueueAuthError",
     "QueueBadRequest",
     "QueueClient",

@@ -1,6 +1,7 @@
 """The user routes of the queue API (:class:`UserClient`): providers, modes, secrets,
 launches, instances, stops, logs, results, probes, tasks and daemons, one typed async method
-per route (see ``nymph/queue/openapi.yaml``).
+per route (see ``nymph/queue/openapi.yaml``). The ``list_*`` methods return the whole list,
+following its pages; the ``*_page`` methods (:mod:`nymph.client.paging`) return one page.
 
 Failures raise :class:`nymph.client.errors.QueueError` subclasses carrying the HTTP status and
 the server's ``detail``. Following a log (:mod:`nymph.client.logs`) and downloading result files
@@ -12,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from nymph.client.transport import Transport, seg
+from nymph.client.paging import Paging
+from nymph.client.transport import seg
 from nymph.protocol import DaemonJSON, InstanceJSON, LaunchAccepted, TaskStatusJSON
 
 
-class UserClient(Transport):
+class UserClient(Paging):
     """The user routes, in the client's control-plane namespace unless a call names another."""
 
     # --- providers and modes --------------------------------------------------------------
@@ -42,8 +44,7 @@ class UserClient(Transport):
         return cast(dict[str, Any], await self.request("POST", f"{self._ns(namespace)}/providers", json=body))
 
     async def list_providers(self, *, namespace: str | None = None) -> list[dict[str, Any]]:
-        body = await self.request("GET", f"{self._ns(namespace)}/providers")
-        return cast(list[dict[str, Any]], body["items"])
+        return await self.every(f"{self._ns(namespace)}/providers")
 
     async def get_provider(self, *, name: str, namespace: str | None = None) -> dict[str, Any]:
         return cast(dict[str, Any], await self.request("GET", f"{self._ns(namespace)}/providers/{seg(name)}"))
@@ -67,8 +68,7 @@ class UserClient(Transport):
         return cast(dict[str, Any], await self.request("POST", f"{self._ns(namespace)}/modes", json=body))
 
     async def list_modes(self, *, namespace: str | None = None) -> list[dict[str, Any]]:
-        body = await self.request("GET", f"{self._ns(namespace)}/modes")
-        return cast(list[dict[str, Any]], body["items"])
+        return await self.every(f"{self._ns(namespace)}/modes")
 
     async def get_mode(self, *, name: str, namespace: str | None = None) -> dict[str, Any]:
         return cast(dict[str, Any], await self.request("GET", f"{self._ns(namespace)}/modes/{seg(name)}"))
@@ -87,9 +87,8 @@ class UserClient(Transport):
         await self.request("PUT", self._secrets(namespace, name), json={"value": value})
 
     async def list_secrets(self, *, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Names and dates only."""
-        body = await self.request("GET", self._secrets(namespace))
-        return cast(list[dict[str, Any]], body["items"])
+        """Names and dates only (every page; one page: :meth:`secrets_page`)."""
+        return await self.every(self._secrets(namespace))
 
     async def delete_secret(self, *, name: str, namespace: str | None = None) -> None:
         await self.request("DELETE", self._secrets(namespace, name))
@@ -145,11 +144,10 @@ class UserClient(Transport):
     async def list_instances(
         self, *, provider: str, state: str | None = None, namespace: str | None = None
     ) -> list[InstanceJSON]:
+        """Every instance of the provider, oldest first (one page: :meth:`instances_page`)."""
         params = {"state": state} if state else None
-        body = await self.request(
-            "GET", f"{self._ns(namespace)}/providers/{seg(provider)}/instances", params=params
-        )
-        return cast(list[InstanceJSON], body["items"])
+        path = f"{self._ns(namespace)}/providers/{seg(provider)}/instances"
+        return cast(list[InstanceJSON], await self.every(path, params=params))
 
     async def get_instance(
         self,
@@ -211,5 +209,4 @@ class UserClient(Transport):
         return cast(TaskStatusJSON, await self.request("GET", f"{self._ns(namespace)}/tasks/{seg(task_id)}"))
 
     async def list_daemons(self, *, namespace: str | None = None) -> list[DaemonJSON]:
-        body = await self.request("GET", f"{self._ns(namespace)}/daemons")
-        return cast(list[DaemonJSON], body["items"])
+        return cast(list[DaemonJSON], await self.every(f"{self._ns(namespace)}/daemons"))

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from nymph.protocol import InstanceJSON, LaunchAccepted
 from nymph.queue.models import Principal
+from nymph.queue.paging import Page, PageRequest
 from nymph.queue.store import Store
 
 
@@ -29,8 +30,11 @@ class Dispatcher(Protocol):
     ) -> LaunchAccepted:
         """Accept a launch (validated in full first) and start it on this path: the 202 body."""
 
-    async def list_instances(self, *, ns: str, provider: str, state: str | None) -> list[InstanceJSON]:
-        """The provider's instances (of one state when ``state`` is given)."""
+    async def list_instances(
+        self, *, ns: str, provider: str, state: str | None, page: PageRequest
+    ) -> Page[InstanceJSON]:
+        """One page of the provider's instances in creation order (of one state when ``state``
+        is given)."""
 
     async def stop(
         self, *, ns: str, provider: str, instance_id: str, grace: int | None, principal: Principal
@@ -60,8 +64,10 @@ class QueuedDispatch:
             ns=ns, provider=provider, body=body, idempotency_key=idempotency_key, principal=principal
         )
 
-    async def list_instances(self, *, ns: str, provider: str, state: str | None) -> list[InstanceJSON]:
-        return await self.store.list_instances(ns=ns, provider=provider, state=state)
+    async def list_instances(
+        self, *, ns: str, provider: str, state: str | None, page: PageRequest
+    ) -> Page[InstanceJSON]:
+        return await self.store.lists.instances(ns=ns, provider=provider, state=state, page=page)
 
     async def stop(
         self, *, ns: str, provider: str, instance_id: str, grace: int | None, principal: Principal

@@ -111,8 +111,14 @@ class OutputSettings:
     results_cap_bytes: int = 64 * 1024 * 1024
     #: Logs and results are removed this long after their instance stopped.
     retention_seconds: float = 7 * 86_400.0
-    #: How often the sweeper looks for expired output.
+    #: How often the sweeper looks for expired output (and expired instances).
     purge_interval: float = 60.0
+    #: Stopped instances expire ``retention_seconds`` after they stopped, at most
+    #: ``expire_batch`` per transaction and ``expire_batches`` transactions per pass; what is
+    #: left of one (a tombstone: its GET says it expired) goes ``tombstone_seconds`` later.
+    expire_batch: int = 200
+    expire_batches: int = 10
+    tombstone_seconds: float = 30 * 86_400.0
     #: A followed log of a stopped instance ends when no chunk came for this long (a daemon that
     #: ships no log, or a log that never starts).
     follow_grace_seconds: float = 10.0

@@ -28,6 +28,8 @@ from nymph.protocol import (
 from nymph.queue import tenancy
 from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.direct.records import DirectRecords
+from nymph.queue.expiry import InstanceExpiry
+from nymph.queue.lists import PagedLists
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, WorkSignal
 from nymph.queue.output import LOG_KEY, OutputStore
@@ -59,6 +61,10 @@ class Store:
         self.output = OutputStore(db=db, settings=settings.output)
         #: The direct path's instances and Pod records.
         self.direct = DirectRecords(db=db)
+        #: Paged lists (instances, secrets, providers, modes, daemons).
+        self.lists = PagedLists(db=db)
+        #: The expiry of stopped instances (run by the sweeper).
+        self.expiry = InstanceExpiry(db=db, settings=settings.output)
 
     def woken_elsewhere(self, key: str) -> None:
         """Another replica changed something: wake the long-polls it concerns here."""
@@ -373,4 +379,5 @@ class Store:
         if count:
             log.info("expired leases handed back", tasks=count)
         await self.output.purge_due()
+        await self.expiry.due()
         return count

@@ -135,7 +135,10 @@ async def test_output_is_removed_after_the_retention_period(small: Queue) -> Non
         await d.ship_log_chunk(daemon_id="d1", instance_id=i, offset=0, data=b"kept?\n")
     await _stop(small, iid)
     await small.store.sweep()
-    assert await small.user().get_logs(provider="kind", instance_id=iid) is None
+    # the stopped instance expired with its output (retention 0): its log is a 404 saying so
+    with pytest.raises(QueueNotFound) as gone:
+        await small.user().get_logs(provider="kind", instance_id=iid)
+    assert gone.value.code == "instance_expired"
     assert await small.user().get_logs(provider="kind", instance_id=other) == "kept?\n"  # still running
 
 

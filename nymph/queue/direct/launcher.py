@@ -25,6 +25,7 @@ from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.errors import service_error
 from nymph.queue.direct.watches import WatchManager
 from nymph.queue.models import Principal
+from nymph.queue.paging import Page, PageRequest
 from nymph.queue.sql import catalog, launches
 from nymph.queue.store import Store
 
@@ -112,14 +113,18 @@ class DirectDispatch:
             live.update({p["metadata"]["name"]: p for p in found})
         return live
 
-    async def list_instances(self, *, ns: str, provider: str, state: str | None) -> list[InstanceJSON]:
-        """The queue's history merged with the live Pods of the provider's connections."""
-        p, stored, history = await self.store.direct.listing(ns=ns, provider=provider)
+    async def list_instances(
+        self, *, ns: str, provider: str, state: str | None, page: PageRequest
+    ) -> Page[InstanceJSON]:
+        """A page of the queue's history merged with the live Pods of the provider's
+        connections; the last page also has the live Pods the queue has no record of. The
+        state filter applies to the merged state, so a page may hold fewer than its limit."""
+        p, stored, history = await self.store.direct.listing(ns=ns, provider=provider, page=page)
         own = {k: v for k, v in p.kwargs.items() if k in ("kubeconfig", "context")}
         own["namespace"] = catalog.kube_namespace(p)
         live = await self._live(ns=ns, provider=provider, connections=[own, *(json.loads(s) for s in stored)])
         items: list[InstanceJSON] = []
-        for inst in history:
+        for inst in history.items:
             pod = live.pop(inst["instanceId"], None)
             if pod is not None and inst["state"] != InstanceState.STOPPED.value:
                 inst = {
@@ -128,9 +133,13 @@ class DirectDispatch:
                     "node": (pod.get("spec") or {}).get("nodeName") or inst["node"],
                 }
             items.append(inst)
-        for name, pod in sorted(live.items()):
-            items.append(_unrecorded(pod, ns=ns, provider=provider, name=name))
-        return [i for i in items if state is None or i["state"] == state]
+        if history.next_key is None:
+            known = await self.store.direct.recorded(instance_ids=list(live))
+            for name, pod in sorted(live.items()):
+                if name not in known:
+                    items.append(_unrecorded(pod, ns=ns, provider=provider, name=name))
+        kept = [i for i in items if state is None or i["state"] == state]
+        return Page(items=kept, next_key=history.next_key)
 
     async def stop(
         self, *, ns: str, provider: str, instance_id: str, grace: int | None, principal: Principal

@@ -10,7 +10,8 @@ from typing import Any
 from nymph.launch.config import Mode, Provider
 from nymph.protocol import InstanceJSON, LaunchAccepted
 from nymph.queue.db import Backend
-from nymph.queue.sql import catalog, instances, launches
+from nymph.queue.paging import Page, PageRequest
+from nymph.queue.sql import catalog, instances, launches, pages
 from nymph.queue.sql import direct as sql
 from nymph.queue.sql.dialect import Row
 
@@ -80,15 +81,33 @@ class DirectRecords:
         """The connection an instance's Pod was created with (empty when none was recorded)."""
         return await self.db.read(lambda c: sql.instance_connection(c, instance_id=instance_id))
 
-    async def listing(self, *, ns: str, provider: str) -> tuple[Provider, list[str], list[InstanceJSON]]:
-        """The provider, the connections its instances were created with, and their history."""
+    async def listing(
+        self, *, ns: str, provider: str, page: PageRequest
+    ) -> tuple[Provider, list[str], Page[InstanceJSON]]:
+        """The provider, the connections its instances were created with, and one page of their
+        history (in creation order)."""
 
-        def read(c: Any) -> tuple[Provider, list[str], list[InstanceJSON]]:
+        def read(c: Any) -> tuple[Provider, list[str], Page[InstanceJSON]]:
             return (
                 catalog.get_provider(c, ns=ns, name=provider),
                 sql.connections_of(c, ns=ns, provider=provider),
-                instances.list_instances(c, ns=ns, provider=provider, state=None),
+                pages.instances(c, ns=ns, provider=provider, state=None, page=page),
             )
+
+        return await self.db.read(read)
+
+    async def recorded(self, *, instance_ids: list[str]) -> set[str]:
+        """Which of these instance ids the queue has a record of (expired ones included)."""
+
+        def read(c: Any) -> set[str]:
+            found: set[str] = set()
+            for start in range(0, len(instance_ids), 500):
+                chunk = instance_ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for table in ("instances", "expired_instances"):
+                    sql_text = f"SELECT instance_id FROM {table} WHERE instance_id IN ({marks})"  # noqa: S608
+                    found.update(str(r[0]) for r in c.execute(sql_text, chunk))
+            return found
 
         return await self.db.read(read)
 

@@ -9,6 +9,7 @@ from typing import Any
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import START_KINDS, InstanceJSON, TaskKind, TaskStatusJSON, now
 from nymph.queue.errors import NotFound
+from nymph.queue.sql import expiry
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.rows import INSTANCE_COLUMNS, fetch_instance, instances_json, task_status_json
 from nymph.queue.sql.tasks import insert_task
@@ -18,11 +19,7 @@ from nymph.queue.sql.transitions import transition
 def instance_row(conn: Conn, *, ns: str, provider: str, instance_id: str) -> Row:
     row = fetch_instance(conn, instance_id)
     if row is None or row["namespace"] != ns or row["provider"] != provider:
-        raise NotFound(
-            f"no instance {instance_id!r} of provider {provider!r} in namespace {ns!r}: "
-            "list them with 'nymph instances PROVIDER'",
-            code="instance_not_found",
-        )
+        raise expiry.not_found(conn, ns=ns, provider=provider, instance_id=instance_id)
     return row
 
 

@@ -258,4 +258,22 @@ MIGRATIONS: tuple[str, ...] = (
         (SELECT d.node FROM daemons d WHERE d.daemon_id = instances.applied_daemon), '')
         WHERE applied_daemon IS NOT NULL AND applied_pinned = 0;
     """,
+    # 8: paged lists and the expiry of old instances. Each page of a provider's instances is an
+    # index range in creation order (with or without a state filter); stopped instances are
+    # found by when they stopped, the idempotency keys and tasks of an expired instance by its id. What is left of an expired instance is a tombstone
+    # (id, scope, when it expired), so its GET says it expired; tombstones go in their turn.
+    """
+    CREATE INDEX instances_page ON instances (namespace, provider, launched_at, instance_id);
+    CREATE INDEX instances_page_state ON instances (namespace, provider, state, launched_at, instance_id);
+    CREATE INDEX instances_by_state_age ON instances (state, updated_at);
+    CREATE INDEX idempotency_by_instance ON idempotency_keys (instance_id);
+    CREATE INDEX daemons_page ON daemons (node, daemon_id);
+    CREATE TABLE expired_instances (
+        instance_id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        expired_at REAL NOT NULL
+    );
+    CREATE INDEX expired_instances_by_age ON expired_instances (expired_at);
+    """,
 )

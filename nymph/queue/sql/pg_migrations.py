@@ -205,4 +205,19 @@ PG_MIGRATIONS: tuple[str, ...] = (
         (SELECT d.node FROM daemons d WHERE d.daemon_id = instances.applied_daemon), '')
         WHERE applied_daemon IS NOT NULL AND applied_pinned = 0;
     """,
+    # 5: paged lists and the expiry of old instances (SQLite migration 8; see there).
+    """
+    CREATE INDEX instances_page ON instances (namespace, provider, launched_at, instance_id);
+    CREATE INDEX instances_page_state ON instances (namespace, provider, state, launched_at, instance_id);
+    CREATE INDEX instances_by_state_age ON instances (state, updated_at);
+    CREATE INDEX idempotency_by_instance ON idempotency_keys (instance_id);
+    CREATE INDEX daemons_page ON daemons (node, daemon_id);
+    CREATE TABLE expired_instances (
+        instance_id TEXT COLLATE "C" PRIMARY KEY,
+        namespace TEXT COLLATE "C" NOT NULL,
+        provider TEXT COLLATE "C" NOT NULL,
+        expired_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX expired_instances_by_age ON expired_instances (expired_at);
+    """,
 )

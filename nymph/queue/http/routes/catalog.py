@@ -25,6 +25,7 @@ from nymph.queue.direct.wiring import CONNECTOR
 from nymph.queue.errors import BadRequest, NotFound
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.keys import PRINCIPAL, SETTINGS, STORE
+from nymph.queue.http.paging import listing
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"
@@ -157,8 +158,9 @@ async def replace_provider(request: web.Request) -> web.Response:
 
 @routes.get(NS + "/providers")
 async def list_providers(request: web.Request) -> web.Response:
-    items = await request.app[STORE].list_providers(ns=request.match_info["ns"])
-    return _json({"items": items})
+    ns = request.match_info["ns"]
+    paged = listing("providers", ns)
+    return _json(paged.answer(await request.app[STORE].lists.providers(ns=ns, page=paged.request(request))))
 
 
 @routes.get(NS + "/providers/{name}")
@@ -203,7 +205,9 @@ async def replace_mode(request: web.Request) -> web.Response:
 
 @routes.get(NS + "/modes")
 async def list_modes(request: web.Request) -> web.Response:
-    return _json({"items": await request.app[STORE].list_modes(ns=request.match_info["ns"])})
+    ns = request.match_info["ns"]
+    paged = listing("modes", ns)
+    return _json(paged.answer(await request.app[STORE].lists.modes(ns=ns, page=paged.request(request))))
 
 
 @routes.get(NS + "/modes/{name}")

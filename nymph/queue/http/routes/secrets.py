@@ -10,6 +10,7 @@ from aiohttp import web
 from nymph.queue.direct.wiring import CONNECTOR, SECRETS
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.keys import STORE
+from nymph.queue.http.paging import listing
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"
@@ -31,7 +32,11 @@ async def put_secret(request: web.Request) -> web.Response:
 
 @routes.get(NS + "/secrets")
 async def list_secrets(request: web.Request) -> web.Response:
-    return web.json_response({"items": await request.app[SECRETS].list(ns=request.match_info["ns"])})
+    ns = request.match_info["ns"]
+    paged = listing("secrets", ns)
+    return web.json_response(
+        paged.answer(await request.app[STORE].lists.secrets(ns=ns, page=paged.request(request)))
+    )
 
 
 @routes.delete(NS + "/secrets/{name}")

@@ -19,6 +19,7 @@ from nymph.queue.direct.wiring import DISPATCHERS
 from nymph.queue.errors import BadRequest
 from nymph.queue.http.bodies import Fields, idempotency_key, query_int, query_number, read_object
 from nymph.queue.http.keys import PRINCIPAL, SETTINGS, STORE
+from nymph.queue.http.paging import listing
 from nymph.queue.notify import wait_for_event
 
 routes = web.RouteTableDef()
@@ -58,9 +59,11 @@ async def list_instances(request: web.Request) -> web.Response:
             f"state {state!r} is not an instance state; use one of {', '.join(sorted(_STATES))}",
             code="invalid_query",
         )
+    paged = listing("instances", m["ns"], m["name"], state, arity=2)
+    page = paged.request(request)
     dispatcher = await request.app[DISPATCHERS].for_provider(ns=m["ns"], provider=m["name"])
-    items = await dispatcher.list_instances(ns=m["ns"], provider=m["name"], state=state)
-    return _json({"items": items})
+    found = await dispatcher.list_instances(ns=m["ns"], provider=m["name"], state=state, page=page)
+    return _json(paged.answer(found))
 
 
 @routes.get(NS + "/providers/{name}/instances/{id}")
@@ -119,4 +122,8 @@ async def get_task(request: web.Request) -> web.Response:
 
 @routes.get(NS + "/daemons")
 async def list_daemons(request: web.Request) -> web.Response:
-    return _json({"items": await request.app[STORE].list_daemons(principal=request[PRINCIPAL])})
+    principal = request[PRINCIPAL]
+    paged = listing("daemons", principal.namespace, arity=2)
+    return _json(
+        paged.answer(await request.app[STORE].lists.daemons(principal=principal, page=paged.request(request)))
+    )
