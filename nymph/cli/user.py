@@ -97,7 +97,8 @@ def register(sub: Any) -> None:
         "add",
         parents=[common],
         help="add a mode",
-        description="Example: nymph modes add k8s-gpu --provider my-cluster --field image=python:3.12-slim",
+        description="Example: nymph modes add k8s-gpu --provider my-cluster --field image=python:3.12-slim "
+        "--field priority=10 --field max_runtime=30m",
     )
     p.add_argument("name")
     p.add_argument("--provider", help="the provider this mode belongs to")
@@ -106,7 +107,9 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="Pod-shape field (repeatable; JSON/YAML values)",
+        help="Pod-shape field (repeatable; JSON/YAML values): image, resources, env, node_selector, "
+        "tolerations, service_account, image_pull_secrets, priority (-1000..1000), max_runtime (90s, 30m, "
+        "2h, 1d)",
     )
     p.add_argument("--replace", action="store_true", help="replace an existing mode of that name")
     p.set_defaults(func=handler(_CATALOG, "cmd_modes_add"))
@@ -124,7 +127,9 @@ def register(sub: Any) -> None:
         "launch",
         parents=[common],
         help="queue a launch; prints the instance id",
-        description="Example: nymph launch my-cluster --mode k8s-gpu --script train.py --tag team=ml --wait",
+        description="Examples: nymph launch my-cluster --mode k8s-gpu --script train.py --tag team=ml --wait\n"
+        "          nymph launch my-cluster --mode k8s-gpu --script train.py --priority 10 --max-runtime 2h",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("provider")
     p.add_argument("--mode", required=True)
@@ -141,6 +146,19 @@ def register(sub: Any) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a mode field for this launch",
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        metavar="N",
+        help="run before this namespace's lower-priority launches: a whole number from -1000 to "
+        "1000 (default: the mode's priority, else 0), e.g. --priority 10",
+    )
+    p.add_argument(
+        "--max-runtime",
+        metavar="DURATION",
+        help="stop the job once it has run this long (it ends stopped / DeadlineExceeded): seconds "
+        "or 90s, 30m, 2h, 1d, e.g. --max-runtime 2h (default: the mode's max_runtime)",
     )
     p.add_argument("--idempotency-key", help="retry-safe key (default: a fresh UUID, reused on retries)")
     p.add_argument(

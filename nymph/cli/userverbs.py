@@ -132,6 +132,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     tags = parse_labels(args.tag)
     env = parse_assignments(args.env, flag="--env")
     fields = parse_assignments(args.field, flag="--field")
+    if args.max_runtime is not None:
+        fields["max_runtime"] = args.max_runtime  # checked by the queue, which names the field
     key = args.idempotency_key or str(uuid.uuid4())
 
     async def body(client: UserClient) -> int:
@@ -144,6 +146,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             fields=fields,
             idempotency_key=key,
             retries=2,
+            priority=args.priority,
         )
         print(accepted["instanceId"], flush=True)
         if not args.wait:

@@ -107,12 +107,16 @@ class UserClient(Paging):
         idempotency_key: str | None = None,
         retries: int = 0,
         namespace: str | None = None,
+        priority: int | None = None,
     ) -> LaunchAccepted:
-        """Queue a launch. With an ``idempotency_key``, ``retries`` re-sends it after a lost answer."""
+        """Queue a launch (``priority``: this launch's, over the mode's). With an
+        ``idempotency_key``, ``retries`` re-sends it after a lost answer."""
         body: dict[str, Any] = {"mode": mode, "script": script}
         for key, value in (("tags", tags), ("env", env), ("fields", fields)):
             if value:
                 body[key] = dict(value)
+        if priority is not None:
+            body["priority"] = priority
         path = f"{self._ns(namespace)}/providers/{seg(provider)}/launch"
         return cast(
             LaunchAccepted, await self.send_once(path, body, idempotency_key=idempotency_key, retries=retries)

@@ -1,16 +1,16 @@
 """``priority`` and ``max_runtime`` through the real queue (both backends): refused with a 400
 naming the field before anything is stored, and carried in the claimed task's spec when valid
-(the CLI's forms are in :mod:`test_queue_runlimits_cli`)."""
+(the CLI's forms are in tests/cli/test_runlimits.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from queue_helpers import Queue
 
 from nymph.client import QueueClient
 from nymph.launch.spec import LaunchSpec
+from tests.support.queue_helpers import Queue
 
 NS = "/v1/namespaces/default"
 LAUNCH = NS + "/providers/kind/launch"
