@@ -42,7 +42,7 @@ from benchmarks.scoreboard.kube import make_namespace, raw_create, raw_latency, 
 from benchmarks.scoreboard.nymph_run import configs, run_config  # noqa: E402
 from nymph.kube.binaries import kubectl_path  # noqa: E402
 from nymph.localcluster import LocalCluster  # noqa: E402
-from tests.e2e.harness import NODE  # noqa: E402
+from tests.support.harness import NODE  # noqa: E402
 
 #: Pods the kwok node admits at once. A kubelet's default (110) would make the benchmark measure
 #: the node's Pod slots: 2 s jobs arriving at 60/s keep 120 running, the rest turn Unschedulable

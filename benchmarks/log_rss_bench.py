@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from nymph.localcluster import LocalCluster  # noqa: E402
-from tests.e2e.harness import DaemonProc, QueueProc, launch, setup_provider  # noqa: E402
+from tests.support.harness import DaemonProc, QueueProc, launch, setup_provider  # noqa: E402
 
 PRINTER = """
 import sys

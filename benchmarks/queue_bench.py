@@ -145,7 +145,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             out.update(await bench_one(args, Path(tmp) / "queue.db"))
     if args.backend in ("postgresql", "both"):
         sys.path.insert(0, str(ROOT))
-        from tests.pg_server import PgUnavailable, running_server
+        from tests.support.pg_server import PgUnavailable, running_server
 
         try:
             with running_server() as server:

@@ -1,3 +1,13 @@
-"""Shared fixtures. Real-cluster fixtures live in tests/kube_fixtures.py."""
+"""The root of the test tree: the shared fixtures and plugins of tests/support, for every test.
 
-pytest_plugins = ["tests.kube_fixtures", "tests.require_plugin", "tests.hygiene_plugin"]
+Real-cluster fixtures live in tests/support/kube_fixtures.py, the queue service's in
+tests/support/queue_fixtures.py; the fault suite's summary is tests/support/fault_summary.py.
+"""
+
+pytest_plugins = [
+    "tests.support.kube_fixtures",
+    "tests.support.queue_fixtures",
+    "tests.support.fault_summary",
+    "tests.support.require_plugin",
+    "tests.support.hygiene_plugin",
+]

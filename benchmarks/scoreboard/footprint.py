@@ -24,7 +24,7 @@ from benchmarks.scoreboard.nymph_run import DEPLOYED_ENV, Config, Stack
 from nymph.kube.binaries import kubectl_path
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import free_port
-from tests.e2e.harness import NODE, DaemonProc
+from tests.support.harness import NODE, DaemonProc
 
 _HOP = {"host", "content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
 

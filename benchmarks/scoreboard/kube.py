@@ -19,7 +19,7 @@ from nymph.localcluster import LocalCluster
 from nymph.queue.auth import create_token
 from nymph.queue.db import connect, transaction
 from nymph.queue.models import Role
-from tests.e2e.harness import QueueProc
+from tests.support.harness import QueueProc
 
 #: kwok keeps a Pod with this label Running for this long, then it Succeeds.
 RUN_LABEL = "sim.nymph.io/run"

@@ -20,7 +20,7 @@ from benchmarks.scoreboard.kube import (
     new_queue,
 )
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import DaemonProc, QueueProc
+from tests.support.harness import DaemonProc, QueueProc
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ CPU table, the footprint, the targets and a description of the machine) and prin
 table. `python benchmarks/daemon_bench.py --markdown bench-results.json > docs/performance.md`
 writes this page from a results file (`make bench` does it after its run); the tests check that
 the committed page is the one the committed results make. The test suite also runs a smoke
-version (`tests/e2e/test_bench_smoke.py`: tiny N, no targets) so the benchmark cannot rot."""
+version (`tests/benchmarks/test_smoke.py`: tiny N, no targets) so the benchmark cannot rot."""
 
 
 def _run(r: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from benchmarks.scoreboard import procstat
 from benchmarks.scoreboard.kube import latency_summary, new_queue
 from nymph.client import QueueClient
-from tests.e2e.harness import QueueProc
+from tests.support.harness import QueueProc
 
 
 async def _pollers(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hygiene_plugin import track
+from tests.support.hygiene_plugin import track
 
 pytestmark = pytest.mark.e2e
 

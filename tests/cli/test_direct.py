@@ -9,14 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from queue_helpers import FAST, Served, open_queue
-from queue_helpers import run_cli as run
 
 from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.models import QueueSettings
 from nymph.queue.sql import direct as sql_direct
-from tests.kube_fixtures import SaKubeconfig
+from tests.support.kube_fixtures import SaKubeconfig
+from tests.support.queue_helpers import FAST, Served, open_queue
+from tests.support.queue_helpers import run_cli as run
 
 POD_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},

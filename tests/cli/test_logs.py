@@ -7,11 +7,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from queue_helpers import Served
-from queue_helpers import run_cli as run
-from test_queue_cli import _setup
 
 from nymph.cli.userview import NEVER_RAN_EXIT
+from tests.cli.test_user_verbs import _setup
+from tests.support.queue_helpers import Served
+from tests.support.queue_helpers import run_cli as run
 
 pytestmark = pytest.mark.usefixtures("cli_isolated")
 

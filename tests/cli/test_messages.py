@@ -9,8 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from queue_helpers import Served
-from queue_helpers import run_cli as run
+
+from tests.support.queue_helpers import Served
+from tests.support.queue_helpers import run_cli as run
 
 pytestmark = pytest.mark.usefixtures("cli_isolated")
 

@@ -1,4 +1,6 @@
-"""What the daemon makes of a misbehaving peer's answers (issue: faults found by the fault suite)."""
+"""What the daemon makes of a misbehaving peer's answers: a claim answer without a list of
+tasks is a queue error and entries that are not objects are dropped; an API server unreachable
+during validation is transient, while a real validation error stays invalid."""
 
 from __future__ import annotations
 

@@ -32,11 +32,11 @@ import pytest
 
 from nymph.client import QueueClient
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import pods
-from tests.faults.kube_faults import PodRecord, PodWatch, start_apiserver, stop_apiserver
-from tests.faults.leaks import kubeconfig_secrets, scan_files
-from tests.faults.stack import FaultStack, running_stack
-from tests.faults.tally import TALLY
+from tests.support.harness import pods
+from tests.support.kube_faults import PodRecord, PodWatch, start_apiserver, stop_apiserver
+from tests.support.leaks import kubeconfig_secrets, scan_files
+from tests.support.stack import FaultStack, running_stack
+from tests.support.tally import TALLY
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -33,10 +33,10 @@ from pathlib import Path
 import pytest
 
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import NODE, DaemonProc, launch, wait_http, wait_state
-from tests.faults.stack import FaultStack, running_stack
-from tests.faults.tally import TALLY
-from tests.hygiene_plugin import track
+from tests.support.harness import NODE, DaemonProc, launch, wait_http, wait_state
+from tests.support.hygiene_plugin import track
+from tests.support.stack import FaultStack, running_stack
+from tests.support.tally import TALLY
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow]
 

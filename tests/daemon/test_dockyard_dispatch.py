@@ -22,7 +22,7 @@ from nymph.dockyard.ownership import LAUNCH_LABEL, mark
 from nymph.dockyard.render.task import dockyard_task_manifests
 from nymph.launch.render import manifest_sha256
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import REPO, DaemonProc, QueueProc, daemon_kubeconfig, nymph, wait_state
+from tests.support.harness import REPO, DaemonProc, QueueProc, daemon_kubeconfig, nymph, wait_state
 
 pytestmark = pytest.mark.e2e
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.harness import wait_state
-from tests.e2e.test_dockyard_dispatch import INFRA, RECIPE, Stack, audit, expected, present
+from tests.daemon.test_dockyard_dispatch import INFRA, RECIPE, Stack, audit, expected, present
 
 # the queue + daemon fixture, shared with the dispatch tests
-from tests.e2e.test_dockyard_dispatch import stack as stack
+from tests.daemon.test_dockyard_dispatch import stack as stack
+from tests.support.harness import wait_state
 
 pytestmark = pytest.mark.e2e
 

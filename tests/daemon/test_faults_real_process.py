@@ -27,7 +27,7 @@ from aiohttp import web
 
 from nymph.daemon.audit import verify
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import (
+from tests.support.harness import (
     DaemonProc,
     QueueProc,
     daemon_kubeconfig,

@@ -1,6 +1,6 @@
 """Hostile peers: the daemon against a fake queue that misbehaves, and a throttling API server.
 
-The fake queue (tests/faults/fake_queue.py, an aiohttp server in the test) answers slowly, with
+The fake queue (tests/support/fake_queue.py, an aiohttp server in the test) answers slowly, with
 5xx, with malformed task JSON, with hostile ids, or instantly without holding the long poll. The
 daemon must stay up, retry with a bound, and never loop tight: its requests per second are
 counted. Hostile ids must never reach kubectl as options or paths: decoy Pods in the namespace
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import NODE, DaemonProc, daemon_kubeconfig
-from tests.faults.fake_queue import FakeQueue
-from tests.faults.tally import TALLY
+from tests.support.fake_queue import FakeQueue
+from tests.support.harness import NODE, DaemonProc, daemon_kubeconfig
+from tests.support.tally import TALLY
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow]
 
@@ -249,8 +249,8 @@ def test_api_server_throttling_gets_backoff_not_a_tight_loop(peer: Peer, tmp_pat
     children back off, the daemon stays up, and the launches complete once the throttling ends."""
     import asyncio
 
-    from tests.e2e.harness import QueueProc, launch, setup_provider, wait_state
-    from tests.faults.throttle import ThrottlingProxy
+    from tests.support.harness import QueueProc, launch, setup_provider, wait_state
+    from tests.support.throttle import ThrottlingProxy
 
     q = QueueProc(tmp_path / "queue.db")
     q.tokens()

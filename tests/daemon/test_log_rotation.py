@@ -23,10 +23,10 @@ import pytest
 
 from nymph.launch.logcursor import ROTATED
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import QueueProc, launch, setup_provider, wait_state
-from tests.e2e.test_logs import RealStack
-from tests.e2e.test_realnode import python_image
-from tests.kube_fixtures import new_namespace
+from tests.daemon.test_logs import RealStack
+from tests.launch.test_real_node import python_image
+from tests.support.harness import QueueProc, launch, setup_provider, wait_state
+from tests.support.kube_fixtures import new_namespace
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,8 @@ import pytest
 from nymph.client.logs import follow_log
 from nymph.client.results import download, list_results
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import (
+from tests.launch.test_real_node import python_image
+from tests.support.harness import (
     DaemonProc,
     QueueProc,
     daemon_kubeconfig,
@@ -26,7 +27,6 @@ from tests.e2e.harness import (
     setup_provider,
     wait_state,
 )
-from tests.e2e.test_realnode import python_image
 
 pytestmark = pytest.mark.e2e
 

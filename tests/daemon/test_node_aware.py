@@ -20,7 +20,7 @@ from nymph.client import QueueClient
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.flags import KWOK_NODE_ANNOTATION
-from tests.e2e.harness import REPO, DaemonProc, QueueProc, daemon_kubeconfig, running, setup_provider
+from tests.support.harness import REPO, DaemonProc, QueueProc, daemon_kubeconfig, running, setup_provider
 
 pytestmark = pytest.mark.e2e
 

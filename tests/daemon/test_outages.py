@@ -19,7 +19,7 @@ from nymph.daemon.podreaper import ORPHAN_GRACE_MIN, Reaper, orphan_grace
 from nymph.daemon.settings import WorkSettings
 from nymph.daemon.tasks.validate import check_task
 from nymph.kube import errors as ke
-from tests.unit.test_daemon_faults import NODE, NS, Rig, checked, iid, rig, task, until
+from tests.daemon.test_faults_in_process import NODE, NS, Rig, checked, iid, rig, task, until
 
 UNREACHABLE = "dial tcp 127.0.0.1:6443: connect: connection refused"
 

@@ -18,7 +18,7 @@ import pytest
 
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import kubectl_path
-from tests.e2e.harness import (
+from tests.support.harness import (
     NODE,
     DaemonProc,
     QueueProc,

@@ -1,7 +1,7 @@
 """Shared fixtures for the dockyard tests: isolated environments, file writers, strict
 schema validation of rendered manifests (kubernetes-validate for core kinds, the KubeRay CRD
 openAPIV3Schema for RayJob / RayCluster), and ``ray_head``: a real local Ray head for the
-Jobs REST API tests (the real-cluster fixtures are in tests/kube_fixtures.py)."""
+Jobs REST API tests (the real-cluster fixtures are in tests/support/kube_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _crd_dir() -> Path:
     """The KubeRay CRDs (NYMPH_KUBERAY_CRDS, ../shared/crds/kuberay, or /work/shared/...)."""
-    from tests.kube_fixtures import kuberay_crd_dir
+    from tests.support.kube_fixtures import kuberay_crd_dir
 
     found = kuberay_crd_dir()
     if found is None:

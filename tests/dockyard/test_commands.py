@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
-from live_helpers import live_infra
 
 from nymph.cli import main
 from nymph.dockyard.live import handles
 from nymph.dockyard.live.rayapi import RayJobsClient
 from nymph.localcluster import LocalCluster
+from tests.support.live_helpers import live_infra
 
 pytestmark = pytest.mark.e2e
 RAY = "/apis/ray.io/v1/namespaces"

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import yaml
-from live_helpers import live_infra
 
 from nymph.cli import main
 from nymph.dockyard.errors import DockyardLiveError
@@ -29,7 +28,8 @@ from nymph.dockyard.spec.parse import parse_infra
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import kubectl_path
-from tests.kube_fixtures import SaKubeconfig, kuberay_crd_dir
+from tests.support.kube_fixtures import SaKubeconfig, kuberay_crd_dir
+from tests.support.live_helpers import live_infra
 
 pytestmark = pytest.mark.e2e
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import yaml
-from live_helpers import live_infra
 
 from nymph.cli import main
 from nymph.dockyard.errors import DockyardLiveError
 from nymph.dockyard.live.rayapi import JobInfo, RayJobsClient
 from nymph.localcluster import LocalCluster
+from tests.support.live_helpers import live_infra
 
 pytestmark = pytest.mark.slow
 KUBE = pytest.mark.e2e  # these also use the local API server

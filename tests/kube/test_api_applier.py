@@ -10,9 +10,9 @@ import pytest
 from nymph.kube.api import ApiApplier, make_api_client
 from nymph.kube.errors import Forbidden, Invalid
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import daemon_kubeconfig
-from tests.e2e.test_control_plane import bare_pod
-from tests.kube_fixtures import new_namespace
+from tests.localcluster.test_control_plane import bare_pod
+from tests.support.harness import daemon_kubeconfig
+from tests.support.kube_fixtures import new_namespace
 
 pytestmark = pytest.mark.e2e
 

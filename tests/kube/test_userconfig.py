@@ -202,7 +202,7 @@ def test_not_a_kubeconfig_is_refused_without_quoting_it(body: str) -> None:
 async def test_the_client_holds_no_file_and_leaves_none_behind(tmp_path: Path) -> None:
     """Client certificate and key reach ssl through files that are gone once the client is
     returned; the CA goes in as data."""
-    from tests.unit.certs import self_signed
+    from tests.support.certs import self_signed
 
     cert, key = self_signed("client")
     ca, _ = self_signed("ca")

@@ -12,8 +12,8 @@ import pytest
 from nymph.kube.api import make_api_client
 from nymph.kube.watch import PodWatcher
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import running_watch
-from tests.e2e.test_control_plane import bare_pod
+from tests.localcluster.test_control_plane import bare_pod
+from tests.support.harness import running_watch
 
 pytestmark = [pytest.mark.e2e]
 

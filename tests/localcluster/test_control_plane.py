@@ -226,7 +226,7 @@ def test_kuberay_rayjob_validates_server_side(kube: LocalCluster, namespace: str
 
 
 def test_rendered_spec_example_is_accepted_by_the_api_server(kube: LocalCluster, tmp_path: Path) -> None:
-    from tests.unit.test_cli_render import SPEC_DREAMRC
+    from tests.cli.test_render import SPEC_DREAMRC
 
     (tmp_path / ".dreamrc").write_text(SPEC_DREAMRC)
     (tmp_path / "train.py").write_text("print('hello from nymph')\n")

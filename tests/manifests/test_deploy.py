@@ -14,8 +14,8 @@ import yaml
 
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import kubectl_path
-from tests.e2e.harness import REPO, DaemonProc, QueueProc, launch, setup_provider, wait_state
-from tests.kube_fixtures import token_kubeconfig
+from tests.support.harness import REPO, DaemonProc, QueueProc, launch, setup_provider, wait_state
+from tests.support.kube_fixtures import token_kubeconfig
 
 SA = "system:serviceaccount:nymph-system:nymph-daemon"
 RBAC_KINDS = {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}

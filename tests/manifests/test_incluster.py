@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from nymph.localcluster import LocalCluster
-from tests.e2e.incluster import (
+from tests.support.incluster import (
     NODE_ROOT,
     QUEUE_SELECTOR,
     QUEUE_UID,

@@ -16,8 +16,8 @@ import yaml
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import kubectl_path
-from tests.e2e.harness import REPO
-from tests.kube_fixtures import new_namespace
+from tests.support.harness import REPO
+from tests.support.kube_fixtures import new_namespace
 
 COMPONENT = REPO / "manifests" / "components" / "pod-policy"
 

@@ -6,10 +6,10 @@ import logging
 
 import pytest
 import structlog
-from queue_helpers import Queue, add_kind
 
 from nymph.client import QueueAuthError
 from nymph.queue.models import Role
+from tests.support.queue_helpers import Queue, add_kind
 
 NS = "/v1/namespaces/default"
 LAUNCH = {"mode": "small", "script": "print(1)"}

@@ -18,7 +18,7 @@ from nymph.cli.queue import DB_URL_ENV, _db_path
 from nymph.queue.pgdb import connect_and_migrate, describe
 from nymph.queue.sql.dialect import translate
 from nymph.queue.sql.pg_migrations import PG_MIGRATIONS
-from tests.pg_server import PgServer
+from tests.support.pg_server import PgServer
 
 
 def test_db_argument_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 from nymph.launch.render import render_pod, to_yaml
 from nymph.launch.spec import LaunchSpec
-from tests.faults.queue_peers import Checked, Tenants, start_tenants
-from tests.faults.tally import TALLY
+from tests.support.queue_peers import Checked, Tenants, start_tenants
+from tests.support.tally import TALLY
 
 pytestmark = [pytest.mark.faults]
 
@@ -530,6 +530,6 @@ def test_fuzzed_requests_on_every_route(tenants: Tenants, http: Checked) -> None
 
 
 def make_other_daemon_token(tenants: Tenants) -> str:
-    from tests.faults.queue_peers import make_token
+    from tests.support.queue_peers import make_token
 
     return make_token(tenants.queue.db, role="daemon", namespace="team-b")

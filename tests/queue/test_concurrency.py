@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections import Counter
 
-from queue_helpers import Queue
+from tests.support.queue_helpers import Queue
 
 TASKS = 1000
 DAEMONS = 20

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from queue_helpers import Queue
-
 from nymph.launch.config import Provider
+from tests.support.queue_helpers import Queue
 
 P = "/v1/namespaces/default/providers"
 M = "/v1/namespaces/default/modes"

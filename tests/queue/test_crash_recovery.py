@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dispatch_helpers import apply
-from queue_helpers import Queue
-
 from nymph.client import DaemonIdentity, QueueClient
 from nymph.launch.state import InstanceState, Reason
 from nymph.queue.models import Report
 from nymph.queue.sql.reports import stop_reason
+from tests.support.dispatch_helpers import apply
+from tests.support.queue_helpers import Queue
 
 
 def _daemon(q: Queue) -> QueueClient:

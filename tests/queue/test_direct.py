@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import yaml
-from queue_helpers import FAST, Queue, open_queue
 
 from nymph.kube.credentials import CredentialPolicy, staged_kubeconfig
 from nymph.kube.netguard import ServerPolicy
@@ -23,7 +22,8 @@ from nymph.kube.pods import Connection, open_api
 from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.direct.wiring import CONNECTOR, DIRECT
-from tests.kube_fixtures import SaKubeconfig
+from tests.support.kube_fixtures import SaKubeconfig
+from tests.support.queue_helpers import FAST, Queue, open_queue
 
 POD_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from dispatch_helpers import apply, take
-from queue_helpers import FAST, Queue, add_kind, open_queue
 
 from nymph.client import QueueConflict
 from nymph.protocol import parse_iso
+from tests.support.dispatch_helpers import apply, take
+from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 NS = "/v1/namespaces/default"
 CLAIM = "/v1/dispatch/claim"

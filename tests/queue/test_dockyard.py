@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from queue_helpers import Queue
 
 from nymph.dockyard.render.task import dockyard_task_manifests
+from tests.support.queue_helpers import Queue
 
 NS = "/v1/namespaces/default"
 DOCKYARD = NS + "/providers/kind/dockyard"

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from queue_helpers import FAST, Queue, add_kind, open_queue
+
+from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 NS = "/v1/namespaces/default"
 DOCKYARD = NS + "/providers/kind/dockyard"

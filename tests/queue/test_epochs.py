@@ -7,10 +7,9 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from queue_helpers import FAST, Queue, add_kind, open_queue
-
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.sql.dialect import Conn
+from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 LAUNCH = {"mode": "small", "script": "print(1)"}
 
@@ -69,7 +68,7 @@ async def test_on_postgresql_the_secret_store_makes_no_key_of_its_own(
     tmp_path: Path, queue_db: Path | str, backend: str
 ) -> None:
     if backend != "postgresql":
-        return  # SQLite creates its key beside the file (tests/queue/test_queue_secrets.py)
+        return  # SQLite creates its key beside the file (tests/queue/test_secrets.py)
     settings = replace(FAST, direct=DirectSettings(secret_key_file=None))
     q, runner = await open_queue(tmp_path, settings, db=queue_db)
     # open_queue gives PostgreSQL a key file like a deployment; take it away again.

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-from queue_helpers import Queue
+
+from tests.support.queue_helpers import Queue
 
 NS = "/v1/namespaces/default"
 CLAIM = "/v1/dispatch/claim"
@@ -135,7 +136,7 @@ async def test_instance_ids_exhausted_is_a_409(kind: Queue, monkeypatch: pytest.
     monkeypatch.setattr(launches, "new_instance_id", lambda: first)
     r = await kind.call("POST", LAUNCH, json_body={"mode": "small", "script": "print(2)"})
     assert r.status == 409 and r.body["error"] == "instance_id_taken", r.body
-    from test_queue_dockyard import BODY
+    from tests.queue.test_dockyard import BODY
 
     ids = iter([first, "lakeshore-0000abcd"])
     monkeypatch.setattr(launches, "new_instance_id", lambda: next(ids))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.faults.queue_peers import Checked, Tenants, start_tenants
+from tests.support.queue_peers import Checked, Tenants, start_tenants
 
 pytestmark = [pytest.mark.faults]
 

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.harness import QueueProc
-from tests.faults.queue_peers import Checked, make_token
-from tests.faults.tally import TALLY
+from tests.support.harness import QueueProc
+from tests.support.queue_peers import Checked, make_token
+from tests.support.tally import TALLY
 
 pytestmark = [pytest.mark.faults]
 

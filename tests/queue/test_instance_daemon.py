@@ -13,8 +13,6 @@ from typing import Any, cast
 
 import pytest
 import yaml
-from dispatch_helpers import apply, take
-from queue_helpers import Queue
 
 from nymph.client import QueueNotInstanceDaemon
 from nymph.daemon.daemon import queue_client
@@ -23,6 +21,8 @@ from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import DropItem, Outbox
 from nymph.daemon.sender import QueueSender
 from nymph.daemon.settings import DaemonQueueSettings, DaemonSettings, KubeSettings
+from tests.support.dispatch_helpers import apply, take
+from tests.support.queue_helpers import Queue
 
 NS = "/v1/namespaces/default"
 FORGED = "FORGED LOG LINE\n"

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
-from queue_helpers import FAST, Queue, open_queue
 
 from nymph.cli.queue import kubeconfig_dirs
 from nymph.errors import ConfigError
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.direct.wiring import SECRETS
+from tests.support.queue_helpers import FAST, Queue, open_queue
 
 NS = "/v1/namespaces/default"
 

@@ -6,11 +6,11 @@ import asyncio
 import time
 
 import pytest
-from dispatch_helpers import take
-from queue_helpers import Queue
 
 from nymph.client import QueueConflict, QueueNotFound
 from nymph.launch.spec import LaunchSpec
+from tests.support.dispatch_helpers import take
+from tests.support.queue_helpers import Queue
 
 NS = "/v1/namespaces/default"
 LAUNCH = NS + "/providers/kind/launch"

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from dispatch_helpers import apply
-from queue_helpers import FAST, Queue, add_kind, open_queue
 
 from nymph.client.errors import QueueConflict, QueueNotFound
 from nymph.client.logs import follow_log
 from nymph.launch.logcap import marker
 from nymph.queue.models import OutputSettings
+from tests.support.dispatch_helpers import apply
+from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 NS = "/v1/namespaces/default"
 INSTANCES = NS + "/providers/kind/instances"

@@ -21,7 +21,8 @@ import requests
 import schemathesis
 import yaml
 from hypothesis import strategies as st
-from queue_helpers import REGISTER, Served, identity_of
+
+from tests.support.queue_helpers import REGISTER, Served, identity_of
 
 SPEC: dict[str, Any] = yaml.safe_load(resources.files("nymph.queue").joinpath("openapi.yaml").read_text())
 SCHEMA = schemathesis.openapi.from_dict(SPEC)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from queue_helpers import Queue
-
 from nymph.client import QueueClient
 from nymph.protocol import TaskJSON
+from tests.support.queue_helpers import Queue
 
 CLAIM = "/v1/dispatch/claim"
 CPU = {

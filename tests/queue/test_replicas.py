@@ -1,5 +1,5 @@
 """Several ``nymph queue serve`` processes on one PostgreSQL database (the real server of
-:mod:`tests.pg_server`): any replica takes any request, losing one loses nothing, a long-poll on
+:mod:`tests.support.pg_server`): any replica takes any request, losing one loses nothing, a long-poll on
 one wakes for work posted to another, and a database restart answers 503 while it lasts and
 loses nothing accepted."""
 
@@ -26,8 +26,8 @@ import pytest
 
 from nymph.client import DaemonIdentity, QueueClient
 from nymph.client.errors import QueueConflict, QueueError, QueueNotInstanceDaemon
-from tests.hygiene_plugin import stop_process, track
-from tests.pg_server import PgServer
+from tests.support.hygiene_plugin import stop_process, track
+from tests.support.pg_server import PgServer
 
 pytestmark = pytest.mark.slow
 #: 200 in the suite; `make bench` runs the kill test with 1,000 (NYMPH_REPLICA_LAUNCHES).
@@ -315,9 +315,8 @@ async def test_a_database_restart_answers_503_meanwhile_and_loses_nothing(
 async def test_the_direct_watches_and_reaper_run_on_one_replica_and_move_when_it_goes(
     pg_server: PgServer, tmp_path: Path
 ) -> None:
-    from queue_helpers import FAST, open_queue
-
     from nymph.queue.direct.wiring import DIRECT
+    from tests.support.queue_helpers import FAST, open_queue
 
     db = pg_server.fresh_database()
     opened = [await open_queue(tmp_path, FAST, db=db) for _ in range(2)]
@@ -350,7 +349,7 @@ async def test_the_direct_watches_and_reaper_run_on_one_replica_and_move_when_it
 async def test_an_instance_long_poll_on_one_replica_wakes_for_a_change_made_on_another(
     pg_server: PgServer, tmp_path: Path
 ) -> None:
-    from queue_helpers import FAST, add_kind, open_queue
+    from tests.support.queue_helpers import FAST, add_kind, open_queue
 
     db = pg_server.fresh_database()
     (a, ra), (b, rb) = [await open_queue(tmp_path, FAST, db=db) for _ in range(2)]
@@ -379,9 +378,8 @@ async def test_an_instance_long_poll_on_one_replica_wakes_for_a_change_made_on_a
 async def test_a_log_follow_on_one_replica_wakes_for_a_chunk_shipped_to_another(
     pg_server: PgServer, tmp_path: Path
 ) -> None:
-    from queue_helpers import FAST, add_kind, open_queue
-
     from nymph.client.logs import follow_log
+    from tests.support.queue_helpers import FAST, add_kind, open_queue
 
     db = pg_server.fresh_database()
     (a, ra), (b, rb) = [await open_queue(tmp_path, FAST, db=db) for _ in range(2)]

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from queue_helpers import FAST, Queue, add_kind, open_queue
 
 from nymph.protocol import InstanceJSON
 from nymph.queue.models import LeaseSettings
 from nymph.queue.sql import retire
+from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 POLL_WAIT = 20.0
 #: Far below POLL_WAIT: a poll answered only at its timeout fails the test.

@@ -7,10 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from queue_helpers import FAST, open_queue
 
 from nymph.queue.db import DatabaseError, connect
 from nymph.queue.sql.migrations import MIGRATIONS
+from tests.support.queue_helpers import FAST, open_queue
 
 NS = "/v1/namespaces/default"
 

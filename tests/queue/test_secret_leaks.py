@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import launch, wait_state
-from tests.faults.leaks import kubeconfig_secrets, scan_files, scan_texts
-from tests.faults.queue_peers import Checked
-from tests.faults.stack import FaultStack, running_stack
-from tests.faults.tally import TALLY
+from tests.support.harness import launch, wait_state
+from tests.support.leaks import kubeconfig_secrets, scan_files, scan_texts
+from tests.support.queue_peers import Checked
+from tests.support.stack import FaultStack, running_stack
+from tests.support.tally import TALLY
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow]
 

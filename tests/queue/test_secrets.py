@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import structlog
 import yaml
-from queue_helpers import FAST, Queue, open_queue
 
 from nymph.localcluster import LocalCluster
 from nymph.logsetup import configure_logging
 from nymph.queue.direct.settings import DirectSettings
-from tests.kube_fixtures import SaKubeconfig
+from tests.support.kube_fixtures import SaKubeconfig
+from tests.support.queue_helpers import FAST, Queue, open_queue
 
 NS = "/v1/namespaces/default"
 POD_RULES = [

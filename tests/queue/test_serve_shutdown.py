@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from nymph.queue.threads import CPU_WORKERS, BoundedExecutor, Stopping, run_cpu, start_cpu, stop_cpu
-from tests.e2e.harness import QueueProc
+from tests.support.harness import QueueProc
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 #: serve()'s default grace period for in-flight requests

@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from dispatch_helpers import take
-from queue_helpers import REGISTER, Queue, add_kind
 
 from nymph.client import DaemonIdentity, QueueAuthError, QueueConflict, QueueRegistrationRefused
 from nymph.daemon.daemon import queue_client
@@ -19,6 +17,8 @@ from nymph.daemon.sender import QueueSender
 from nymph.daemon.settings import DaemonQueueSettings, DaemonSettings, KubeSettings
 from nymph.queue.http.keys import SESSIONS
 from nymph.queue.models import Role
+from tests.support.dispatch_helpers import take
+from tests.support.queue_helpers import REGISTER, Queue, add_kind
 
 NS = "/v1/namespaces"
 

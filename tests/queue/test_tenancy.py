@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
-from queue_helpers import FAST, Queue, open_queue
 
 from nymph.cli.queue import _ns_map
 from nymph.errors import ConfigError
 from nymph.queue.models import Role, TenancySettings
+from tests.support.queue_helpers import FAST, Queue, open_queue
 
 A = "/v1/namespaces/team-a"
 IMAGE = {"image": "python:3.12-slim"}

@@ -8,13 +8,13 @@ import time
 from typing import Any, cast
 
 import pytest
-from queue_helpers import Queue
 
 from nymph.queue.db import Backend
 from nymph.queue.models import QueueSettings
 from nymph.queue.notify import WorkSignal
 from nymph.queue.sql import dispatch
 from nymph.queue.store import Store
+from tests.support.queue_helpers import Queue
 
 
 async def _launch(q: Queue) -> str:

@@ -19,7 +19,7 @@ import yaml
 from nymph.client import QueueClient
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import free_port
-from tests.hygiene_plugin import stop_process, track
+from tests.support.hygiene_plugin import stop_process, track
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMON_ROLE = REPO / "manifests" / "base" / "daemon-role.yaml"
@@ -183,7 +183,7 @@ class DaemonProc:
 def daemon_kubeconfig(kube: LocalCluster, namespace: str, tmp: Path, *, dockyard: bool = False) -> Path:
     """A ServiceAccount bound to exactly the project's daemon Role (and, with ``dockyard``, the
     dockyard Role too), and a kubeconfig for it."""
-    from tests.kube_fixtures import token_kubeconfig
+    from tests.support.kube_fixtures import token_kubeconfig
 
     kube.api(
         "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "nymph-daemon"}}

@@ -1,6 +1,6 @@
-"""Deploying nymph into the local cluster's real node for tests/e2e/test_incluster.py: the local
-overlay rendered for one cluster, applied and torn down; the node's /var/lib/nymph set aside
-meanwhile; the queue reached from the host.
+"""Deploying nymph into the local cluster's real node for tests/manifests/test_incluster.py: the
+local overlay rendered for one cluster, applied and torn down; the node's /var/lib/nymph set
+aside meanwhile; the queue reached from the host.
 """
 
 from __future__ import annotations

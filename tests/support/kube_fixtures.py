@@ -34,7 +34,7 @@ from nymph.localcluster import AssetsMissing, LocalCluster, find_assets
 from nymph.localcluster.cluster import DEFAULT_NODE
 from nymph.localcluster.realnode import real_node_support
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _e2e_policy() -> str:

@@ -1,11 +1,12 @@
-"""Fixtures for the queue tests.
+"""Fixtures for the tests that run a queue service (the queue's own and the CLI's against it), as a
+plugin (listed in tests/conftest.py).
 
 ``queue`` runs the service in the test's own event loop (for async tests); ``served`` runs it in
 a background thread with its own loop (for the CLI and other synchronous callers). Both listen
 on a free 127.0.0.1 port and keep their state in the backend the test is parametrized with
 (``backend``): a SQLite file under ``tmp_path``, or a fresh database on the session's real
-PostgreSQL server (:mod:`tests.pg_server`). A test marked ``sqlite_only`` runs on SQLite alone
-(it inspects the database file itself).
+PostgreSQL server (:mod:`tests.support.pg_server`). A test marked ``sqlite_only`` runs on SQLite
+alone (it inspects the database file itself).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import structlog
-from queue_helpers import FAST, Queue, Served, add_kind, open_queue
 
 from nymph.queue.models import QueueSettings
-from tests.pg_server import PgServer, PgUnavailable, running_server
+from tests.support.pg_server import PgServer, PgUnavailable, running_server
+from tests.support.queue_helpers import FAST, Queue, Served, add_kind, open_queue
 
 BACKENDS = ("sqlite", "postgresql")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import requests
 
-from tests.e2e.harness import QueueProc, nymph
-from tests.faults.tally import TALLY
+from tests.support.harness import QueueProc, nymph
+from tests.support.tally import TALLY
 
 TENANTS = ("team-a", "team-b")
 

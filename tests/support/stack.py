@@ -1,6 +1,6 @@
 """The real queue and daemon processes the fault tests run, killed and restarted.
 
-Built on tests/e2e/harness.py (the processes are tracked, so they die with the test). Every kill
+Built on tests/support/harness.py (the processes are tracked, so they die with the test). Every kill
 and every restart is counted in the suite's tally; a restart that does not come up healthy is
 counted as failed (and the daemon is started again so the run can go on and say so at the end).
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from nymph.localcluster import LocalCluster
-from tests.e2e.harness import DaemonProc, QueueProc, daemon_kubeconfig, nymph, setup_provider
-from tests.faults.tally import TALLY
+from tests.support.harness import DaemonProc, QueueProc, daemon_kubeconfig, nymph, setup_provider
+from tests.support.tally import TALLY
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The fault suite's measured totals, written as one line to ``fault-summary.txt`` at the end.
 
-Every test in tests/faults adds what it actually did (launches run, kills injected, bad inputs
+Every test of the fault suite (marker ``faults``) adds what it actually did (launches run, kills injected, bad inputs
 sent...) and what it found (failed restarts, lost or duplicated launches, 5xx answers, leaked
 secrets). The line is written even when a test fails, so a red run still says what it measured.
 """

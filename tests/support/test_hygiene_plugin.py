@@ -22,7 +22,7 @@ def run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
             "pytest",
             "-q",
             "-p",
-            "tests.hygiene_plugin",
+            "tests.support.hygiene_plugin",
             "-p",
             "no:cacheprovider",
             str(tmp_path / "test_inner.py"),
@@ -71,7 +71,7 @@ def test_a_leaked_process_fails_the_run_is_named_and_killed(tmp_path: Path) -> N
 TIDY = """
 import subprocess
 import pytest
-from tests.hygiene_plugin import track
+from tests.support.hygiene_plugin import track
 
 def test_waits_for_what_it_starts():
     subprocess.run(["true"], check=True)

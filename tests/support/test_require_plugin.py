@@ -18,7 +18,7 @@ def run(tmp_path: Path, policy: str) -> subprocess.CompletedProcess[str]:
             "pytest",
             "-q",
             "-p",
-            "tests.require_plugin",
+            "tests.support.require_plugin",
             "-p",
             "no:cacheprovider",
             str(tmp_path / "test_sk.py"),
