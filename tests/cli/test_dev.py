@@ -86,6 +86,7 @@ def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp
     assert left.stdout.strip() == "", f"processes left behind: {left.stdout}"
 
 
+@pytest.mark.realnode
 def test_nymph_dev_on_the_real_node_shows_the_samples_real_output(
     real_node_assets: Path, tmp_path: Path
 ) -> None:

@@ -28,7 +28,7 @@ from tests.launch.test_real_node import python_image
 from tests.support.harness import QueueProc, launch, setup_provider, wait_state
 from tests.support.kube_fixtures import new_namespace
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 ROTATION = {"containerLogMaxSize": "1Mi", "containerLogMaxFiles": 2, "containerLogMonitorInterval": "3s"}
 SCRIPT = """

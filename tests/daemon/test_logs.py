@@ -103,6 +103,7 @@ def real_stack(real_kube: LocalCluster, real_namespace: str, tmp_path: Path) -> 
         s.kill_all()
 
 
+@pytest.mark.realnode
 async def test_a_log_followed_live_survives_daemon_and_queue_restarts(real_stack: RealStack) -> None:
     s = real_stack
     expected = printed()

@@ -26,7 +26,7 @@ from nymph.launch.state import Reason, pod_reason
 from nymph.localcluster import LocalCluster, host
 from nymph.localcluster.nodeconfig import KUBELET_SYSCTLS, NodeLayout
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 
 def python_image(cluster: LocalCluster) -> str:

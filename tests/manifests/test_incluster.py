@@ -193,6 +193,7 @@ print(f"hello from {iid} in {wd}")
 
 
 @pytest.mark.e2e
+@pytest.mark.realnode
 async def test_a_launch_runs_for_real_through_the_in_cluster_daemon(incluster: InCluster) -> None:
     iid = await launch(incluster, SCRIPT)
     inst = await wait_state(incluster, iid, {"stopped"})
@@ -210,6 +211,7 @@ async def test_a_launch_runs_for_real_through_the_in_cluster_daemon(incluster: I
 
 
 @pytest.mark.e2e
+@pytest.mark.realnode
 def test_the_daemon_pod_acts_with_exactly_the_shipped_role(incluster: InCluster) -> None:
     who = incluster.exec_daemon("kubectl", "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
     assert who.stdout.strip() == f"system:serviceaccount:{SYSTEM}:nymph-daemon", who.stderr
@@ -248,6 +250,7 @@ def test_the_daemon_pod_acts_with_exactly_the_shipped_role(incluster: InCluster)
 
 
 @pytest.mark.e2e
+@pytest.mark.realnode
 async def test_the_audit_log_on_the_node_verifies(incluster: InCluster) -> None:
     iid = await launch(incluster, "print('audited')\n")
     await wait_state(incluster, iid, {"stopped"})
@@ -275,6 +278,7 @@ print("done", iid)
 
 
 @pytest.mark.e2e
+@pytest.mark.realnode
 async def test_deleting_the_daemon_pod_mid_run_loses_and_duplicates_nothing(incluster: InCluster) -> None:
     running = await launch(incluster, SLOW)
     await wait_state(incluster, running, {"running"})
@@ -303,6 +307,7 @@ async def test_deleting_the_daemon_pod_mid_run_loses_and_duplicates_nothing(incl
 
 
 @pytest.mark.e2e
+@pytest.mark.realnode
 async def test_a_direct_launch_from_the_in_cluster_queue_runs_for_real(incluster: InCluster) -> None:
     """dispatch: direct from the queue Pod (read-only root): the kubeconfig, kept in the queue's
     secret store, is staged in the memory-backed /tmp the manifests mount, and the Pod runs."""
