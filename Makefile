@@ -56,10 +56,10 @@ test: install deps envtest ## run the whole suite (unit, queue, daemon, real-clu
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 faults: install deps envtest ## the whole fault suite at full size (200 crash-matrix launches), open_fault checks included
-	NYMPH_FAULT_LAUNCHES=$${NYMPH_FAULT_LAUNCHES:-200} $(BIN)/pytest -q tests/faults -m "faults or open_fault" $(PYTEST_ARGS)
+	NYMPH_FAULT_LAUNCHES=$${NYMPH_FAULT_LAUNCHES:-200} $(BIN)/pytest -q -m "faults or open_fault" $(PYTEST_ARGS)
 
-test-unit: install ## unit tests only (no cluster)
-	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+test-unit: install ## the quick run: every test not marked e2e (no control plane needed)
+	$(BIN)/pytest -q -m "not e2e and not open_fault" $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy --strict and the import-linter layer contracts (.importlinter)
 	$(BIN)/ruff check nymph tests benchmarks
@@ -81,7 +81,7 @@ bench: install envtest ## the benchmark scoreboard: prints a table, writes bench
 	$(BIN)/python benchmarks/daemon_bench.py $(if $(SOAK),--soak 10000)
 	$(BIN)/python benchmarks/daemon_bench.py --markdown bench-results.json > docs/performance.md
 	$(BIN)/python benchmarks/queue_bench.py --backend both
-	NYMPH_REPLICA_LAUNCHES=1000 $(BIN)/pytest -q -s -p no:cacheprovider tests/queue/test_queue_replicas.py -k killed
+	NYMPH_REPLICA_LAUNCHES=1000 $(BIN)/pytest -q -s -p no:cacheprovider tests/queue/test_replicas.py -k killed
 
 # --- for users with Docker (not runnable on machines without a Docker engine) --------------
 image: ## build the nymph image
