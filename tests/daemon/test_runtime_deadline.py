@@ -15,7 +15,7 @@ from nymph.localcluster import LocalCluster
 from tests.launch.test_real_node import python_image
 from tests.support.harness import DaemonProc, QueueProc, daemon_kubeconfig, setup_provider, wait_state
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\nprint('woke up')\n"
 
