@@ -13,6 +13,7 @@ from typing import Any
 
 from nymph.cli import userresults, usersecrets
 from nymph.cli.lazy import handler
+from nymph.cli.paging import DEFAULT_LIMIT, add_paging
 from nymph.cli.userview import NEVER_RAN_EXIT
 from nymph.launch.state import InstanceState
 from nymph.netaddr import DEFAULT_URL
@@ -68,6 +69,7 @@ def register(sub: Any) -> None:
     p.add_argument("--replace", action="store_true", help="replace an existing provider of that name")
     p.set_defaults(func=handler(_CATALOG, "cmd_providers_add"))
     p = psub.add_parser("list", parents=[common], help="list providers")
+    add_paging(p, what="providers", first_page=False)
     p.set_defaults(func=handler(_CATALOG, "cmd_providers_list"))
     for verb, func, text in (
         ("show", handler(_CATALOG, "cmd_providers_show"), "show a provider"),
@@ -76,9 +78,20 @@ def register(sub: Any) -> None:
         p = psub.add_parser(verb, parents=[common], help=text)
         p.add_argument("name")
         p.set_defaults(func=func)
-    p = psub.add_parser("instances", parents=[common], help="list a provider's instances")
+    p = psub.add_parser(
+        "instances",
+        parents=[common],
+        help="list a provider's instances",
+        description="The provider's instances, oldest first. The queue answers a page at a time: "
+        f"without --limit or --all this shows the first {DEFAULT_LIMIT} and says on stderr when more "
+        "follow. Examples: nymph instances my-cluster --state running; nymph instances my-cluster "
+        "--limit 50 (then the command stderr prints, with --continue TOKEN, for the next 50); "
+        "nymph instances my-cluster --all. Instances stopped longer ago than the queue's "
+        "--retention-days are removed (their id then answers 'expired').",
+    )
     p.add_argument("provider", metavar="name")
-    p.add_argument("--state", choices=_STATES)
+    p.add_argument("--state", choices=_STATES, help="only the instances in this state")
+    add_paging(p, what="instances", first_page=True)
     p.set_defaults(func=handler(_VERBS, "cmd_instances"))
     p = psub.add_parser(
         "test",
@@ -114,6 +127,7 @@ def register(sub: Any) -> None:
     p.add_argument("--replace", action="store_true", help="replace an existing mode of that name")
     p.set_defaults(func=handler(_CATALOG, "cmd_modes_add"))
     p = msub.add_parser("list", parents=[common], help="list modes")
+    add_paging(p, what="modes", first_page=False)
     p.set_defaults(func=handler(_CATALOG, "cmd_modes_list"))
     for verb, func, text in (
         ("show", handler(_CATALOG, "cmd_modes_show"), "show a mode"),
@@ -207,9 +221,20 @@ def register(sub: Any) -> None:
     usersecrets.register(sub, common)
     userresults.register(sub, common)
 
-    p = sub.add_parser("instances", parents=[common], help="list a provider's instances")
-    p.add_argument("provider")
-    p.add_argument("--state", choices=_STATES)
+    p = sub.add_parser(
+        "instances",
+        parents=[common],
+        help="list a provider's instances",
+        description="The provider's instances, oldest first. The queue answers a page at a time: "
+        f"without --limit or --all this shows the first {DEFAULT_LIMIT} and says on stderr when more "
+        "follow. Examples: nymph instances my-cluster --state running; nymph instances my-cluster "
+        "--limit 50 (then the command stderr prints, with --continue TOKEN, for the next 50); "
+        "nymph instances my-cluster --all. Instances stopped longer ago than the queue's "
+        "--retention-days are removed (their id then answers 'expired').",
+    )
+    p.add_argument("provider", help="the provider's name")
+    p.add_argument("--state", choices=_STATES, help="only the instances in this state")
+    add_paging(p, what="instances", first_page=True)
     p.set_defaults(func=handler(_VERBS, "cmd_instances"))
 
     p = sub.add_parser(

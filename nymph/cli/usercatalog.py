@@ -10,6 +10,7 @@ import time
 
 import yaml
 
+from nymph.cli.paging import fetch
 from nymph.cli.userverbs import ProbeTimeout, _run
 from nymph.cli.userview import print_checks, table
 from nymph.client import UserClient
@@ -63,7 +64,13 @@ def cmd_providers_add(args: argparse.Namespace) -> int:
 
 def cmd_providers_list(args: argparse.Namespace) -> int:
     async def body(client: UserClient) -> int:
-        items = await client.list_providers()
+        items = await fetch(
+            args,
+            lambda limit, token: client.providers_page(limit=limit, continue_=token),
+            what="providers",
+            first_page=False,
+            command=["providers", "list"],
+        )
         if not items:
             print(f"no providers in namespace {client.namespace}")
             return 0
@@ -159,7 +166,13 @@ def cmd_modes_add(args: argparse.Namespace) -> int:
 
 def cmd_modes_list(args: argparse.Namespace) -> int:
     async def body(client: UserClient) -> int:
-        items = await client.list_modes()
+        items = await fetch(
+            args,
+            lambda limit, token: client.modes_page(limit=limit, continue_=token),
+            what="modes",
+            first_page=False,
+            command=["modes", "list"],
+        )
         if not items:
             print(f"no modes in namespace {client.namespace}")
             return 0

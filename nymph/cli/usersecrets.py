@@ -10,6 +10,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any
 
+from nymph.cli.paging import add_paging, fetch
 from nymph.cli.userview import table
 from nymph.errors import ConfigError
 
@@ -52,7 +53,13 @@ def cmd_secrets_list(args: argparse.Namespace) -> int:
     from nymph.cli.userverbs import _run
 
     async def body(client: UserClient) -> int:
-        items = await client.list_secrets()
+        items = await fetch(
+            args,
+            lambda limit, token: client.secrets_page(limit=limit, continue_=token),
+            what="secrets",
+            first_page=False,
+            command=["secrets", "list"],
+        )
         if not items:
             print(f"no secrets in namespace {client.namespace}")
             return 0
@@ -93,6 +100,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     src.add_argument("--from-env", metavar="VAR", help="read the value from environment variable VAR")
     p.set_defaults(func=cmd_secrets_set)
     p = ssub.add_parser("list", parents=[common], help="list secrets (names and dates only)")
+    add_paging(p, what="secrets", first_page=False)
     p.set_defaults(func=cmd_secrets_list)
     p = ssub.add_parser("rm", parents=[common], help="remove a secret")
     p.add_argument("name")

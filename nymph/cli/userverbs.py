@@ -20,14 +20,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from nymph.cli.paging import fetch
 from nymph.cli.userview import follow, print_instances
 from nymph.client import QueueAuthError, QueueError, QueueNotFound, UserClient, safe_url
 from nymph.client.logs import follow_log
+from nymph.client.paging import Page
 from nymph.errors import ConfigError, NymphError
 from nymph.launch.dreamrc import load_dreamrc, parse_assignments
 from nymph.launch.names import parse_labels
 from nymph.launch.script import read_script
 from nymph.netaddr import DEFAULT_URL
+from nymph.protocol import InstanceJSON
 
 
 class ProbeTimeout(NymphError):
@@ -121,7 +124,13 @@ def _run(args: argparse.Namespace, body: Callable[[UserClient], Awaitable[int]])
 
 def cmd_instances(args: argparse.Namespace) -> int:
     async def body(client: UserClient) -> int:
-        print_instances(await client.list_instances(provider=args.provider, state=args.state))  # type: ignore[arg-type]
+        def page(limit: int | None, token: str | None) -> Awaitable[Page[InstanceJSON]]:
+            return client.instances_page(
+                provider=args.provider, state=args.state, limit=limit, continue_=token
+            )
+
+        command = ["instances", args.provider, *(["--state", args.state] if args.state else [])]
+        print_instances(await fetch(args, page, what="instances", first_page=True, command=command))
         return 0
 
     return _run(args, body)
