@@ -28,10 +28,11 @@ from typing import Any
 import aiohttp
 
 import nymph
-from nymph.queue.auth import Role, create_token
+from nymph.queue.auth import create_token
 from nymph.queue.db import connect
 from nymph.queue.http.app import create_app
 from nymph.queue.http.server import make_runner
+from nymph.queue.models import Role
 
 PATH = "/v1/namespaces/default/providers/kind/instances"
 
