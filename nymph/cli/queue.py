@@ -370,7 +370,8 @@ def register(sub: Any) -> None:
         "--retention-days",
         type=float,
         default=7.0,
-        help="days logs and results are kept after their instance stopped (default 7)",
+        help="days a stopped instance is kept, with its logs and results (default 7); then the "
+        "sweeper deletes it, and its id answers 404 instance_expired",
     )
     p.set_defaults(func=cmd_serve)
 
