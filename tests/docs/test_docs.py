@@ -208,7 +208,7 @@ _NAMEISH = re.compile(r"^[\w.-]+(?:/[\w.-]+)*/?$")
 
 
 def _named_paths(text: str) -> list[str]:
-    """Repository paths a page names in code spans: ``nymph/x.py``, ``tests/faults/`` (no globs
+    """Repository paths a page names in code spans: ``nymph/x.py``, ``tests/support/`` (no globs
     or placeholders); a ``module.py::function`` names its file."""
     out: list[str] = []
     for span in _code(text):
@@ -221,7 +221,7 @@ def _named_paths(text: str) -> list[str]:
 
 @pytest.mark.parametrize("path", PAGES, ids=_rel)
 def test_named_paths_exist(path: Path) -> None:
-    """Every repository path a page names (`nymph/queue/openapi.yaml`, `tests/faults/`) exists."""
+    """Every repository path a page names (`nymph/queue/openapi.yaml`, `tests/support/`) exists."""
     missing = sorted({p for p in _named_paths(path.read_text()) if not (REPO / p).exists()})
     assert not missing, missing
 

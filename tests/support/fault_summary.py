@@ -17,22 +17,31 @@ import pytest
 from tests.support.tally import SUMMARY, TALLY
 
 _written: list[str] = []
+_started: list[str] = []
 
 
-def _runs_the_fault_suite(session: pytest.Session) -> bool:
-    return any(item.get_closest_marker("faults") is not None for item in session.items)
+def _in_the_fault_suite(item: pytest.Item) -> bool:
+    return item.get_closest_marker("faults") is not None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _in_the_fault_suite(item):
+        _started.append(item.nodeid)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def fault_summary(request: pytest.FixtureRequest) -> Iterator[None]:
-    if not _runs_the_fault_suite(request.session):
+    """Set up before any fixture of the first test (so before the fault tests' own fixtures
+    count anything); writes the line at the end if a fault test was started."""
+    if not any(_in_the_fault_suite(item) for item in request.session.items):
         yield
         return
     TALLY.reset()
     try:
         yield
     finally:
-        _written.append(TALLY.write())
+        if _started:
+            _written.append(TALLY.write())
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
