@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,7 +31,7 @@ _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _RESOURCE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
 DB_URL_ENV = "NYMPH_DB_URL"
 #: The token roles (``nymph.queue.models.Role``), for the parser.
-ROLES = ("user", "daemon")
+ROLES = ("user", "daemon", "admin")
 
 
 def default_db_path() -> Path:
@@ -216,6 +217,9 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     from nymph.queue.auth import create_token
     from nymph.queue.models import Role
 
+    if args.role == Role.ADMIN.value and args.namespace:
+        print("nymph: an admin token is for every namespace: leave out --namespace", file=sys.stderr)
+        return 2
     path = _db_path(args)
     created = _write_once(
         path, lambda conn: create_token(conn, role=Role(args.role), namespace=args.namespace, name=args.name)
@@ -380,8 +384,10 @@ def register(sub: Any) -> None:
     p = tsub.add_parser(
         "create",
         help="create a bearer token (printed once, as the last word)",
-        description="Create a token for users (providers, modes, launches) or daemons (the "
-        "dispatch API). Example: nymph queue token create --role daemon --namespace team-a",
+        description="Create a token for users (providers, modes, launches), daemons (the "
+        "dispatch API) or admins (every user route in every namespace, and the only role that "
+        "may set a namespace's quota: nymph quota set). Example: nymph queue token create "
+        "--role daemon --namespace team-a",
     )
     p.add_argument("--db", help=db_help)
     p.add_argument("--role", required=True, choices=ROLES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nymph.cli import userresults, usersecrets
+from nymph.cli import quota, userresults, usersecrets
 from nymph.cli.lazy import handler
 from nymph.cli.paging import DEFAULT_LIMIT, add_paging
 from nymph.cli.userview import NEVER_RAN_EXIT
@@ -260,3 +260,5 @@ def register(sub: Any) -> None:
     p.add_argument("instance_id", metavar="ID")
     p.add_argument("-f", "--follow", action="store_true", help="follow the log until the job ends")
     p.set_defaults(func=handler(_VERBS, "cmd_logs"))
+
+    quota.register(sub, common)

@@ -52,6 +52,22 @@ class UserClient(Paging):
     async def delete_provider(self, *, name: str, namespace: str | None = None) -> None:
         await self.request("DELETE", f"{self._ns(namespace)}/providers/{seg(name)}")
 
+    # quotas (setting one, or listing every namespace's, takes an admin token)
+
+    async def get_quota(self, *, namespace: str | None = None) -> dict[str, Any]:
+        """A namespace's scheduling settings and what its running launches hold now."""
+        return cast(dict[str, Any], await self.request("GET", f"{self._ns(namespace)}/quota"))
+
+    async def set_quota(self, settings: Mapping[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
+        """Change a namespace's settings: keys left out stay, ``None`` removes a limit."""
+        return cast(
+            dict[str, Any], await self.request("PUT", f"{self._ns(namespace)}/quota", json=dict(settings))
+        )
+
+    async def list_quotas(self) -> list[dict[str, Any]]:
+        answer = cast(dict[str, Any], await self.request("GET", "/v1/quotas"))
+        return list(answer["items"])
+
     async def create_mode(
         self,
         *,

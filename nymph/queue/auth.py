@@ -40,6 +40,8 @@ def create_token(
     """Insert a new token (hash only) inside the caller's transaction; return it once."""
     if namespace is not None:
         names.check_namespace(namespace, field="--namespace")
+    if role is Role.ADMIN and namespace is not None:
+        raise ValueError("an admin token is for every namespace: leave out --namespace")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token_id = "tok-" + secrets.token_hex(6)
     conn.execute(

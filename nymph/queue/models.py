@@ -16,6 +16,8 @@ from nymph.queue.direct.settings import DirectSettings
 class Role(str, enum.Enum):
     USER = "user"
     DAEMON = "daemon"
+    #: An operator: every user route in every namespace, and the namespaces' quotas.
+    ADMIN = "admin"
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from nymph.queue.lists import PagedLists
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
 from nymph.queue.notify import KeyedSignal, WorkSignal
 from nymph.queue.output import LOG_KEY, OutputStore
+from nymph.queue.quotabook import QuotaBook
 from nymph.queue.sql import catalog, dispatch, instances, launches
 from nymph.queue.sql import reports as sql_reports
 
@@ -63,6 +64,8 @@ class Store:
         self.direct = DirectRecords(db=db)
         #: Paged lists (instances, secrets, providers, modes, daemons).
         self.lists = PagedLists(db=db)
+        #: Namespaces' scheduling settings (weights, quotas, runtime limits) and usage.
+        self.quotas = QuotaBook(db=db)
         #: The expiry of stopped instances (run by the sweeper).
         self.expiry = InstanceExpiry(db=db, settings=settings.output)
 

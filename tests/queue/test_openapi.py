@@ -67,6 +67,8 @@ class Conformance:
             token = self.served.user_token
         elif token == "daemon":
             token = self.served.daemon_token
+        elif token == "admin":
+            token = self.served.admin_token
         if token:
             hdrs["Authorization"] = f"Bearer {token}"
         if body is not None:
@@ -264,6 +266,20 @@ def test_every_operation_conforms(served: Served) -> None:
     call("GET", NS + "/secrets", expect=200)
     call("DELETE", NS + "/secrets/kc", expect=204)
     call("DELETE", NS + "/secrets/kc", expect=404)
+
+    call("GET", NS + "/quota", expect=200)
+    call("PUT", NS + "/quota", body={"maxRunning": 5}, expect=403)
+    call("PUT", NS + "/quota", body={"maxRunning": "5"}, token="admin", expect=400)
+    quota = {
+        "weight": 2,
+        "maxRunning": 5,
+        "resources": {"cpu": "8"},
+        "maxRuntime": "2h",
+        "defaultRuntime": None,
+    }
+    call("PUT", NS + "/quota", body=quota, token="admin", expect=200)
+    call("GET", "/v1/quotas", token="admin", expect=200)
+    call("GET", "/v1/quotas", expect=403)
 
     assert call.seen == ALL_OPERATIONS, sorted(ALL_OPERATIONS - call.seen)
     assert {400, 401, 403, 404, 409, 413, 422} <= call.statuses

@@ -231,7 +231,7 @@ def test_serve_imports_a_token_from_a_file(tmp_path: Path) -> None:
         f"127.0.0.1:{port}",
     ]
     bad = subprocess.run(
-        [*argv, "--import-token", "admin:" + str(token_file)], capture_output=True, text=True, timeout=30
+        [*argv, "--import-token", "root:" + str(token_file)], capture_output=True, text=True, timeout=30
     )
     assert bad.returncode == 2 and "expected ROLE:FILE" in bad.stderr
     proc = subprocess.Popen(

@@ -162,7 +162,7 @@ def test_token_create_prints_the_token_last_and_stores_a_hash(tmp_path: Path, ro
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("q.db*"))
     assert token.encode() not in raw
     out = subprocess.run(
-        nymph("queue", "token", "create", "--db", str(db), "--role", "admin"),
+        nymph("queue", "token", "create", "--db", str(db), "--role", "root"),
         capture_output=True,
         text=True,
         timeout=60,

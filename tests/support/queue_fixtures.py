@@ -99,7 +99,12 @@ def served(tmp_path: Path, queue_db: Path | str, served_settings: QueueSettings)
     q, runner = asyncio.run_coroutine_threadsafe(opened, loop).result(30)
     try:
         yield Served(
-            url=q.url, db_path=q.db_path, user_token=q.user_token, daemon_token=q.daemon_token, loop=loop
+            url=q.url,
+            db_path=q.db_path,
+            user_token=q.user_token,
+            daemon_token=q.daemon_token,
+            loop=loop,
+            admin_token=q.admin_token,
         )
     finally:
         asyncio.run_coroutine_threadsafe(q.close(), loop).result(10)

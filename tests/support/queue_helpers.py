@@ -90,6 +90,8 @@ class Queue:
     user_token: str
     daemon_token: str
     backend: str = "sqlite"
+    #: An admin token (namespaces' quotas; every user route in every namespace).
+    admin_token: str = ""
     _clients: list[QueueClient] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
     _sessions: dict[tuple[str, str, tuple[str, ...], str], str] = field(default_factory=dict)
@@ -217,6 +219,7 @@ async def open_queue(
     store = app[STORE]
     user = await store.db.write(lambda conn: create_token(conn, role=Role.USER, name="alice"))
     daemon = await store.db.write(lambda conn: create_token(conn, role=Role.DAEMON))
+    admin = await store.db.write(lambda conn: create_token(conn, role=Role.ADMIN, name="ops"))
     q = Queue(
         url=url,
         db_path=tmp_path / "queue.db",
@@ -224,6 +227,7 @@ async def open_queue(
         user_token=user.token,
         daemon_token=daemon.token,
         backend="sqlite" if isinstance(db, Path) else "postgresql",
+        admin_token=admin.token,
     )
     return q, runner
 
@@ -263,6 +267,7 @@ class Served:
     user_token: str
     daemon_token: str
     loop: asyncio.AbstractEventLoop
+    admin_token: str = ""
 
     def run(self, coro: Awaitable[T], timeout: float = 30.0) -> T:
         fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from nymph.launch.config import connection_kwargs
+from nymph.launch.placement import Needs
 from nymph.launch.render import render_pod
 from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
 from nymph.protocol import LaunchAccepted, TaskKind, now
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.launches import Guard, accept
 from nymph.queue.sql.rows import fetch_instance
+from nymph.queue.sql.schedule import charge_text
 from nymph.queue.sql.tasks import new_task_id
 from nymph.queue.sql.transitions import record_termination, transition
 
@@ -67,9 +69,11 @@ def record_launch(
     spec = got.spec
     connection = {**connection_kwargs(got.provider, got.mode), "namespace": spec.namespace}
     pod = dict(render_pod(spec))
+    # Its Pod is created now: it counts towards its namespace's share and quota from here.
+    charge = charge_text(Needs.from_spec(spec.to_json()).requests)
     conn.execute(
-        "UPDATE instances SET dispatch = 'direct', connection = ?, pod = ? WHERE instance_id = ?",
-        (json.dumps(connection), json.dumps(pod), spec.instance_id),
+        "UPDATE instances SET dispatch = 'direct', connection = ?, pod = ?, charge = ? WHERE instance_id = ?",
+        (json.dumps(connection), json.dumps(pod), charge, spec.instance_id),
     )
     return DirectLaunch(
         accepted=got.accepted, state=InstanceState.QUEUED.value, connection=connection, pod=pod

@@ -20,7 +20,7 @@ from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, DaemonJSON, iso
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
-from nymph.queue.sql import binding, placement
+from nymph.queue.sql import binding, placement, schedule
 from nymph.queue.sql.dialect import Conn, for_update
 from nymph.queue.sql.retire import retire
 from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, task_json
@@ -55,14 +55,16 @@ _FETCH = "SELECT * FROM tasks WHERE seq IN ({marks}) ORDER BY seq"
 
 
 def _claimable(req: ClaimRequest, *, scope: str | None, now: float, fallback: float) -> tuple[str, list[Any]]:
+    """The tasks handed out in order, before the scheduler's: stops, probes (and launches
+    queued before launches had a scheduling group)."""
     clauses = [
-        "t.status IN ('pending', 'leased')",
-        "(t.status = 'pending' OR t.lease_expires <= ?)",
+        "t.status = 'pending'",
+        "t.grp IS NULL",
         "t.not_before <= ?",
         f"(t.after_task IS NULL OR a.status IN ({_FINISHED_SQL}))",
         "(t.kind != 'stop' OR i.node IS NULL OR i.node = ? OR " + _READY_SINCE + " <= ?)",
     ]
-    params: list[Any] = [now, now, req.node, now - fallback]
+    params: list[Any] = [now, req.node, now - fallback]
     if scope is not None:
         clauses.append("t.namespace = ?")
         params.append(scope)
@@ -76,7 +78,8 @@ def _next_due(conn: Conn, *, node: str, now: float, fallback: float) -> float | 
     row = conn.execute(
         f"""
         SELECT MIN(due) FROM (
-            SELECT not_before AS due FROM tasks WHERE status = 'pending' AND not_before > :now
+            SELECT not_before AS due FROM tasks
+                WHERE status = 'pending' AND not_before > 0 AND not_before > :now
             UNION ALL
             SELECT lease_expires FROM tasks WHERE status = 'leased' AND lease_expires > :now
             UNION ALL
@@ -127,12 +130,45 @@ def _seen(conn: Conn, *, req: ClaimRequest, now: float) -> None:
 
 def _work_elsewhere(conn: Conn, *, now: float) -> bool:
     """Whether any task at all is waiting to be claimed (by whichever daemon may take it)."""
+    pending = conn.execute(
+        "SELECT 1 FROM tasks WHERE status = 'pending' AND not_before <= ? LIMIT 1", (now,)
+    ).fetchone()
+    return pending is not None or _expired_leases(conn, now=now)
+
+
+def _expired_leases(conn: Conn, *, now: float) -> bool:
     row = conn.execute(
-        "SELECT 1 FROM tasks WHERE (status = 'pending' AND not_before <= ?) "
-        "OR (status = 'leased' AND lease_expires <= ?) LIMIT 1",
-        (now, now),
+        "SELECT 1 FROM tasks WHERE status = 'leased' AND lease_expires <= ? LIMIT 1", (now,)
     ).fetchone()
     return row is not None
+
+
+def _requeue_expired(conn: Conn, *, now: float) -> int:
+    """Hand expired leases back to the queue (each goes where its kind and group are taken)."""
+    cur = conn.execute(
+        "UPDATE tasks SET status = 'pending', last_owner = lease_owner, lease_owner = NULL, lease_expires = NULL, "
+        "updated_at = ? WHERE status = 'leased' AND lease_expires <= ?",
+        (now, now),
+    )
+    return cur.rowcount
+
+
+def _scheduled(
+    conn: Conn, *, req: ClaimRequest, scope: str | None, now: float, limit: int, lock: bool = False
+) -> list[schedule.Head]:
+    """The launches the scheduler hands this daemon (see :mod:`nymph.queue.sql.schedule`)."""
+    if lock:
+        schedule.lock_namespaces(conn, kube_namespaces=req.namespaces, scope=scope, now=now)
+    used = None if req.node_info is None else placement.placed_on(conn, node=req.node, now=now)
+    return schedule.plan(
+        conn,
+        kube_namespaces=req.namespaces,
+        scope=scope,
+        offer=req.node_info,
+        used_on_node=used,
+        now=now,
+        limit=limit,
+    )
 
 
 def idle_claim(
@@ -143,9 +179,13 @@ def idle_claim(
     if not _seen_fresh(conn, req=req, now=now):
         return None
     if req.capacity > 0:
+        if _expired_leases(conn, now=now):
+            return None
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
         # Only constant fragments and "?" placeholders are formatted into this statement.
         if conn.execute(_SELECT_CLAIMABLE.format(where=where, lock=""), [*params, 1]).fetchone() is not None:
+            return None
+        if _scheduled(conn, req=req, scope=scope, now=now, limit=1):
             return None
     return ClaimResult(
         tasks=[],
@@ -164,6 +204,7 @@ def claim(
 ) -> ClaimResult:
     _seen(conn, req=req, now=now)
     settled = retire(conn, now=now)
+    _requeue_expired(conn, now=now)
     tasks = []
     if req.capacity > 0:
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
@@ -182,10 +223,15 @@ def claim(
             seqs = placement.pick(
                 conn, rows, offer=req.node_info, node=req.node, capacity=req.capacity, now=now
             )
+        room = req.capacity - len(tasks) - len(seqs)
+        if room > 0:
+            picked = _scheduled(conn, req=req, scope=scope, now=now, limit=room, lock=True)
+            schedule.mark_charged(conn, picked)
+            seqs = [*seqs, *(h.candidate.seq for h in picked)]
         if seqs:
             marks = ",".join("?" * len(seqs))
             conn.execute(_LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs])
-            tasks = [task_json(r) for r in conn.execute(_FETCH.format(marks=marks), seqs)]
+            tasks = [*tasks, *(task_json(r) for r in conn.execute(_FETCH.format(marks=marks), seqs))]
     next_due = None
     elsewhere = False
     if not tasks:

@@ -17,12 +17,14 @@ from nymph.launch import names
 from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
 from nymph.launch.podpolicy import check_pod_spec
 from nymph.launch.render import manifest_sha256, render_pod
+from nymph.launch.runlimits import apply_runtime_limits
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState
 from nymph.protocol import LaunchAccepted, TaskKind, iso, now
 from nymph.queue.errors import BadRequest, Conflict
 from nymph.queue.sql import catalog, idempotency
 from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.quotas import get_quota
 from nymph.queue.sql.tasks import insert_task
 
 PROBE_SCRIPT = "print('nymph probe')\n"
@@ -84,6 +86,18 @@ def build_spec(
     return spec
 
 
+def _runtime_limited(conn: Conn, spec: LaunchSpec, *, ns: str) -> LaunchSpec:
+    """The spec under its namespace's ``defaultRuntime`` and ``maxRuntime`` (a 400 naming the
+    cap when it asks for more)."""
+    quota = get_quota(conn, ns)
+    if quota.max_runtime is None and quota.default_runtime is None:
+        return spec
+    try:
+        return apply_runtime_limits(spec, default=quota.default_runtime, cap=quota.max_runtime)
+    except ValidationError as exc:
+        raise BadRequest(str(exc), code="invalid_launch") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Acceptance:
     """What accepting a launch gave: its 202 body, and for a new launch (not an Idempotency-Key
@@ -122,6 +136,7 @@ def accept(
         ns=ns,
         guard=guard,
     )
+    spec = _runtime_limited(conn, spec, ns=ns)
     accepted = _new_instance(
         conn,
         first_id=spec.instance_id,

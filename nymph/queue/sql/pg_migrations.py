@@ -220,4 +220,27 @@ PG_MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX expired_instances_by_age ON expired_instances (expired_at);
     """,
+    # 6: a queue that schedules (SQLite migration 9; see there).
+    """
+    ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tasks ADD COLUMN grp TEXT COLLATE "C";
+    CREATE INDEX tasks_queue ON tasks (grp, priority DESC, seq) WHERE status = 'pending';
+    CREATE INDEX tasks_plain ON tasks (seq) WHERE status = 'pending' AND grp IS NULL;
+    CREATE INDEX tasks_due ON tasks (not_before) WHERE status = 'pending' AND not_before > 0;
+    CREATE INDEX tasks_pending_ns ON tasks (namespace, priority DESC, seq)
+        WHERE status = 'pending' AND grp IS NOT NULL;
+    ALTER TABLE instances ADD COLUMN charge TEXT COLLATE "C";
+    CREATE INDEX instances_charged ON instances (namespace) WHERE charge IS NOT NULL;
+    CREATE TABLE quotas (
+        namespace TEXT COLLATE "C" PRIMARY KEY,
+        weight TEXT COLLATE "C" NOT NULL DEFAULT '1',
+        max_running INTEGER,
+        resources TEXT COLLATE "C",
+        max_runtime INTEGER,
+        default_runtime INTEGER,
+        updated_at DOUBLE PRECISION NOT NULL
+    );
+    ALTER TABLE tokens DROP CONSTRAINT tokens_role_check;
+    ALTER TABLE tokens ADD CONSTRAINT tokens_role_check CHECK (role IN ('user', 'daemon', 'admin'));
+    """,
 )

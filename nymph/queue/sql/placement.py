@@ -6,12 +6,12 @@ waits when no live daemon's node can run it. The matching itself is
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from nymph.launch.placement import Needs, NodeOffer, add, misfit, why_waiting
 from nymph.queue.sql.dialect import Conn, Row
+from nymph.queue.sql.tasks import insert_task
 
 #: A daemon that claimed within this many seconds counts as live for the waiting reason (a
 #: claim long-polls up to a minute; its record is refreshed when the claim starts).
@@ -237,24 +237,16 @@ def _insert(
     grace: int | None,
     now: float,
 ) -> str:
-    task_id = f"task-{secrets.token_hex(8)}"
-    conn.execute(
-        "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
-        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at) "
-        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            task_id,
-            kind,
-            launch["namespace"],
-            launch["kube_namespace"],
-            launch["provider"],
-            launch["instance_id"],
-            None if spec is None else json.dumps(spec),
-            launch["requester"],
-            after,
-            grace,
-            now,
-            now,
-        ),
+    return insert_task(
+        conn,
+        kind=kind,
+        ns=launch["namespace"],
+        kube_ns=launch["kube_namespace"],
+        provider=launch["provider"],
+        instance_id=launch["instance_id"],
+        spec=spec,
+        requester=launch["requester"],
+        ts=now,
+        after=after,
+        grace=grace,
     )
-    return task_id

@@ -4,6 +4,7 @@ the database thread); an instance's state changes in :mod:`nymph.queue.sql.trans
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from nymph.protocol import (
     iso,
 )
 from nymph.queue.models import DaemonSession
+from nymph.queue.sql import waiting
 from nymph.queue.sql.dialect import Conn, Row
 
 INSTANCE_COLUMNS = (
@@ -60,10 +62,14 @@ def instances_json(conn: Conn, rows: Sequence[Row]) -> list[InstanceJSON]:
         )
         for r in rows
     ]
+    # Why a queued launch waits: no live daemon's node can run it (see queue.sql.placement),
+    # else its quota or where it stands in its namespace's queue (see queue.sql.waiting).
+    standing = waiting.reasons(conn, rows, now=time.time())
     for item, r in zip(out, rows, strict=True):
-        # Why a queued launch waits: no live daemon's node can run it (see queue.sql.placement).
         if r["waiting"] and r["state"] == "queued":
             item["waiting"] = r["waiting"]
+        elif r["instance_id"] in standing:
+            item["waiting"] = standing[r["instance_id"]]
         if r["exit_code"] is not None:
             item["exitCode"] = int(r["exit_code"])
             item["terminationReason"] = r["termination_reason"] or ""

@@ -1,5 +1,5 @@
 """Task rows: their ids and one insert every kind of task goes through (synchronous SQL inside
-the caller's transaction)."""
+the caller's transaction), which files a launch under its scheduling group and priority."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import secrets
 from typing import Any
 
 from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.schedule import group_of, priority_of
 
 
 def new_task_id() -> str:
@@ -31,8 +32,8 @@ def insert_task(
     task_id = new_task_id()
     conn.execute(
         "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
-        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at) "
-        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at, grp, priority) "
+        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             task_id,
             kind,
@@ -46,6 +47,8 @@ def insert_task(
             grace,
             ts,
             ts,
+            group_of(kind=kind, namespace=ns, kube_namespace=kube_ns, spec=spec),
+            priority_of(spec),
         ),
     )
     return task_id

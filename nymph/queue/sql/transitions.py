@@ -48,10 +48,12 @@ def transition(
         row["node"],
     ):
         return False
+    # A stopped instance no longer counts towards its namespace's share and quota.
     conn.execute(
         "UPDATE instances SET state = ?, reason = ?, message = ?, node = ?, updated_at = ?, "
-        "version = version + 1 WHERE instance_id = ?",
-        (new_state, new_reason, new_message, new_node, now, instance_id),
+        "version = version + 1, charge = CASE WHEN ? = 'stopped' THEN NULL ELSE charge END "
+        "WHERE instance_id = ?",
+        (new_state, new_reason, new_message, new_node, now, new_state, instance_id),
     )
     if (new_state, new_reason) != (row["state"], row["reason"]):
         conn.execute(

@@ -1,0 +1,289 @@
+"""The inputs of a scheduling decision, read in SQL (synchronous, inside the caller's
+transaction), and the plan of one claim. The decision itself is :mod:`nymph.queue.scheduling`.
+
+Claimable launches are indexed by *group*: ``<kube namespace>/<namespace>/<shape>``, where the
+shape is a digest of the launch's placement needs (node selector, tolerations, requests, nodes
+to avoid), which repeat (most launches share a few modes). A claim reads the head of each
+group (highest priority, then oldest) with one index seek per group, never the rows behind a
+head, so the cost of a claim grows with the number of groups, not with the backlog: a launch
+no live daemon can run holds back only the launches of its own group, never one behind it
+that some daemon can run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from nymph.launch.placement import Needs, NodeOffer, add, misfit
+from nymph.protocol import FINISHED_STATUSES, TaskKind
+from nymph.queue.scheduling import SLOTS, Candidate, Usage, charge, pick_next
+from nymph.queue.sql.dialect import Conn, is_postgres
+from nymph.queue.sql.quotas import all_quotas
+
+#: A daemon that claimed within this many seconds counts as live (see sql.placement).
+LIVE_SECONDS = 150.0
+_FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
+#: Above every kube namespace name (DNS labels: a-z, 0-9, '-') in bytewise order.
+_TOP = "~"
+_GROUPS = """
+WITH RECURSIVE g(grp) AS (
+    SELECT (SELECT MIN(grp) FROM tasks WHERE status = 'pending' AND grp > ? AND grp < ?)
+    UNION ALL
+    SELECT (SELECT MIN(t.grp) FROM tasks t WHERE t.status = 'pending' AND t.grp > g.grp AND t.grp < ?)
+    FROM g WHERE g.grp IS NOT NULL
+)
+SELECT grp FROM g WHERE grp IS NOT NULL
+"""
+#: The claimable head of one group after ``(priority, seq)`` (the first call passes a key
+#: above every task). A task after another (a moved launch after its stop) waits for it.
+_HEAD = f"""
+SELECT t.seq, t.grp, t.kind, t.namespace, t.priority, t.created_at, t.instance_id,
+       (SELECT i.charge FROM instances i WHERE i.instance_id = t.instance_id) AS charge
+FROM tasks t
+WHERE t.status = 'pending' AND t.grp = ? AND t.not_before <= ?
+  AND (t.priority < ? OR (t.priority = ? AND t.seq > ?))
+  AND (t.after_task IS NULL OR EXISTS (
+        SELECT 1 FROM tasks a WHERE a.task_id = t.after_task AND a.status IN ({_FINISHED_SQL})))
+ORDER BY t.priority DESC, t.seq
+LIMIT 1
+"""  # noqa: S608 - constant fragments only
+_ABOVE_ALL = (10**9, 10**9, -1)
+
+
+def shape_of(kind: str, spec: Mapping[str, Any] | None) -> str:
+    """The digest of what a launch needs of its node (equal needs, equal shape)."""
+    if kind == TaskKind.DOCKYARD.value:
+        return "dockyard"
+    spec = spec or {}
+    needs = {k: spec.get(k) for k in ("nodeSelector", "tolerations", "resources", "avoidNodes")}
+    text = json.dumps(needs, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def group_of(*, kind: str, namespace: str, kube_namespace: str, spec: Mapping[str, Any] | None) -> str | None:
+    """The group a new task is queued in, or None for one the scheduler does not order (stops
+    and probes are handed out first, in order)."""
+    if kind not in (TaskKind.LAUNCH.value, TaskKind.DOCKYARD.value):
+        return None
+    return f"{kube_namespace}/{namespace}/{shape_of(kind, spec)}"
+
+
+def priority_of(spec: Mapping[str, Any] | None) -> int:
+    value = (spec or {}).get("priority", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@dataclass(frozen=True)
+class Head:
+    """The next task of one group, as a scheduling candidate with what the node check needs."""
+
+    grp: str
+    kind: str
+    instance_id: str | None
+    needs: Needs
+    candidate: Candidate
+
+
+#: Placement needs by group: a group's shape is the digest of its needs, so they never change.
+_NEEDS: dict[str, Needs] = {}
+_NEEDS_MAX = 4096
+
+
+def needs_of(conn: Conn, grp: str, seq: int) -> Needs:
+    """The placement needs of a group (read from one of its tasks once, then remembered)."""
+    hit = _NEEDS.get(grp)
+    if hit is not None:
+        return hit
+    row = conn.execute("SELECT spec FROM tasks WHERE seq = ?", (seq,)).fetchone()
+    try:
+        spec = json.loads(row[0]) if row is not None and row[0] else None
+    except ValueError:
+        spec = None
+    needs = Needs.from_spec(spec if isinstance(spec, Mapping) else None)
+    if len(_NEEDS) >= _NEEDS_MAX:
+        _NEEDS.clear()
+    _NEEDS[grp] = needs
+    return needs
+
+
+def _head(conn: Conn, grp: str, *, now: float, after: tuple[int, int, int] = _ABOVE_ALL) -> Head | None:
+    priority, same, seq = after
+    row = conn.execute(_HEAD, (grp, now, priority, same, seq)).fetchone()
+    if row is None:
+        return None
+    needs = needs_of(conn, grp, int(row["seq"]))
+    return Head(
+        grp=grp,
+        kind=row["kind"],
+        instance_id=row["instance_id"],
+        needs=needs,
+        candidate=Candidate(
+            seq=int(row["seq"]),
+            namespace=row["namespace"],
+            priority=int(row["priority"]),
+            queued_at=float(row["created_at"]),
+            requests=needs.requests,
+            charged=row["charge"] is not None,
+        ),
+    )
+
+
+def groups(conn: Conn, *, kube_namespaces: Sequence[str]) -> list[str]:
+    """Every group with a pending task, in the given kube namespaces (empty: all)."""
+    ranges = [(f"{k}/", f"{k}0") for k in sorted(set(kube_namespaces))] or [("", _TOP)]
+    out: list[str] = []
+    for lo, hi in ranges:
+        out.extend(str(r[0]) for r in conn.execute(_GROUPS, (lo, hi, hi)))
+    return out
+
+
+def heads(conn: Conn, *, kube_namespaces: Sequence[str], scope: str | None, now: float) -> list[Head]:
+    """The claimable head of every group a daemon serving ``kube_namespaces`` with a token
+    scoped to ``scope`` may take."""
+    out = []
+    for grp in groups(conn, kube_namespaces=kube_namespaces):
+        if scope is not None and grp.split("/", 2)[1] != scope:
+            continue
+        head = _head(conn, grp, now=now)
+        if head is not None:
+            out.append(head)
+    return out
+
+
+def usage(conn: Conn) -> dict[str, Usage]:
+    """What each namespace's running launches hold (those counted since their lease or Pod)."""
+    out: dict[str, Usage] = {}
+    for r in conn.execute(
+        "SELECT namespace, charge, COUNT(*) FROM instances WHERE charge IS NOT NULL GROUP BY namespace, charge"
+    ):
+        requests = _charge_requests(r[1])
+        cur = out.get(r[0], Usage())
+        count = int(r[2])
+        out[r[0]] = Usage(
+            running=cur.running + count,
+            requests=add(cur.requests, {k: v * count for k, v in requests.items()}),
+        )
+    return out
+
+
+def charge_text(requests: Mapping[str, Fraction]) -> str:
+    return json.dumps({k: str(v) for k, v in sorted(requests.items())}, separators=(",", ":"))
+
+
+def _charge_requests(text: str | None) -> dict[str, Fraction]:
+    try:
+        data = json.loads(text) if text else {}
+        return {str(k): Fraction(str(v)) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (ValueError, ZeroDivisionError):
+        return {}
+
+
+_OFFERS: dict[str, NodeOffer | None] = {}
+
+
+def _offer(text: str | None) -> NodeOffer | None:
+    if not text:
+        return None
+    if text not in _OFFERS:
+        if len(_OFFERS) >= _NEEDS_MAX:
+            _OFFERS.clear()
+        try:
+            _OFFERS[text] = NodeOffer.from_json(json.loads(text))
+        except ValueError:
+            _OFFERS[text] = None
+    return _OFFERS[text]
+
+
+def totals(conn: Conn, *, now: float) -> dict[str, Fraction]:
+    """What the live daemons offer together: their nodes' allocatable (each node once) and their
+    slots (capacity)."""
+    out: dict[str, Fraction] = {SLOTS: Fraction(0)}
+    nodes: set[str] = set()
+    for r in conn.execute(
+        "SELECT node, capacity, node_info FROM daemons WHERE last_seen > ?", (now - LIVE_SECONDS,)
+    ):
+        out[SLOTS] += max(int(r["capacity"] or 0), 0)
+        offer = _offer(r["node_info"])
+        if offer is not None and r["node"] not in nodes:
+            nodes.add(r["node"])
+            out = add(out, offer.allocatable)
+    return out
+
+
+def plan(
+    conn: Conn,
+    *,
+    kube_namespaces: Sequence[str],
+    scope: str | None,
+    offer: NodeOffer | None,
+    used_on_node: Mapping[str, Fraction] | None,
+    now: float,
+    limit: int,
+) -> list[Head]:
+    """Up to ``limit`` tasks for a daemon, chosen one at a time by :func:`pick_next` among the
+    group heads its node can run (with what it picked so far placed on it)."""
+    if limit <= 0:
+        return []
+    pending = heads(conn, kube_namespaces=kube_namespaces, scope=scope, now=now)
+    if not pending:
+        return []
+    have_quotas = all_quotas(conn)
+    held = usage(conn)
+    offered = totals(conn, now=now)
+    on_node = dict(used_on_node or {})
+    picked: list[Head] = []
+    while pending and len(picked) < limit:
+        by_seq = {
+            h.candidate.seq: h
+            for h in pending
+            if offer is None
+            or h.kind != TaskKind.LAUNCH.value
+            or misfit(h.needs, offer, used=on_node) is None
+        }
+        chosen = pick_next(
+            list(c.candidate for c in by_seq.values()), quotas=have_quotas, usage=held, totals=offered
+        )
+        if chosen is None:
+            break
+        head = by_seq[chosen.seq]
+        picked.append(head)
+        held = charge(held, chosen)
+        if head.kind == TaskKind.LAUNCH.value:
+            on_node = add(on_node, head.needs.requests)
+        c = head.candidate
+        following = _head(conn, head.grp, now=now, after=(c.priority, c.priority, c.seq))
+        pending = [h for h in pending if h.grp != head.grp] + ([following] if following else [])
+    return picked
+
+
+#: The advisory lock class of a namespace's claims on PostgreSQL ("nymp"; the key is the hash
+#: of the namespace's name).
+NAMESPACE_LOCK = 0x6E796D70
+
+
+def lock_namespaces(conn: Conn, *, kube_namespaces: Sequence[str], scope: str | None, now: float) -> None:
+    """On PostgreSQL, where replicas' claims run at once, serialise the claims that may hand out
+    launches of the same namespaces (so two never both see room under one quota), in name
+    order (no deadlock); claims of other namespaces do not wait. SQLite writes one at a time."""
+    if not is_postgres(conn):
+        return
+    names = sorted(
+        {h.candidate.namespace for h in heads(conn, kube_namespaces=kube_namespaces, scope=scope, now=now)}
+    )
+    for name in names:
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (NAMESPACE_LOCK, name))
+
+
+def mark_charged(conn: Conn, picked: Sequence[Head]) -> None:
+    """Count each picked launch as running from now (until it is stopped)."""
+    for head in picked:
+        if head.instance_id and not head.candidate.charged:
+            conn.execute(
+                "UPDATE instances SET charge = ? WHERE instance_id = ? AND charge IS NULL",
+                (charge_text(head.needs.requests), head.instance_id),
+            )

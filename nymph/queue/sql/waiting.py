@@ -1,0 +1,109 @@
+"""Why a queued launch is not running yet, worked out when it is read (synchronous SQL inside
+the caller's read): never written per launch, so a backlog of 100,000 costs a claim nothing.
+
+In order: no live daemon's node can run it (kept by the sweeper, see
+:mod:`nymph.queue.sql.placement`), its namespace's quota holds it (``team-a at maxRunning 50
+of 50``), or where it stands (``3rd of 40 in team-a``), with the namespaces served first
+because they are below their share (``team-b is below its share``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+from nymph.queue.scheduling import Quota, Usage, ordinal, quota_blocks, weighted_share
+from nymph.queue.sql import schedule
+from nymph.queue.sql.dialect import Conn, Row
+from nymph.queue.sql.quotas import all_quotas
+
+#: Above this many queued launches read at once, positions come from one ranked read of each
+#: namespace's queue instead of one count per launch.
+_RANK_ALL = 20
+
+_PENDING_OF = (
+    "SELECT t.instance_id, t.seq, t.priority, t.grp FROM tasks t "
+    "WHERE t.instance_id IN ({marks}) AND t.status = 'pending' AND t.grp IS NOT NULL"
+)
+_AHEAD = (
+    "SELECT COUNT(*) FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ? "
+    "AND (priority > ? OR (priority = ? AND seq < ?))"
+)
+_QUEUED_IN = "SELECT COUNT(*) FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ?"
+_RANKED = (
+    "SELECT seq FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ? "
+    "ORDER BY priority DESC, seq"
+)
+
+
+def _below_share(
+    conn: Conn,
+    namespace: str,
+    *,
+    quotas: Mapping[str, Quota],
+    usage: Mapping[str, Usage],
+    totals: Mapping[str, Fraction],
+) -> list[str]:
+    """The other namespaces with queued launches whose share is below this one's (served first)."""
+    mine = weighted_share(usage.get(namespace, Usage()), quotas.get(namespace, Quota()), totals)
+    out = []
+    for grp in schedule.groups(conn, kube_namespaces=()):
+        other = grp.split("/", 2)[1]
+        if other == namespace or other in out:
+            continue
+        if weighted_share(usage.get(other, Usage()), quotas.get(other, Quota()), totals) < mine:
+            out.append(other)
+    return sorted(out)
+
+
+def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
+    """The waiting reason of each queued instance in ``rows`` that has a launch in the queue."""
+    queued = [r for r in rows if r["state"] == "queued" and not r["waiting"]]
+    if not queued:
+        return {}
+    pending: dict[str, Row] = {}
+    ids = [r["instance_id"] for r in queued]
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        sql = _PENDING_OF.format(marks=",".join("?" * len(chunk)))
+        for t in conn.execute(sql, chunk):
+            pending[t["instance_id"]] = t
+    if not pending:
+        return {}
+    quotas = all_quotas(conn)
+    usage = schedule.usage(conn)
+    totals = schedule.totals(conn, now=now)
+    namespaces = {r["instance_id"]: r["namespace"] for r in queued}
+    sizes: dict[str, int] = {}
+    ranks: dict[str, dict[int, int]] = {}
+    below: dict[str, list[str]] = {}
+    out: dict[str, str] = {}
+    for instance_id, t in pending.items():
+        ns = namespaces[instance_id]
+        if ns not in sizes:
+            sizes[ns] = int(conn.execute(_QUEUED_IN, (ns,)).fetchone()[0])
+        if len(pending) > _RANK_ALL:
+            if ns not in ranks:
+                ranks[ns] = {int(r[0]): i for i, r in enumerate(conn.execute(_RANKED, (ns,)))}
+            ahead = ranks[ns].get(int(t["seq"]), 0)
+        else:
+            p, seq = int(t["priority"]), int(t["seq"])
+            ahead = int(conn.execute(_AHEAD, (ns, p, p, seq)).fetchone()[0])
+        text = f"{ordinal(ahead + 1)} of {sizes[ns]} in {ns}"
+        blocked = quota_blocks(
+            ns,
+            quotas.get(ns, Quota()),
+            usage.get(ns, Usage()),
+            schedule.needs_of(conn, t["grp"], int(t["seq"])).requests,
+        )
+        if blocked is not None:
+            text = f"{blocked}; {text}"
+        else:
+            if ns not in below:
+                below[ns] = _below_share(conn, ns, quotas=quotas, usage=usage, totals=totals)
+            if below[ns]:
+                others = ", ".join(below[ns][:3]) + (" and others" if len(below[ns]) > 3 else "")
+                verb = "is" if len(below[ns]) == 1 else "are"
+                text = f"{text}; {others} {verb} below {'its' if verb == 'is' else 'their'} share"
+        out[instance_id] = text
+    return out

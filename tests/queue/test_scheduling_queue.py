@@ -1,0 +1,261 @@
+"""The queue schedules over real HTTP, on both backends: a backlog no daemon can run never
+stalls the launches behind it, namespaces are served in proportion to their weights whatever
+their backlogs, priority orders launches inside a namespace, and an admin's quotas hold under
+concurrent claims and take effect on the next claim."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from nymph.client import QueueClient
+from nymph.protocol import TaskJSON
+from nymph.queue.models import Role
+from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.schedule import group_of
+from tests.support.queue_helpers import Queue, add_kind
+
+CPU_NODE = {
+    "name": "cpu-1",
+    "labels": {"pool": "cpu"},
+    "taints": [],
+    "allocatable": {"cpu": "64", "memory": "256Gi"},
+}
+GPU_ONLY = {"node_selector": {"pool": "gpu"}}
+
+
+async def _teams(q: Queue, *teams: str) -> None:
+    for team in teams:
+        await add_kind(q, namespace=team, kube_ns="jobs")
+
+
+async def _launch(q: Queue, ns: str, **body: Any) -> str:
+    fields = body.pop("fields", {})
+    accepted = await q.user(ns).launch(provider="kind", mode="small", script="true", fields=fields, **body)
+    return accepted["instanceId"]
+
+
+async def seed(q: Queue, ns: str, count: int, *, fields: dict[str, Any] | None = None) -> None:
+    """``count`` queued launches in ``ns``, written straight into the database (in bulk, so a
+    large backlog stays quick), each a copy of one launched through the API."""
+    template = await _launch(q, ns, fields=dict(fields or {}))
+
+    def copy(conn: Conn) -> None:
+        t = conn.execute("SELECT * FROM tasks WHERE instance_id = ?", (template,)).fetchone()
+        spec = json.loads(t["spec"])
+        grp = group_of(kind="launch", namespace=ns, kube_namespace=t["kube_namespace"], spec=spec)
+        base = time.time() - 3600  # queued an hour ago: older than anything launched next
+        for start in range(0, count, 500):
+            ids = [f"seed-{ns}-{k:06d}" for k in range(start, min(count, start + 500))]
+            conn.execute(
+                "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, message, "
+                "launched_at, updated_at, version, requester) VALUES "
+                + ",".join("(?, ?, 'kind', ?, 'queued', '', ?, ?, 1, 'seed')" for _ in ids),
+                [v for i in ids for v in (i, ns, t["kube_namespace"], base, base)],
+            )
+            conn.execute(
+                "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, instance_id, "
+                "spec, requester, created_at, updated_at, grp, priority) VALUES "
+                + ",".join("(?, 'launch', 'pending', ?, ?, 'kind', ?, ?, 'seed', ?, ?, ?, 0)" for _ in ids),
+                [
+                    v
+                    for i in ids
+                    for v in (
+                        f"task-{i}",
+                        ns,
+                        t["kube_namespace"],
+                        i,
+                        json.dumps({**spec, "instanceId": i}),
+                        base,
+                        base,
+                        grp,
+                    )
+                ],
+            )
+
+    await q.store.db.write(copy)
+
+
+_DAEMONS: dict[tuple[str, str], QueueClient] = {}
+
+
+def _daemon(q: Queue, daemon_id: str) -> QueueClient:
+    key = (q.user_token, daemon_id)
+    if key not in _DAEMONS:
+        _DAEMONS[key] = q.daemon()
+    return _DAEMONS[key]
+
+
+async def _claim(
+    q: Queue, daemon_id: str, capacity: int, offer: dict[str, Any] | None = CPU_NODE
+) -> list[TaskJSON]:
+    return await _daemon(q, daemon_id).claim(
+        daemon_id=daemon_id, node=f"node-{daemon_id}", capacity=capacity, wait=0, node_info=offer
+    )
+
+
+async def _admin(q: Queue) -> QueueClient:
+    return q.client(await q.token(Role.ADMIN, name="ops"))
+
+
+async def _put_quota(q: Queue, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    admin = await q.token(Role.ADMIN, name="ops")
+    r = await q.call("PUT", f"/v1/namespaces/{ns}/quota", token=admin, json_body=body)
+    assert r.status == 200, r.body
+    return dict(r.body)
+
+
+async def test_an_unrunnable_backlog_never_stalls_a_runnable_launch(queue: Queue) -> None:
+    await _teams(queue, "team-a", "team-b")
+    await seed(queue, "team-a", 3000, fields=GPU_ONLY)  # no live node has pool=gpu
+    ordinary = [await _launch(queue, "team-a") for _ in range(5)] + [
+        await _launch(queue, "team-b") for _ in range(5)
+    ]
+    got = await _claim(queue, "d1", capacity=20)
+    assert sorted(t["instanceId"] for t in got) == sorted(ordinary)
+    assert await _claim(queue, "d1", capacity=20) == []
+
+
+async def test_a_namespace_with_a_huge_backlog_does_not_delay_a_small_one(queue: Queue) -> None:
+    await _teams(queue, "team-a", "team-b")
+    await seed(queue, "team-a", 10_000)
+    small = {await _launch(queue, "team-b") for _ in range(10)}
+    claimed = [t for _ in range(20) for t in await _claim(queue, "d1", capacity=1)]
+    by_ns = [t["namespace"] for t in claimed]
+    # served in turn (equal weights): the 10 of team-b within the first 20 claims
+    assert {t["instanceId"] for t in claimed if t["namespace"] == "team-b"} == small
+    assert by_ns.count("team-a") == 10
+    assert all(by_ns[i] != by_ns[i + 1] for i in range(19))
+
+
+async def test_weights_share_the_slots(queue: Queue) -> None:
+    await _teams(queue, "team-a", "team-b")
+    await _put_quota(queue, "team-a", {"weight": 3})
+    await seed(queue, "team-a", 100)
+    await seed(queue, "team-b", 100)
+    claimed = [t for _ in range(40) for t in await _claim(queue, "d1", capacity=1)]
+    counts = {ns: sum(1 for t in claimed if t["namespace"] == ns) for ns in ("team-a", "team-b")}
+    assert counts == {"team-a": 30, "team-b": 10}
+
+
+async def test_priority_orders_launches_inside_a_namespace(queue: Queue) -> None:
+    await _teams(queue, "team-a")
+    low = await _launch(queue, "team-a", priority=-5)
+    plain = await _launch(queue, "team-a")
+    high = await _launch(queue, "team-a", priority=10)
+    also_high = await _launch(queue, "team-a", fields={"node_selector": {"pool": "cpu"}}, priority=10)
+    order = [t["instanceId"] for _ in range(4) for t in await _claim(queue, "d1", capacity=1)]
+    assert order == [high, also_high, plain, low]
+
+
+async def test_max_running_holds_under_concurrent_claims(queue: Queue) -> None:
+    await _teams(queue, "team-a", "team-b")
+    await _put_quota(queue, "team-a", {"maxRunning": 5})
+    await seed(queue, "team-a", 60)
+    await seed(queue, "team-b", 8)
+    got = await asyncio.gather(*(_claim(queue, f"d{i}", capacity=3) for i in range(20)))
+    tasks = [t for batch in got for t in batch]
+    assert sum(1 for t in tasks if t["namespace"] == "team-a") == 5
+    assert sum(1 for t in tasks if t["namespace"] == "team-b") == 9  # 8 seeded + the template
+    assert len({t["taskId"] for t in tasks}) == len(tasks)
+    # the quota says what it holds, to the namespace's own users
+    r = await queue.call("GET", "/v1/namespaces/team-a/quota")
+    assert r.status == 200 and r.body["usage"]["running"] == 5 and r.body["maxRunning"] == 5
+    # raised, it takes effect on the next claim; lowering it stops nothing
+    await _put_quota(queue, "team-a", {"maxRunning": 8})
+    assert len(await _claim(queue, "d1", capacity=10)) == 3
+    await _put_quota(queue, "team-a", {"maxRunning": 2})
+    assert await _claim(queue, "d1", capacity=10) == []
+    r = await queue.call("GET", "/v1/namespaces/team-a/quota")
+    assert r.body["usage"]["running"] == 8
+
+
+async def test_a_resource_quota_holds_under_concurrent_claims(queue: Queue) -> None:
+    await _teams(queue, "team-a")
+    await _put_quota(queue, "team-a", {"resources": {"cpu": "2"}})
+    await seed(queue, "team-a", 30, fields={"resources": {"requests": {"cpu": "500m"}}})
+    got = await asyncio.gather(*(_claim(queue, f"d{i}", capacity=2) for i in range(20)))
+    assert sum(len(b) for b in got) == 4
+    r = await queue.call("GET", "/v1/namespaces/team-a/quota")
+    assert r.body["usage"] == {"running": 4, "resources": {"cpu": "2"}}
+
+
+async def test_a_stopped_launch_frees_its_place_in_the_quota(queue: Queue) -> None:
+    await _teams(queue, "team-a")
+    await _put_quota(queue, "team-a", {"maxRunning": 1})
+    first = await _launch(queue, "team-a")
+    second = await _launch(queue, "team-a")
+    [task] = await _claim(queue, "d1", capacity=5)
+    assert task["instanceId"] == first
+    assert await _claim(queue, "d1", capacity=5) == []
+    d = _daemon(queue, "d1")
+    await d.complete(daemon_id="d1", task_id=task["taskId"], ok=False, error="image missing")
+    got = await _claim(queue, "d1", capacity=5)
+    assert [t["instanceId"] for t in got] == [second]
+
+
+async def test_quota_routes_take_an_admin_token(queue: Queue) -> None:
+    r = await queue.call("PUT", "/v1/namespaces/team-a/quota", json_body={"maxRunning": 3})
+    assert r.status == 403 and r.body["error"] == "admin_required"
+    assert "--role admin" in r.body["detail"]
+    r = await queue.call("GET", "/v1/quotas")
+    assert r.status == 403
+    scoped = await queue.token(Role.USER, namespace="team-b")
+    r = await queue.call("GET", "/v1/namespaces/team-a/quota", token=scoped)
+    assert r.status == 403 and r.body["error"] == "wrong_namespace"
+    admin = await queue.token(Role.ADMIN)
+    r = await queue.call("PUT", "/v1/namespaces/team-a/quota", token=admin, json_body={"maxRunning": "3"})
+    assert r.status == 400 and "quota.maxRunning" in r.body["detail"]
+    r = await queue.call(
+        "PUT", "/v1/namespaces/team-a/quota", token=admin, json_body={"weight": 2, "maxRuntime": "2h"}
+    )
+    assert r.status == 200 and r.body["weight"] == 2 and r.body["maxRuntime"] == 7200
+    r = await queue.call("GET", "/v1/quotas", token=admin)
+    assert r.status == 200 and [q["namespace"] for q in r.body["items"]] == ["team-a"]
+    # an admin token may use the user routes of any namespace
+    r = await queue.call("GET", "/v1/namespaces/team-c/providers", token=admin)
+    assert r.status == 200
+
+
+async def test_runtime_limits_of_a_namespace(queue: Queue) -> None:
+    await _teams(queue, "team-a")
+    await _put_quota(queue, "team-a", {"maxRuntime": "2h", "defaultRuntime": "30m"})
+    named = await _launch(queue, "team-a", fields={"max_runtime": "1h"})
+    unnamed = await _launch(queue, "team-a")
+    r = await queue.call(
+        "POST",
+        "/v1/namespaces/team-a/providers/kind/launch",
+        json_body={"mode": "small", "script": "true", "fields": {"max_runtime": "3h"}},
+    )
+    assert r.status == 400 and "maxRuntime 2h" in r.body["detail"]
+    assert "launch.fields.max_runtime" in r.body["detail"]
+    specs = {t["instanceId"]: t["spec"] for t in await _claim(queue, "d1", capacity=5)}
+    assert specs[named]["maxRuntime"] == 3600
+    assert specs[unnamed]["maxRuntime"] == 1800
+    assert len(specs) == 2
+
+
+@pytest.mark.sqlite_only
+async def test_a_claim_reads_no_row_behind_a_group_head(queue: Queue) -> None:
+    """The plan of the claim query uses the queue index: no scan of the backlog."""
+    await _teams(queue, "team-a")
+    await seed(queue, "team-a", 50, fields=GPU_ONLY)
+
+    def plans(conn: Conn) -> list[str]:
+        from nymph.queue.sql import schedule
+
+        detail = []
+        for sql, params in (
+            (schedule._GROUPS, ("jobs/", "jobs0", "jobs0")),
+            (schedule._HEAD, ("g", 0, 10**9, 10**9, -1)),
+        ):
+            detail += [str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+        return detail
+
+    detail = await queue.store.db.read(plans)
+    assert not any(d.startswith("SCAN t") or d == "SCAN tasks" for d in detail), detail
+    assert any("tasks_queue" in d for d in detail), detail
