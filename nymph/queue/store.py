@@ -187,9 +187,11 @@ class Store:
         kube_ns: str,
         idempotency_key: str | None,
         principal: Principal,
+        max_runtime: int | None = None,
     ) -> LaunchAccepted:
         """Queue a dockyard launch (``{"recipe", "infra", "overrides"}``) that the caller has
-        already rendered in full for the provider's kube namespace ``kube_ns``."""
+        already rendered in full for the provider's kube namespace ``kube_ns`` (with the
+        namespace's runtime limit ``max_runtime``, seconds)."""
         accepted, created = await self.db.write(
             lambda conn: launches.launch_dockyard(
                 conn,
@@ -199,6 +201,7 @@ class Store:
                 kube_ns=kube_ns,
                 idempotency_key=idempotency_key,
                 requester=principal.requester,
+                max_runtime=max_runtime,
             )
         )
         if created:

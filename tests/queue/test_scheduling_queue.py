@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from nymph.client import QueueClient
 from nymph.protocol import TaskJSON
@@ -19,6 +21,7 @@ from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.schedule import group_of
 from tests.support.queue_helpers import Queue, add_kind
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 CPU_NODE = {
     "name": "cpu-1",
     "labels": {"pool": "cpu"},
@@ -259,3 +262,17 @@ async def test_a_claim_reads_no_row_behind_a_group_head(queue: Queue) -> None:
     detail = await queue.store.db.read(plans)
     assert not any(d.startswith("SCAN t") or d == "SCAN tasks" for d in detail), detail
     assert any("tasks_queue" in d for d in detail), detail
+
+
+async def test_a_dockyard_launch_gets_the_namespaces_runtime_limit(queue: Queue) -> None:
+    await add_kind(queue)
+    await _put_quota(queue, "default", {"maxRuntime": "2h"})
+    accepted = await queue.user().launch_dockyard(
+        provider="kind",
+        recipe=yaml.safe_load((EXAMPLES / "dockyard-grpo-vllm.yaml").read_text()),
+        infra=yaml.safe_load((EXAMPLES / "dockyard-grpo-vllm.infra.yaml").read_text()),
+        overrides=["infra.sandbox.replicas=1"],
+    )
+    [task] = await _claim(queue, "d1", capacity=1, offer=None)
+    assert task["instanceId"] == accepted["instanceId"] and task["kind"] == "dockyard"
+    assert task["spec"] is not None and task["spec"]["maxRuntime"] == 7200

@@ -202,8 +202,10 @@ def launch_dockyard(
     idempotency_key: str | None,
     requester: str,
     guard: Guard | None = None,
+    max_runtime: int | None = None,
 ) -> tuple[LaunchAccepted, bool]:
-    """Queue a dockyard launch whose spec the route rendered and accepted for ``kube_ns``."""
+    """Queue a dockyard launch whose spec the route rendered and accepted for ``kube_ns``
+    (``max_runtime``: the RayJob's deadline, from the namespace's runtime limits)."""
     digest = idempotency.body_digest({"dockyard": body})
     replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
     if replay is not None:
@@ -233,7 +235,7 @@ def launch_dockyard(
         kube_ns=kube_ns,
         provider=provider.name,
         instance_id=instance_id,
-        spec={**body, "namespace": kube_ns},
+        spec={**body, "namespace": kube_ns, **({} if max_runtime is None else {"maxRuntime": max_runtime})},
         requester=requester,
         ts=ts,
     )

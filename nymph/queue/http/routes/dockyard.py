@@ -33,6 +33,7 @@ def check_dockyard(
     max_replicas: int,
     max_pod_requests: Mapping[str, str] | None = None,
     team: tuple[TenancySettings, str] | None = None,
+    max_runtime: int | None = None,
 ) -> None:
     """Render a dockyard task spec exactly as the daemon will (pure, CPU only, within the
     render budget), then hold every pod template to the Pod policy (no hostPath at all), every
@@ -46,6 +47,7 @@ def check_dockyard(
             infra=spec["infra"],
             overrides=spec["overrides"],
             namespace=spec["namespace"],
+            max_runtime=max_runtime,
         )
         check_manifests(manifests, prefix="dockyard: ")
         check_replicas(manifests, cap=ReplicaCap(max_replicas=max_replicas), prefix="dockyard: ")
@@ -95,6 +97,11 @@ async def launch_dockyard(request: web.Request) -> web.Response:
     )
     body = {"recipe": dict(recipe), "infra": dict(infra), "overrides": list(overrides)}
     limits = request.app[SETTINGS].tenancy
+    # The namespace's runtime limit becomes the RayJob's activeDeadlineSeconds.
+    quota = await store.quotas.get(m["ns"])
+    max_runtime = quota["defaultRuntime"] or quota["maxRuntime"]
+    if quota["maxRuntime"] is not None and max_runtime is not None:
+        max_runtime = min(max_runtime, quota["maxRuntime"])
     try:
         await run_cpu(
             check_dockyard,
@@ -102,6 +109,7 @@ async def launch_dockyard(request: web.Request) -> web.Response:
             max_replicas=limits.max_replicas,
             max_pod_requests=limits.max_pod_requests,
             team=(limits, m["ns"]),
+            max_runtime=max_runtime,
         )
     except Stopping:
         raise Unavailable("the queue is stopping: send the launch again", code="stopping") from None
@@ -112,5 +120,6 @@ async def launch_dockyard(request: web.Request) -> web.Response:
         kube_ns=kube_ns,
         idempotency_key=key,
         principal=request[PRINCIPAL],
+        max_runtime=max_runtime,
     )
     return _json(accepted, status=202)
