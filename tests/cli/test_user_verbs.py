@@ -8,10 +8,10 @@ import socket
 from pathlib import Path
 
 import pytest
-from queue_helpers import Served
-from queue_helpers import run_cli as run
 
 from nymph.client import QueueClient
+from tests.support.queue_helpers import Served
+from tests.support.queue_helpers import run_cli as run
 
 pytestmark = pytest.mark.usefixtures("cli_isolated")
 
