@@ -14,7 +14,7 @@ import pytest
 
 from nymph.protocol import now
 from nymph.queue.models import OutputSettings
-from nymph.queue.sql.expiry import OWNED_TABLES
+from nymph.queue.sql.expiry import DUE, OWNED_TABLES
 from tests.support.dispatch_helpers import apply
 from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
@@ -137,3 +137,25 @@ async def test_the_sweeper_runs_expiry_through_its_clock(q: Queue) -> None:
     await q.store.sweep()
     r = await q.call("GET", f"{INSTANCES}/{iid}")
     assert r.status == 404 and r.body["error"] == "instance_expired"
+
+
+@pytest.mark.sqlite_only
+async def test_a_pass_reads_an_index_range_and_deletes_by_index(q: Queue, backend: str) -> None:
+    def plans(c: Any) -> list[str]:
+        out = [" ".join(str(r[-1]) for r in c.execute("EXPLAIN QUERY PLAN " + DUE, (1.0, 10)))]
+        for table in (*OWNED_TABLES, "instances"):
+            sql = f"EXPLAIN QUERY PLAN DELETE FROM {table} WHERE instance_id IN (?, ?)"
+            out.append(" ".join(str(r[-1]) for r in c.execute(sql, ("a", "b"))))
+        # deleting a task looks up the tasks that wait on it (a foreign key): by index too
+        out.append(
+            " ".join(
+                str(r[-1])
+                for r in c.execute("EXPLAIN QUERY PLAN SELECT 1 FROM tasks WHERE after_task = ?", ("t",))
+            )
+        )
+        return out
+
+    due, *deletes = await q.store.db.read(plans)
+    assert "USING INDEX instances_by_state_age" in due and "TEMP B-TREE" not in due, due
+    for plan in deletes:
+        assert "SEARCH" in plan and "SCAN" not in plan, plan

@@ -27,15 +27,18 @@ OWNED_TABLES = (
 )
 
 
+#: The instances due to expire, oldest first (a range of ``instances_by_state_age``).
+DUE = (
+    "SELECT instance_id, namespace, provider FROM instances "
+    "WHERE state = 'stopped' AND updated_at < ? AND (dispatch <> 'direct' OR reaped_at IS NOT NULL) "
+    "ORDER BY updated_at LIMIT ?"
+)
+
+
 def expire(conn: Conn, *, stopped_before: float, now: float, limit: int) -> list[str]:
     """Delete at most ``limit`` instances stopped before ``stopped_before`` (oldest first), with
     their rows, leaving a tombstone of each; returns their ids."""
-    rows = conn.execute(
-        "SELECT instance_id, namespace, provider FROM instances "
-        "WHERE state = 'stopped' AND updated_at < ? AND (dispatch <> 'direct' OR reaped_at IS NOT NULL) "
-        "ORDER BY updated_at LIMIT ?",
-        (stopped_before, limit),
-    ).fetchall()
+    rows = conn.execute(DUE, (stopped_before, limit)).fetchall()
     if not rows:
         return []
     ids = [str(r["instance_id"]) for r in rows]
