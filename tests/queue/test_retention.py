@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from nymph.protocol import now
+from nymph.queue.expiry import InstanceExpiry
 from nymph.queue.models import OutputSettings
 from nymph.queue.sql.expiry import DUE, OWNED_TABLES
 from tests.support.dispatch_helpers import apply
@@ -75,6 +76,7 @@ async def _stopped_with_output(q: Queue) -> str:
 
 
 async def test_an_old_stopped_instance_expires_and_says_so(q: Queue) -> None:
+    q.store.expiry.clock = lambda: 0.0  # the sweeper expires nothing until the test is ready
     old = await _stopped_with_output(q)
     recent = await _stopped_with_output(q)
     running = await _launch(q)
@@ -84,6 +86,7 @@ async def test_an_old_stopped_instance_expires_and_says_so(q: Queue) -> None:
     before = {i: await _rows(q, i) for i in (old, recent, running)}
     assert before[old]["log_chunks"] and before[old]["tasks"] and before[old]["instance_events"]
 
+    q.store.expiry.clock = now
     await q.store.sweep()
 
     assert set((await _rows(q, old)).values()) == {0}, await _rows(q, old)
@@ -105,11 +108,13 @@ async def test_an_old_stopped_instance_expires_and_says_so(q: Queue) -> None:
 
 
 async def test_passes_are_bounded_and_tombstones_go_later(q: Queue) -> None:
+    # the queue's own sweeper, whose clock now says 1970, expires nothing behind the test's back
+    q.store.expiry.clock = lambda: 0.0
+    expiry = InstanceExpiry(db=q.store.db, settings=q.store.expiry.settings)
     ids = [await _launch(q) for _ in range(8)]
     for iid in ids:
         await q.user().stop(provider="kind", instance_id=iid)  # never applied: stopped at once
         await _age(q, iid, seconds=2 * HOUR)
-    expiry = q.store.expiry
     first = await expiry.run(at=now())
     assert (first.instances, first.more) == (6, True)  # 3 transactions of 2
     second = await expiry.run(at=now())
