@@ -113,6 +113,7 @@ async def follow(
     ``until_running``, runs); 1 if it failed, or with ``job_exit`` :func:`exit_status`."""
     shown = 0
     version = -1
+    said: str | None = None
     while True:
         inst = await client.get_instance(
             provider=provider, instance_id=instance_id, after=version, wait=poll_wait
@@ -123,6 +124,12 @@ async def follow(
             message = f": {entry['message']}" if entry["message"] else ""
             print(f"{when(entry['at'])}  {entry['state']}{reason}{message}", file=sys.stderr, flush=True)
         shown = len(inst["history"])
+        # Why it is still queued (its place, its quota, no node fits), when that changes; read
+        # again at least every poll_wait seconds.
+        standing = inst.get("waiting") if inst["state"] == InstanceState.QUEUED.value else None
+        if standing and standing != said:
+            print(f"           waiting: {standing}", file=sys.stderr, flush=True)
+        said = standing
         if until_running and inst["state"] == InstanceState.RUNNING.value:
             return 0
         if inst["state"] == InstanceState.STOPPED.value:

@@ -199,10 +199,11 @@ def _offer(text: str | None) -> NodeOffer | None:
     return _OFFERS[text]
 
 
-def totals(conn: Conn, *, now: float) -> dict[str, Fraction]:
+def totals(conn: Conn, *, now: float, held: Mapping[str, Usage]) -> dict[str, Fraction]:
     """What the live daemons offer together: their nodes' allocatable (each node once) and their
-    slots (capacity)."""
-    out: dict[str, Fraction] = {SLOTS: Fraction(0)}
+    slots: the free capacity each sent with its last claim plus the launches running now (each
+    holds one), so the total does not shrink as the daemons get busy."""
+    out: dict[str, Fraction] = {SLOTS: Fraction(sum(u.running for u in held.values()))}
     nodes: set[str] = set()
     for r in conn.execute(
         "SELECT node, capacity, node_info FROM daemons WHERE last_seen > ?", (now - LIVE_SECONDS,)
@@ -234,7 +235,7 @@ def plan(
         return []
     have_quotas = all_quotas(conn)
     held = usage(conn)
-    offered = totals(conn, now=now)
+    offered = totals(conn, now=now, held=held)
     on_node = dict(used_on_node or {})
     picked: list[Head] = []
     while pending and len(picked) < limit:

@@ -72,7 +72,7 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
         return {}
     quotas = all_quotas(conn)
     usage = schedule.usage(conn)
-    totals = schedule.totals(conn, now=now)
+    totals = schedule.totals(conn, now=now, held=usage)
     namespaces = {r["instance_id"]: r["namespace"] for r in queued}
     sizes: dict[str, int] = {}
     ranks: dict[str, dict[int, int]] = {}
