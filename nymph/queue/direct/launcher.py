@@ -8,6 +8,7 @@ labels) with the queue's history; a stop deletes the Pod (204 also when it is go
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from nymph.protocol import InstanceJSON, LaunchAccepted, iso, now
 from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.errors import service_error
 from nymph.queue.direct.watches import WatchManager
+from nymph.queue.errors import ServiceError
 from nymph.queue.models import Principal
 from nymph.queue.paging import Page, PageRequest
 from nymph.queue.sql import catalog, launches
@@ -63,6 +65,12 @@ class DirectDispatch:
         iid = rec.accepted["instanceId"]
         if rec.state != InstanceState.QUEUED.value:
             return {**rec.accepted, "state": rec.state}  # a replay of a launch already created
+        if rec.held is not None:
+            # Its namespace's quota holds it: recorded queued; release_held creates its Pod.
+            log.info(
+                "direct launch held by its quota", instance=iid, namespace=ns, provider=provider, why=rec.held
+            )
+            return {**rec.accepted, "state": InstanceState.QUEUED.value}
         conn = Connection.from_json(rec.connection)
         what = f"creating Pod {iid} in namespace {conn.namespace}"
         try:
@@ -91,6 +99,39 @@ class DirectDispatch:
             requester=principal.requester,
         )
         return accepted
+
+    async def release_held(self) -> int:
+        """Create the Pods of held launches whose turn has come (their quota has room now);
+        one the API server refuses ends LaunchFailed with the server's message. Returns how
+        many were taken."""
+        taken = await self.store.direct.take_held()
+        for rec in taken:
+            iid = rec.accepted["instanceId"]
+            ns = rec.namespace
+            conn = Connection.from_json(rec.connection)
+            what = f"creating Pod {iid} in namespace {conn.namespace}"
+            try:
+                async with self.connector.api(ns=ns, conn=conn, what=what) as api:
+                    try:
+                        pod, _ = await pods.create_pod(api, rec.pod)
+                    except Exception as exc:
+                        raise service_error(exc, what=what) from None
+            except ServiceError as exc:
+                if await self.store.direct.fail_held(instance_id=iid, message=exc.detail, ts=now()):
+                    self.store.instance_changed.notify(iid)
+                log.info("held direct launch refused", instance=iid, detail=exc.detail)
+                continue
+            if await self.store.direct.apply_pod(ns=ns, pod=pod, deleted=False, ts=now()):
+                self.store.instance_changed.notify(iid)
+            self.watches.ensure(ns=ns, connection=rec.connection)
+            log.info("held direct launch created", instance=iid, namespace=ns)
+        return len(taken)
+
+    async def run_held(self, *, interval: float = 1.0) -> None:
+        """Release held launches as their quotas free up (a background task)."""
+        while True:
+            if not await self.release_held():
+                await asyncio.sleep(interval)
 
     async def _live(
         self, *, ns: str, provider: str, connections: list[dict[str, Any]]

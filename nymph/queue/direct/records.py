@@ -44,6 +44,15 @@ class DirectRecords:
             )
         )
 
+    async def take_held(self) -> list[sql.DirectLaunch]:
+        """Held launches whose turn has come, now counted towards their quota."""
+        return await self.db.write(lambda c: sql.take_held(c))
+
+    async def fail_held(self, *, instance_id: str, message: str, ts: float) -> bool:
+        return await self.db.write(
+            lambda c: sql.fail_held(c, instance_id=instance_id, message=message, ts=ts)
+        )
+
     async def forget(self, *, instance_id: str) -> None:
         """The Pod could not be created: no trace of the launch is kept."""
         await self.db.write(lambda c: sql.forget(c, instance_id=instance_id))

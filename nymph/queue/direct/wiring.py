@@ -30,6 +30,8 @@ CONNECTOR = web.AppKey("nymph.connector", Connector)
 DISPATCHERS = web.AppKey("nymph.dispatchers", Dispatchers)
 WATCHES_TASK = "nymph-queue-direct-watches"
 REAPER_TASK = "nymph-queue-direct-reaper"
+#: Creates the Pods of direct launches their quota held back, as room frees up.
+HELD_TASK = "nymph-queue-direct-held"
 DIRECT_TASK = "nymph-queue-direct"
 
 
@@ -67,11 +69,13 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
     app[DISPATCHERS] = Dispatchers(store=store, queued=QueuedDispatch(store=store), direct=app[DIRECT])
 
     async def singleton() -> None:
-        """The watches (with the direct log followers) and the reaper, on one replica at a time (all of them on SQLite)."""
+        """The watches (with the direct log followers), the reaper and the release of held
+        launches, on one replica at a time (all of them on SQLite)."""
         watches.active = True
         tasks = [
             asyncio.create_task(guarded(WATCHES_TASK, watches.run), name=WATCHES_TASK),
             asyncio.create_task(guarded(REAPER_TASK, janitor.run), name=REAPER_TASK),
+            asyncio.create_task(guarded(HELD_TASK, app[DIRECT].run_held), name=HELD_TASK),
         ]
         try:
             await asyncio.gather(*tasks)

@@ -18,10 +18,12 @@ from nymph.launch.placement import Needs
 from nymph.launch.render import render_pod
 from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
 from nymph.protocol import LaunchAccepted, TaskKind, now
+from nymph.queue.scheduling import Candidate, Usage, charge, pick_next, quota_blocks
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.launches import Guard, accept
+from nymph.queue.sql.quotas import all_quotas, get_quota
 from nymph.queue.sql.rows import fetch_instance
-from nymph.queue.sql.schedule import charge_text
+from nymph.queue.sql.schedule import charge_text, totals, usage
 from nymph.queue.sql.tasks import new_task_id
 from nymph.queue.sql.transitions import record_termination, transition
 
@@ -32,6 +34,10 @@ class DirectLaunch:
     state: str
     connection: dict[str, Any]
     pod: dict[str, Any]
+    #: Why its namespace's quota holds it back (its Pod is created when its turn comes), or None.
+    held: str | None = None
+    #: The control-plane namespace it was launched from (set by :func:`take_held`).
+    namespace: str = ""
 
 
 def record_launch(
@@ -57,27 +63,121 @@ def record_launch(
     )
     if got.spec is None or got.provider is None or got.mode is None:
         row = conn.execute(
-            "SELECT state, connection, pod FROM instances WHERE instance_id = ?",
+            "SELECT state, connection, pod, charge, message FROM instances WHERE instance_id = ?",
             (got.accepted["instanceId"],),
         ).fetchone()
+        held = row["state"] == InstanceState.QUEUED.value and row["charge"] is None
         return DirectLaunch(
             accepted=got.accepted,
             state=row["state"],
             connection=json.loads(row["connection"]),
             pod=json.loads(row["pod"]),
+            held=str(row["message"] or "held by its namespace's quota") if held else None,
         )
     spec = got.spec
     connection = {**connection_kwargs(got.provider, got.mode), "namespace": spec.namespace}
     pod = dict(render_pod(spec))
-    # Its Pod is created now: it counts towards its namespace's share and quota from here.
-    charge = charge_text(Needs.from_spec(spec.to_json()).requests)
+    # Its Pod is created now, unless its namespace's quota holds it: it counts towards the
+    # namespace's share and quota from its Pod's creation.
+    requests = Needs.from_spec(spec.to_json()).requests
+    held = quota_blocks(ns, get_quota(conn, ns), usage(conn).get(ns, Usage()), requests)
+    message = "" if held is None else f"held: {held}; its Pod is created when its turn comes"
     conn.execute(
-        "UPDATE instances SET dispatch = 'direct', connection = ?, pod = ?, charge = ? WHERE instance_id = ?",
-        (json.dumps(connection), json.dumps(pod), charge, spec.instance_id),
+        "UPDATE instances SET dispatch = 'direct', connection = ?, pod = ?, charge = ?, message = ? "
+        "WHERE instance_id = ?",
+        (
+            json.dumps(connection),
+            json.dumps(pod),
+            None if held else charge_text(requests),
+            message,
+            spec.instance_id,
+        ),
     )
     return DirectLaunch(
-        accepted=got.accepted, state=InstanceState.QUEUED.value, connection=connection, pod=pod
+        accepted=got.accepted,
+        state=InstanceState.QUEUED.value,
+        connection=connection,
+        pod=pod,
+        held=message or None,
     )
+
+
+def take_held(conn: Conn, *, limit: int = 50) -> list[DirectLaunch]:
+    """The held direct launches whose turn has come, oldest first within each namespace and the
+    namespace with the lowest share first, each now counted towards its quota (its Pod is to be
+    created by the caller)."""
+    rows = conn.execute(
+        "SELECT instance_id, namespace, provider, launched_at, connection, pod FROM instances "
+        "WHERE state = 'queued' AND dispatch = 'direct' AND charge IS NULL AND stop_requested_at IS NULL "
+        "ORDER BY namespace, launched_at LIMIT ?",
+        (limit * 4,),
+    ).fetchall()
+    if not rows:
+        return []
+    quotas = all_quotas(conn)
+    held = usage(conn)
+    offered = totals(conn, now=now(), held=held)
+    pending = {r["instance_id"]: r for r in rows}
+    needs = {
+        iid: Needs.from_spec({"resources": _pod_resources(r["pod"])}).requests for iid, r in pending.items()
+    }
+    out: list[DirectLaunch] = []
+    while pending and len(out) < limit:
+        first: dict[str, Row] = {}
+        for r in pending.values():
+            first.setdefault(r["namespace"], r)
+        cands = [
+            Candidate(
+                seq=i,
+                namespace=r["namespace"],
+                priority=0,
+                queued_at=float(r["launched_at"]),
+                requests=needs[r["instance_id"]],
+            )
+            for i, r in enumerate(first.values())
+        ]
+        chosen = pick_next(cands, quotas=quotas, usage=held, totals=offered)
+        if chosen is None:
+            break
+        r = list(first.values())[chosen.seq]
+        del pending[r["instance_id"]]
+        held = charge(held, chosen)
+        conn.execute(
+            "UPDATE instances SET charge = ?, message = '' WHERE instance_id = ? AND charge IS NULL",
+            (charge_text(chosen.requests), r["instance_id"]),
+        )
+        out.append(
+            DirectLaunch(
+                accepted=LaunchAccepted(
+                    instanceId=r["instance_id"], state="queued", providerName=r["provider"], launchedAt=""
+                ),
+                state=InstanceState.QUEUED.value,
+                connection=json.loads(r["connection"]),
+                pod=json.loads(r["pod"]),
+                namespace=r["namespace"],
+            )
+        )
+    return out
+
+
+def fail_held(conn: Conn, *, instance_id: str, message: str, ts: float) -> bool:
+    """A held launch's Pod could not be created when its turn came: it ends LaunchFailed."""
+    return transition(
+        conn,
+        instance_id=instance_id,
+        now=ts,
+        state=InstanceState.STOPPED.value,
+        reason=Reason.LAUNCH_FAILED.value,
+        message=message[:4096],
+    )
+
+
+def _pod_resources(pod_text: str | None) -> Mapping[str, Any] | None:
+    try:
+        pod = json.loads(pod_text) if pod_text else {}
+        return pod["spec"]["containers"][0].get("resources")  # type: ignore[no-any-return]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
 
 
 def forget(conn: Conn, *, instance_id: str) -> None:

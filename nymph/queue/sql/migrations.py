@@ -319,4 +319,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX IF NOT EXISTS tasks_after ON tasks (after_task);
     """,
+    # 11: direct launches a quota holds back (recorded, their Pod not created yet), found in
+    # the order they came.
+    """
+    CREATE INDEX instances_held ON instances (namespace, launched_at)
+        WHERE state = 'queued' AND dispatch = 'direct' AND charge IS NULL;
+    """,
 )

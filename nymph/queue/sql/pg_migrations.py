@@ -243,4 +243,9 @@ PG_MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE tokens DROP CONSTRAINT tokens_role_check;
     ALTER TABLE tokens ADD CONSTRAINT tokens_role_check CHECK (role IN ('user', 'daemon', 'admin'));
     """,
+    # 7: direct launches a quota holds back (SQLite migration 11).
+    """
+    CREATE INDEX instances_held ON instances (namespace, launched_at)
+        WHERE state = 'queued' AND dispatch = 'direct' AND charge IS NULL;
+    """,
 )
