@@ -276,3 +276,28 @@ async def test_a_dockyard_launch_gets_the_namespaces_runtime_limit(queue: Queue)
     [task] = await _claim(queue, "d1", capacity=1, offer=None)
     assert task["instanceId"] == accepted["instanceId"] and task["kind"] == "dockyard"
     assert task["spec"] is not None and task["spec"]["maxRuntime"] == 7200
+
+
+async def test_every_page_of_a_large_backlog_says_where_each_launch_stands(queue: Queue) -> None:
+    await _teams(queue, "team-a", "team-b")
+    assert await _claim(queue, "d1", capacity=0) == []  # a live daemon whose node runs them all
+    await seed(queue, "team-a", 1500)  # after its template, launched through the API
+    urgent = await _launch(queue, "team-a", priority=5)
+    user = queue.user("team-a")
+    waiting: dict[str, str] = {}
+    token: str | None = None
+    while True:  # positions past the first ranked read's length are on the last page
+        page = await user.instances_page(provider="kind", limit=500, continue_=token)
+        waiting.update({i["instanceId"]: str(i.get("waiting")) for i in page.items})
+        if not (token := page.continue_):
+            break
+    assert waiting[urgent] == "1st of 1502 in team-a"
+    assert waiting["seed-team-a-000000"] == "3rd of 1502 in team-a"
+    assert waiting["seed-team-a-001499"] == "1502nd of 1502 in team-a"
+    # team-a now runs one and team-b none: team-b is served first, and team-a's launches say so
+    [task] = await _claim(queue, "d1", capacity=1)
+    assert task["instanceId"] == urgent
+    await _launch(queue, "team-b")
+    page = await user.instances_page(provider="kind", limit=500)
+    texts = {i["instanceId"]: i.get("waiting") for i in page.items}
+    assert texts["seed-team-a-000000"] == "2nd of 1501 in team-a; team-b is below its share"

@@ -21,9 +21,10 @@ from nymph.queue.sql.quotas import all_quotas
 #: namespace's queue instead of one count per launch.
 _RANK_ALL = 20
 
-_PENDING_OF = (
-    "SELECT t.instance_id, t.seq, t.priority, t.grp FROM tasks t "
-    "WHERE t.instance_id IN ({marks}) AND t.status = 'pending' AND t.grp IS NOT NULL"
+#: The instances' tasks, by instance (the pending, grouped ones are kept in Python: with
+#: ``status`` in the WHERE, SQLite reads every pending task through ``tasks_open`` instead).
+_TASKS_OF = (
+    "SELECT t.instance_id, t.seq, t.priority, t.grp, t.status FROM tasks t WHERE t.instance_id IN ({marks})"
 )
 _AHEAD = (
     "SELECT COUNT(*) FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ? "
@@ -32,8 +33,11 @@ _AHEAD = (
 _QUEUED_IN = "SELECT COUNT(*) FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ?"
 _RANKED = (
     "SELECT seq FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ? "
-    "ORDER BY priority DESC, seq"
+    "ORDER BY priority DESC, seq LIMIT ?"
 )
+#: The first ranked read's length; each further one reads four times as far (so the rows read
+#: stay within a small multiple of the furthest position asked for, not the whole backlog).
+_RANK_FIRST = 1024
 
 
 def _below_share(
@@ -43,17 +47,35 @@ def _below_share(
     quotas: Mapping[str, Quota],
     usage: Mapping[str, Usage],
     totals: Mapping[str, Fraction],
+    groups: list[list[str]],
 ) -> list[str]:
-    """The other namespaces with queued launches whose share is below this one's (served first)."""
+    """The other namespaces with queued launches whose share is below this one's (served first).
+    ``groups``: every queued group, read once (into the empty list) when a share is above zero."""
     mine = weighted_share(usage.get(namespace, Usage()), quotas.get(namespace, Quota()), totals)
+    if mine <= 0:
+        return []  # no share is below zero: nothing to read
+    if not groups:
+        groups.append(schedule.groups(conn, kube_namespaces=()))
     out = []
-    for grp in schedule.groups(conn, kube_namespaces=()):
+    for grp in groups[0]:
         other = grp.split("/", 2)[1]
         if other == namespace or other in out:
             continue
         if weighted_share(usage.get(other, Usage()), quotas.get(other, Quota()), totals) < mine:
             out.append(other)
     return sorted(out)
+
+
+def _ranks(conn: Conn, namespace: str, wanted: set[int]) -> dict[int, int]:
+    """The place (0: first) in ``namespace``'s queue of each queued task in ``wanted``, read
+    from the head of the queue only as far as the furthest of them."""
+    limit = _RANK_FIRST
+    while True:
+        seqs = [int(r[0]) for r in conn.execute(_RANKED, (namespace, limit))]
+        ranks = {seq: i for i, seq in enumerate(seqs)}
+        if len(seqs) < limit or wanted <= ranks.keys():
+            return ranks
+        limit *= 4
 
 
 def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
@@ -65,9 +87,10 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
     ids = [r["instance_id"] for r in queued]
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
-        sql = _PENDING_OF.format(marks=",".join("?" * len(chunk)))
+        sql = _TASKS_OF.format(marks=",".join("?" * len(chunk)))
         for t in conn.execute(sql, chunk):
-            pending[t["instance_id"]] = t
+            if t["status"] == "pending" and t["grp"] is not None:
+                pending[t["instance_id"]] = t
     if not pending:
         return {}
     quotas = all_quotas(conn)
@@ -77,6 +100,7 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
     sizes: dict[str, int] = {}
     ranks: dict[str, dict[int, int]] = {}
     below: dict[str, list[str]] = {}
+    groups: list[list[str]] = []
     out: dict[str, str] = {}
     for instance_id, t in pending.items():
         ns = namespaces[instance_id]
@@ -84,7 +108,8 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
             sizes[ns] = int(conn.execute(_QUEUED_IN, (ns,)).fetchone()[0])
         if len(pending) > _RANK_ALL:
             if ns not in ranks:
-                ranks[ns] = {int(r[0]): i for i, r in enumerate(conn.execute(_RANKED, (ns,)))}
+                wanted = {int(p["seq"]) for i, p in pending.items() if namespaces[i] == ns}
+                ranks[ns] = _ranks(conn, ns, wanted)
             ahead = ranks[ns].get(int(t["seq"]), 0)
         else:
             p, seq = int(t["priority"]), int(t["seq"])
@@ -100,7 +125,7 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
             text = f"{blocked}; {text}"
         else:
             if ns not in below:
-                below[ns] = _below_share(conn, ns, quotas=quotas, usage=usage, totals=totals)
+                below[ns] = _below_share(conn, ns, quotas=quotas, usage=usage, totals=totals, groups=groups)
             if below[ns]:
                 others = ", ".join(below[ns][:3]) + (" and others" if len(below[ns]) > 3 else "")
                 verb = "is" if len(below[ns]) == 1 else "are"
