@@ -75,10 +75,12 @@ demo: install-demo deps envtest ## the main job: queue + daemon + a sample launc
 	$(BIN)/nymph dev
 
 # One run against the local control plane: raw API server limit, nymph end to end, latency, CPU
-# per launch, idle footprint, queue claims; writes bench-results.json, then docs/performance.md
-# from it. SOAK=1 adds the 10,000-launch RSS soak.
+# per launch, idle footprint, queue claims; writes bench-results.json, adds the scheduler with a
+# backlog (schedule_bench.py, under "scheduling"), then docs/performance.md from it. SOAK=1 adds
+# the 10,000-launch RSS soak.
 bench: install envtest ## the benchmark scoreboard: prints a table, writes bench-results.json and docs/performance.md (SOAK=1: 10,000-launch soak)
 	$(BIN)/python benchmarks/daemon_bench.py $(if $(SOAK),--soak 10000)
+	$(BIN)/python benchmarks/schedule_bench.py --backend both
 	$(BIN)/python benchmarks/daemon_bench.py --markdown bench-results.json > docs/performance.md
 	$(BIN)/python benchmarks/queue_bench.py --backend both
 	NYMPH_REPLICA_LAUNCHES=1000 $(BIN)/pytest -q -s -p no:cacheprovider tests/queue/test_replicas.py -k killed

@@ -256,7 +256,9 @@ def test_architecture_lists_every_import_contract() -> None:
     assert not [n for n in names if f"| {n} |" not in text], names
 
 
-@pytest.mark.parametrize("drop", ["targets", "soak", "kubectl_invocation", "idle_daemon", "queue"])
+@pytest.mark.parametrize(
+    "drop", ["targets", "soak", "kubectl_invocation", "idle_daemon", "queue", "scheduling"]
+)
 def test_performance_page_renders_a_partial_run(drop: str) -> None:
     """A results document without a section (a smoke run has no targets and no soak) still makes
     a page, with that section's rows left out rather than a crash."""
