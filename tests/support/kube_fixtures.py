@@ -195,3 +195,17 @@ __all__ = [
     "sa_kubeconfig",
     "token_kubeconfig",
 ]
+
+
+#: The fixtures that start the local control plane; a test that uses one (directly or through
+#: another fixture) is an e2e test, whatever its file says, so ``-m "not e2e"`` never needs one.
+CLUSTER_FIXTURES = frozenset({"kube", "real_kube", "real_node_assets"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (
+            CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
+            and item.get_closest_marker("e2e") is None
+        ):
+            item.add_marker(pytest.mark.e2e)
