@@ -27,6 +27,7 @@ from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
 from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
 from nymph.queue.http.bodies import Fields, read_object
+from nymph.queue.http.caller import daemon_session
 from nymph.queue.http.keys import PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.routes.refusals import logged_refusal
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report
@@ -46,20 +47,7 @@ def _scope(request: web.Request) -> str | None:
 
 
 def _session(request: web.Request, f: Fields | None = None) -> DaemonSession:
-    """The caller's session; a ``daemonId`` in the body must be its daemon id."""
-    session = request[PRINCIPAL].session
-    assert session is not None  # the auth middleware admits sessions only
-    if f is not None:
-        claimed = f.string("daemonId", required=False)
-        if claimed is not None and not claimed.strip():
-            raise Unprocessable("body.daemonId must not be empty")
-        if claimed is not None and claimed != session.daemon_id:
-            raise Forbidden(
-                f"this session belongs to daemon {session.daemon_id!r}, not {claimed!r}: each "
-                "daemon registers for its own session",
-                code="wrong_daemon",
-            )
-    return session
+    return daemon_session(request, f)
 
 
 def _namespaces(f: Fields, key: str) -> tuple[str, ...]:

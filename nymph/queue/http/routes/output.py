@@ -21,9 +21,10 @@ import contextlib
 from aiohttp import web
 
 from nymph.protocol import now
-from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
+from nymph.queue.errors import BadRequest, Unprocessable
 from nymph.queue.http.bodies import Fields, query_int, read_object
-from nymph.queue.http.keys import PRINCIPAL, STORE
+from nymph.queue.http.caller import daemon_session
+from nymph.queue.http.keys import STORE
 from nymph.queue.http.routes.refusals import logged_refusal
 from nymph.queue.output import follow_over
 from nymph.queue.sql.logchunks import LogStatus
@@ -145,13 +146,7 @@ async def _either(a: asyncio.Event, b: asyncio.Event, *, timeout: float) -> None
 async def log_chunk(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
     f.reject_unknown({"daemonId", "instanceId", "offset", "data", "cursor", "final", "note"})
-    session = request[PRINCIPAL].session
-    assert session is not None  # the auth middleware admits sessions only
-    claimed = f.string("daemonId", required=False)
-    if claimed is not None and claimed != session.daemon_id:
-        raise Forbidden(
-            f"this session belongs to daemon {session.daemon_id!r}, not {claimed!r}", code="wrong_daemon"
-        )
+    session = daemon_session(request, f, refuse_empty=False)
     instance_id = f.req_string("instanceId")
     offset = f.integer("offset", minimum=0, maximum=_MAX_OFFSET)
     encoded = f.text("data", required=False) or ""

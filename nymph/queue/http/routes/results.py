@@ -10,9 +10,10 @@ import binascii
 from aiohttp import web
 
 from nymph.launch.results import BadResultPath, check_result_path
-from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
+from nymph.queue.errors import BadRequest, Unprocessable
 from nymph.queue.http.bodies import Fields, read_object
-from nymph.queue.http.keys import PRINCIPAL, STORE
+from nymph.queue.http.caller import daemon_session
+from nymph.queue.http.keys import STORE
 from nymph.queue.http.routes.refusals import logged_refusal
 
 routes = web.RouteTableDef()
@@ -55,13 +56,7 @@ async def get_result(request: web.Request) -> web.StreamResponse:
 async def put_result(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
     f.reject_unknown({"daemonId", "instanceId", "path", "offset", "data", "eof", "error"})
-    session = request[PRINCIPAL].session
-    assert session is not None  # the auth middleware admits sessions only
-    claimed = f.string("daemonId", required=False)
-    if claimed is not None and claimed != session.daemon_id:
-        raise Forbidden(
-            f"this session belongs to daemon {session.daemon_id!r}, not {claimed!r}", code="wrong_daemon"
-        )
+    session = daemon_session(request, f, refuse_empty=False)
     path = f.string("path", required=False, max_len=1024)
     if path is not None:
         try:
