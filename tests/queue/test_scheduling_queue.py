@@ -19,7 +19,8 @@ from nymph.protocol import TaskJSON
 from nymph.queue.models import Role
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.schedule import group_of
-from tests.support.queue_helpers import Queue, add_kind
+from tests.support.pg_server import PgServer
+from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 CPU_NODE = {
@@ -301,3 +302,27 @@ async def test_every_page_of_a_large_backlog_says_where_each_launch_stands(queue
     page = await user.instances_page(provider="kind", limit=500)
     texts = {i["instanceId"]: i.get("waiting") for i in page.items}
     assert texts["seed-team-a-000000"] == "2nd of 1501 in team-a; team-b is below its share"
+
+
+async def test_quotas_hold_across_replicas_on_postgresql(pg_server: PgServer, tmp_path: Path) -> None:
+    """Two replicas on one database, 20 daemons claiming at once through both: a namespace's
+    maxRunning is never passed (its claims take a per-namespace lock), and another namespace's
+    launches are all handed out."""
+    db = pg_server.fresh_database()
+    (a, ra), (b, rb) = [await open_queue(tmp_path, FAST, db=db) for _ in range(2)]
+    try:
+        b.user_token, b.daemon_token, b.admin_token = a.user_token, a.daemon_token, a.admin_token
+        await _teams(a, "team-a", "team-b")
+        await _put_quota(a, "team-a", {"maxRunning": 4})
+        await seed(a, "team-a", 40)
+        await seed(a, "team-b", 11)
+        got = await asyncio.gather(*(_claim(a if i % 2 else b, f"r{i}", capacity=2) for i in range(20)))
+        tasks = [t for batch in got for t in batch]
+        assert len({t["taskId"] for t in tasks}) == len(tasks)
+        assert sum(1 for t in tasks if t["namespace"] == "team-a") == 4
+        assert sum(1 for t in tasks if t["namespace"] == "team-b") == 12
+    finally:
+        for q, runner in ((a, ra), (b, rb)):
+            await q.close()
+            await runner.cleanup()
+        pg_server.drop_database(db)
