@@ -34,7 +34,7 @@ from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Princip
 from nymph.queue.notify import KeyedSignal, WorkSignal
 from nymph.queue.output import LOG_KEY, OutputStore
 from nymph.queue.quotabook import QuotaBook
-from nymph.queue.sql import catalog, dispatch, instances, launches
+from nymph.queue.sql import catalog, dispatch, instances, launches, leases
 from nymph.queue.sql import reports as sql_reports
 
 #: Broadcast key prefix (besides a bare instance id, and ``output.LOG_KEY``): new tasks, with
@@ -291,14 +291,14 @@ class Store:
         self, *, session: DaemonSession, task_ids: Sequence[str], lease_seconds: int
     ) -> tuple[list[str], list[str]]:
         return await self.db.write(
-            lambda conn: dispatch.renew(
+            lambda conn: leases.renew(
                 conn, session=session, task_ids=task_ids, lease_seconds=lease_seconds, now=now()
             )
         )
 
     async def release(self, *, session: DaemonSession, task_ids: Sequence[str]) -> list[str]:
         released = await self.db.write(
-            lambda conn: dispatch.release(conn, session=session, task_ids=task_ids, now=now())
+            lambda conn: leases.release(conn, session=session, task_ids=task_ids, now=now())
         )
         if released:
             self.tasks_changed.notify(len(released))
@@ -306,7 +306,7 @@ class Store:
 
     async def release_all(self, *, session: DaemonSession) -> list[str]:
         """Hand back every lease the session's daemon holds (its session was replaced)."""
-        released = await self.db.write(lambda conn: dispatch.release_all(conn, session=session, now=now()))
+        released = await self.db.write(lambda conn: leases.release_all(conn, session=session, now=now()))
         if released:
             self.tasks_changed.notify(len(released))
         return released

@@ -13,7 +13,6 @@ and requests (see :mod:`nymph.queue.sql.placement`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from nymph.launch.state import InstanceState, Reason
@@ -23,7 +22,7 @@ from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSe
 from nymph.queue.sql import binding, placement, schedule
 from nymph.queue.sql.dialect import Conn, for_update
 from nymph.queue.sql.retire import retire
-from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act, task_json
+from nymph.queue.sql.rows import fetch_instance, session_may_act, task_json
 from nymph.queue.sql.transitions import transition
 
 _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
@@ -238,53 +237,6 @@ def claim(
         next_due = _next_due(conn, node=req.node, now=now, fallback=lease.stop_node_fallback)
         elsewhere = _work_elsewhere(conn, now=now)
     return ClaimResult(tasks=tasks, next_due=next_due, settled=frozenset(settled), work_elsewhere=elsewhere)
-
-
-def renew(
-    conn: Conn,
-    *,
-    session: DaemonSession,
-    task_ids: Sequence[str],
-    lease_seconds: int,
-    now: float,
-) -> tuple[list[str], list[str]]:
-    """Extend the leases the session's daemon holds; any other id (leased to another daemon,
-    outside the session's namespaces, unknown) is reported lost and left alone."""
-    renewed: list[str] = []
-    lost: list[str] = []
-    where, params = session_filter(session)
-    for task_id in task_ids:
-        cur = conn.execute(
-            "UPDATE tasks SET lease_expires = ?, updated_at = ? WHERE task_id = ? "  # noqa: S608 - placeholders only
-            "AND status = 'leased' AND lease_owner = ? AND lease_expires > ?" + where,
-            (now + lease_seconds, now, task_id, session.daemon_id, now, *params),
-        )
-        (renewed if cur.rowcount else lost).append(task_id)
-    return renewed, lost
-
-
-def release(conn: Conn, *, session: DaemonSession, task_ids: Sequence[str], now: float) -> list[str]:
-    """Hand back leases the session's daemon holds; returns those handed back."""
-    released = []
-    where, params = session_filter(session)
-    for task_id in task_ids:
-        cur = conn.execute(
-            "UPDATE tasks SET status = 'pending', last_owner = lease_owner, lease_owner = NULL, lease_expires = NULL, "  # noqa: S608 - placeholders only
-            "attempts = GREATEST(attempts - 1, 0), updated_at = ? "
-            "WHERE task_id = ? AND status = 'leased' AND lease_owner = ?" + where,
-            (now, task_id, session.daemon_id, *params),
-        )
-        if cur.rowcount:
-            released.append(task_id)
-    return released
-
-
-def release_all(conn: Conn, *, session: DaemonSession, now: float) -> list[str]:
-    """Hand back every lease the session's daemon holds; returns the task ids handed back."""
-    rows = conn.execute(
-        "SELECT task_id FROM tasks WHERE status = 'leased' AND lease_owner = ?", (session.daemon_id,)
-    ).fetchall()
-    return release(conn, session=session, task_ids=[r[0] for r in rows], now=now)
 
 
 def _stop_requested(conn: Conn, instance_id: str) -> bool:
