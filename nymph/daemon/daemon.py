@@ -27,6 +27,7 @@ from nymph.daemon.metrics import Metrics
 from nymph.daemon.nodeinfo import NodeInfo
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.podreaper import Reaper
+from nymph.daemon.pullwatch import PullWatch
 from nymph.daemon.reconcile import reconcile
 from nymph.daemon.results import ResultUploads
 from nymph.daemon.rootlock import RootLock
@@ -134,14 +135,16 @@ class Daemon:
         return kubectl, kubectl
 
     def _on_pod_event(
-        self, followers: LogFollowers, uploads: ResultUploads
+        self, followers: LogFollowers, uploads: ResultUploads, pulls: PullWatch
     ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
         """The watch's callback: the log followers and result uploads first (a finished Pod's
-        must exist before the tracker starts the reaper's clock), then the tracker."""
+        must exist before the tracker starts the reaper's clock), the image-pull clocks, then
+        the tracker."""
 
         async def on_event(kind: str, pod: dict[str, Any]) -> None:
             await followers.on_pod_event(kind, pod)
             await uploads.on_pod_event(kind, pod)
+            await pulls.on_pod_event(kind, pod)
             await self.tracker.on_pod_event(kind, pod)
 
         return on_event
@@ -234,6 +237,10 @@ class Daemon:
             busy=leases.held_instances,
             logs_settled=lambda name: followers.settled(name) and uploads.settled(name),
         )
+        # Pods whose image cannot be pulled are stopped after their image-pull timeout.
+        pulls = PullWatch(
+            tracker=self.tracker, applier=reaper.applier, audit=self.audit, state_dir=s.state_dir
+        )
         sender = QueueSender(
             daemon_id=s.daemon_id, client=client, leases=leases, outbox=self.outbox, metrics=self.metrics
         )
@@ -266,7 +273,7 @@ class Daemon:
                 api=api,
                 namespace=ns,
                 label_selector=f"{LABEL_MANAGED}=true",
-                on_event=self._on_pod_event(followers, uploads),
+                on_event=self._on_pod_event(followers, uploads, pulls),
                 on_restart=self._watch_restart_counter(ns),
             )
             self.watchers[ns] = w
@@ -294,6 +301,7 @@ class Daemon:
         self.loops.append(guarded("dispatcher", lambda: runner.run(ready=self._synced)))
         self.loops.append(guarded("renewer", claimer.renew_loop))
         self.loops.append(guarded("reaper", reaper.run))
+        self.loops.append(guarded("image-pulls", pulls.run))
         self.loops.append(guarded("disk", self.disk.run))
         self.loops.append(guarded("audit-sync", self._sync_audit))
         try:

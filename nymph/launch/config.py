@@ -47,6 +47,7 @@ MODE_FIELDS = frozenset(
         "image_pull_secrets",
         "priority",
         "max_runtime",
+        "image_pull_timeout",
     }
 )
 #: Every kwarg a provider or a mode may carry (either may sit on the other).

@@ -35,6 +35,7 @@ import yaml
 
 from nymph.errors import ValidationError
 from nymph.launch import names
+from nymph.launch.pullwait import ANNOTATION_PULL_TIMEOUT
 from nymph.launch.spec import LaunchSpec
 
 SCRIPT_PATH = "/tmp/u.py"
@@ -208,6 +209,8 @@ def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str |
 
     script_sha = hashlib.sha256(spec.script.encode("utf-8")).hexdigest()
     annotations = {ANNOTATION_MANIFEST_SHA: script_sha, ANNOTATION_LAUNCH: launch_annotation(spec)}
+    if spec.image_pull_timeout is not None:
+        annotations[ANNOTATION_PULL_TIMEOUT] = str(spec.image_pull_timeout)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -52,6 +52,8 @@ def check_settings(kwargs: Mapping[str, Any], *, where: str) -> None:
         check_priority(kwargs["priority"], f"{where}.priority")
     if kwargs.get("max_runtime") is not None:
         parse_duration(kwargs["max_runtime"], f"{where}.max_runtime")
+    if kwargs.get("image_pull_timeout") is not None:
+        parse_duration(kwargs["image_pull_timeout"], f"{where}.image_pull_timeout")
 
 
 def apply_runtime_limits(spec: LaunchSpec, *, default: int | None, cap: int | None) -> LaunchSpec:

@@ -13,7 +13,8 @@ Precedence, low to high:
 
 ``priority`` (an integer, -1000..1000, default 0) and ``max_runtime`` (a duration: seconds, or
 ``90s`` / ``30m`` / ``2h`` / ``1d``; the Pod's ``activeDeadlineSeconds``) are checked by
-:mod:`nymph.launch.runlimits` and :mod:`nymph.launch.durations`.
+:mod:`nymph.launch.runlimits` and :mod:`nymph.launch.durations`; so is ``image_pull_timeout``
+(a duration: how long the image may fail to pull, :mod:`nymph.launch.pullwait`).
 
 Every error names the field (``mode.image``, ``tags.team``) and says what to do.
 """
@@ -67,6 +68,9 @@ class LaunchSpec:
     priority: int = 0
     #: Seconds the Pod may be active (its ``activeDeadlineSeconds``); None for no limit.
     max_runtime: int | None = None
+    #: Seconds the Pod's image may fail to pull before the launch is stopped (``ImagePull``);
+    #: None: the queue's ``--image-pull-timeout`` (it fills it in when it accepts the launch).
+    image_pull_timeout: int | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -92,6 +96,8 @@ class LaunchSpec:
             data["priority"] = self.priority
         if self.max_runtime is not None:
             data["maxRuntime"] = self.max_runtime
+        if self.image_pull_timeout is not None:
+            data["imagePullTimeout"] = self.image_pull_timeout
         return data
 
     @classmethod
@@ -116,6 +122,7 @@ class LaunchSpec:
                 launch_uid=_check_launch_uid(data.get("launchUid")),
                 priority=check_priority(data.get("priority", 0), "spec.priority"),
                 max_runtime=_check_max_runtime(data.get("maxRuntime"), "spec.maxRuntime"),
+                image_pull_timeout=_check_max_runtime(data.get("imagePullTimeout"), "spec.imagePullTimeout"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValidationError(
@@ -150,6 +157,7 @@ def _check_launch_uid(value: object) -> str | None:
 
 
 def _check_max_runtime(value: object, fld: str) -> int | None:
+    """A duration field (``max_runtime``, ``image_pull_timeout``): None when unset."""
     return None if value is None else parse_duration(value, fld)
 
 
@@ -354,5 +362,6 @@ def build_launch_spec(
         launch_uid=_check_launch_uid(launch_uid),
         priority=0 if priority_raw is None else check_priority(priority_raw, priority_fld),
         max_runtime=_check_max_runtime(*pick("max_runtime")),
+        image_pull_timeout=_check_max_runtime(*pick("image_pull_timeout")),
         warnings=tuple(notes),
     )
