@@ -129,19 +129,35 @@ def pick_next(
     quotas: Mapping[str, Quota],
     usage: Mapping[str, Usage],
     totals: Mapping[str, Fraction],
+    recent: Mapping[str, float] | None = None,
 ) -> Candidate | None:
     """The candidate to hand out next, among those the claiming node can run (the caller keeps
     only those): per namespace its best candidate the quota allows, then the namespace with the
-    lowest weighted share (ties: the one whose candidate has waited longest, then the name)."""
+    lowest weighted share. Ties (most often: nothing running, when launches end before the next
+    claim) go to the namespace that was handed the fewest launches lately (``recent``: a decaying
+    count per namespace, see :func:`decayed`) for its weight, then to the one whose candidate has
+    waited longest, then by name."""
     runnable = best_per_namespace(c for c in candidates if allowed(c, quotas=quotas, usage=usage))
     if not runnable:
         return None
+    lately = recent or {}
 
-    def key(c: Candidate) -> tuple[Fraction, float, int, str]:
-        share = weighted_share(usage.get(c.namespace, Usage()), quotas.get(c.namespace, Quota()), totals)
-        return share, c.queued_at, c.seq, c.namespace
+    def key(c: Candidate) -> tuple[Fraction, float, float, int, str]:
+        quota = quotas.get(c.namespace, Quota())
+        share = weighted_share(usage.get(c.namespace, Usage()), quota, totals)
+        weight = float(quota.weight) if quota.weight > 0 else 1.0
+        return share, lately.get(c.namespace, 0.0) / weight, c.queued_at, c.seq, c.namespace
 
     return min(runnable.values(), key=key)
+
+
+#: How fast the count of launches a namespace was handed lately fades: halved every this many seconds.
+RECENT_HALF_LIFE = 300.0
+
+
+def decayed(count: float, *, since: float, now: float) -> float:
+    """``count`` as it stands ``now - since`` seconds later (halved every RECENT_HALF_LIFE)."""
+    return float(count * 0.5 ** (max(now - since, 0.0) / RECENT_HALF_LIFE))
 
 
 def charge(usage: Mapping[str, Usage], candidate: Candidate) -> dict[str, Usage]:

@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 from nymph.errors import ValidationError
 from nymph.queue.quotas import merge, quota_json
 from nymph.queue.scheduling import (
+    RECENT_HALF_LIFE,
     SLOTS,
     Candidate,
     Quota,
     Usage,
     charge,
+    decayed,
     dominant_share,
     ordinal,
     pick_next,
@@ -273,3 +275,21 @@ def test_long_run_shares_follow_the_weights(weights: dict[str, int], seed: int) 
     for ns, w in weights.items():
         expected = (slots - 1) * w / total_weight
         assert abs(held_sum[ns] / steps - expected) <= 0.1 * expected, (ns, held_sum[ns] / steps, expected)
+
+
+def test_equal_shares_go_to_the_namespace_served_least_lately() -> None:
+    """With nothing running (launches that end before the next claim), the namespace handed the
+    fewest launches lately for its weight goes first, not the one with the oldest backlog."""
+    cands = [cand(1, "big", at=0.0), cand(2, "small", at=100.0)]
+    got = pick_next(cands, quotas={}, usage={}, totals={SLOTS: F(4)}, recent={"big": 3.0, "small": 1.0})
+    assert got is not None and got.namespace == "small"
+    weighted = {"big": Quota(weight=F(4))}
+    got = pick_next(cands, quotas=weighted, usage={}, totals={SLOTS: F(4)}, recent={"big": 3.0, "small": 1.0})
+    assert got is not None and got.namespace == "big"  # 3/4 < 1/1
+
+
+def test_a_recent_count_fades_by_half_every_half_life() -> None:
+    assert decayed(8.0, since=0.0, now=0.0) == 8.0
+    assert decayed(8.0, since=0.0, now=RECENT_HALF_LIFE) == pytest.approx(4.0)
+    assert decayed(8.0, since=0.0, now=3 * RECENT_HALF_LIFE) == pytest.approx(1.0)
+    assert decayed(8.0, since=10.0, now=5.0) == 8.0  # a clock step back never grows it

@@ -250,19 +250,32 @@ async def test_a_claim_reads_no_row_behind_a_group_head(queue: Queue) -> None:
     await seed(queue, "team-a", 50, fields=GPU_ONLY)
 
     def plans(conn: Conn) -> list[str]:
-        from nymph.queue.sql import schedule
+        from nymph.queue.sql import dispatch, schedule
+        from nymph.queue.sql.dialect import indexed_by
 
+        queue_hint = indexed_by(conn, "tasks_queue")
+        claimable = dispatch._SELECT_CLAIMABLE.format(
+            where="t.status = 'pending' AND t.grp IS NULL", lock="", hint=indexed_by(conn, "tasks_plain")
+        )
         detail = []
         for sql, params in (
-            (schedule._GROUPS, ("jobs/", "jobs0", "jobs0")),
-            (schedule._HEAD, ("g", 0, 10**9, 10**9, -1)),
+            (schedule._GROUPS.format(hint=queue_hint), ("jobs/", "jobs0", "jobs0")),
+            (schedule._HEAD.format(hint=queue_hint), ("g", 0, 10**9, 10**9, -1)),
+            (claimable, (10,)),
         ):
             detail += [str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
         return detail
 
     detail = await queue.store.db.read(plans)
-    assert not any(d.startswith("SCAN t") or d == "SCAN tasks" for d in detail), detail
-    assert any("tasks_queue" in d for d in detail), detail
+    # no scan of the backlog (only of the small index of plain tasks: stops and probes), and
+    # never through the wide (status, seq) index
+    scans = [
+        d
+        for d in detail
+        if d.startswith(("SCAN t", "SCAN a", "SCAN i")) and d != "SCAN t USING INDEX tasks_plain"
+    ]
+    assert scans == [] and not any("tasks_open" in d for d in detail), detail
+    assert sum("tasks_queue" in d for d in detail) >= 2 and any("tasks_plain" in d for d in detail), detail
 
 
 async def test_a_dockyard_launch_gets_the_namespaces_runtime_limit(queue: Queue) -> None:
@@ -326,3 +339,21 @@ async def test_quotas_hold_across_replicas_on_postgresql(pg_server: PgServer, tm
             await q.close()
             await runner.cleanup()
         pg_server.drop_database(db)
+
+
+async def test_short_launches_of_a_small_namespace_are_not_held_behind_a_large_backlog(queue: Queue) -> None:
+    """Each launch ends before the next claim (nothing is running when a claim decides): the two
+    namespaces are still served in turn, not the oldest backlog first."""
+    await _teams(queue, "team-a", "team-b")
+    await seed(queue, "team-a", 2000)
+    small = {await _launch(queue, "team-b") for _ in range(5)}
+    d = _daemon(queue, "d1")
+    order = []
+    for seq in range(12):
+        [task] = await _claim(queue, "d1", capacity=1)
+        order.append(task["namespace"])
+        await d.complete(daemon_id="d1", task_id=task["taskId"], ok=True)
+        report = {"seq": seq + 1, "instanceId": task["instanceId"], "state": "stopped", "reason": "Completed"}
+        await d.report(daemon_id="d1", stream="s1", reports=[report])
+    assert order[:10].count("team-b") == 5, order
+    assert small <= {i["instanceId"] for i in await queue.user("team-b").list_instances(provider="kind")}

@@ -20,7 +20,7 @@ from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, Daemo
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
 from nymph.queue.sql import binding, placement, schedule
-from nymph.queue.sql.dialect import Conn, for_update
+from nymph.queue.sql.dialect import Conn, for_update, indexed_by
 from nymph.queue.sql.retire import retire
 from nymph.queue.sql.rows import fetch_instance, session_may_act, task_json
 from nymph.queue.sql.transitions import transition
@@ -33,7 +33,7 @@ _MAX_ERROR_CHARS = 4096
 #: How stale a daemon's lastSeen may get before an idle claim refreshes it.
 _SEEN_REFRESH = 5.0
 _SELECT_CLAIMABLE = (
-    "SELECT t.seq, t.kind, t.spec FROM tasks t "
+    "SELECT t.seq, t.kind, t.spec FROM tasks t{hint} "
     "LEFT JOIN instances i ON i.instance_id = t.instance_id "
     "LEFT JOIN tasks a ON a.task_id = t.after_task "
     "WHERE {where} ORDER BY t.seq LIMIT ?{lock}"
@@ -74,18 +74,19 @@ def _claimable(req: ClaimRequest, *, scope: str | None, now: float, fallback: fl
 
 
 def _next_due(conn: Conn, *, node: str, now: float, fallback: float) -> float | None:
+    due_hint, plain_hint = indexed_by(conn, "tasks_due"), indexed_by(conn, "tasks_plain")
     row = conn.execute(
         f"""
         SELECT MIN(due) FROM (
-            SELECT not_before AS due FROM tasks
+            SELECT not_before AS due FROM tasks{due_hint}
                 WHERE status = 'pending' AND not_before > 0 AND not_before > :now
             UNION ALL
             SELECT lease_expires FROM tasks WHERE status = 'leased' AND lease_expires > :now
             UNION ALL
-            SELECT {_READY_SINCE} + :fallback FROM tasks t
+            SELECT {_READY_SINCE} + :fallback FROM tasks t{plain_hint}
                 JOIN instances i ON i.instance_id = t.instance_id
                 LEFT JOIN tasks a ON a.task_id = t.after_task
-                WHERE t.kind = 'stop' AND t.status = 'pending' AND i.node IS NOT NULL
+                WHERE t.kind = 'stop' AND t.status = 'pending' AND t.grp IS NULL AND i.node IS NOT NULL
                   AND i.node != :node AND {_READY_SINCE} + :fallback > :now
         ) AS due_times
         """,  # noqa: S608 - constant fragments only
@@ -182,7 +183,13 @@ def idle_claim(
             return None
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
         # Only constant fragments and "?" placeholders are formatted into this statement.
-        if conn.execute(_SELECT_CLAIMABLE.format(where=where, lock=""), [*params, 1]).fetchone() is not None:
+        if (
+            conn.execute(
+                _SELECT_CLAIMABLE.format(where=where, lock="", hint=indexed_by(conn, "tasks_plain")),
+                [*params, 1],
+            ).fetchone()
+            is not None
+        ):
             return None
         if _scheduled(conn, req=req, scope=scope, now=now, limit=1):
             return None
@@ -210,12 +217,12 @@ def claim(
         # Only constant fragments and "?" placeholders are formatted into these statements.
         lock = for_update(conn, of="t", skip_locked=True)
         if lock and req.node_info is None:
-            stmt = _CLAIM_ONE_STATEMENT.format(where=where, lock=lock)
+            stmt = _CLAIM_ONE_STATEMENT.format(where=where, lock=lock, hint="")
             leased = conn.execute(stmt, [req.daemon_id, now + req.lease_seconds, now, *params, req.capacity])
             tasks = [task_json(r) for r in sorted(leased.fetchall(), key=lambda r: int(r["seq"]))]
             seqs = []
         else:
-            select = _SELECT_CLAIMABLE.format(where=where, lock=lock)
+            select = _SELECT_CLAIMABLE.format(where=where, lock=lock, hint=indexed_by(conn, "tasks_plain"))
             # With a node offer, look past launches this node cannot run (they stay for others).
             limit = req.capacity if req.node_info is None else req.capacity + placement.SCAN_EXTRA
             rows = conn.execute(select, [*params, limit]).fetchall()
@@ -226,6 +233,7 @@ def claim(
         if room > 0:
             picked = _scheduled(conn, req=req, scope=scope, now=now, limit=room, lock=True)
             schedule.mark_charged(conn, picked)
+            schedule.record_recent(conn, picked, now=now)
             seqs = [*seqs, *(h.candidate.seq for h in picked)]
         if seqs:
             marks = ",".join("?" * len(seqs))

@@ -325,4 +325,13 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX instances_held ON instances (namespace, launched_at)
         WHERE state = 'queued' AND dispatch = 'direct' AND charge IS NULL;
     """,
+    # 12: how many launches each namespace was handed lately (a count that fades, see
+    # nymph.queue.scheduling.decayed): the scheduler's tie-break when shares are equal.
+    """
+    CREATE TABLE recent_usage (
+        namespace TEXT PRIMARY KEY,
+        served REAL NOT NULL,
+        at REAL NOT NULL
+    );
+    """,
 )

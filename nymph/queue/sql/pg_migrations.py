@@ -248,4 +248,12 @@ PG_MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX instances_held ON instances (namespace, launched_at)
         WHERE state = 'queued' AND dispatch = 'direct' AND charge IS NULL;
     """,
+    # 8: how many launches each namespace was handed lately (SQLite migration 12).
+    """
+    CREATE TABLE recent_usage (
+        namespace TEXT COLLATE "C" PRIMARY KEY,
+        served DOUBLE PRECISION NOT NULL,
+        at DOUBLE PRECISION NOT NULL
+    );
+    """,
 )

@@ -18,16 +18,16 @@ MAX_DELIVERIES = 10
 def retire(conn: Conn, *, now: float) -> set[str]:
     """Settle tasks that must not be handed out again; returns instances that changed.
 
-    * a launch (or dockyard launch) whose instance already stopped (it was applied and ran;
-      only its completion was lost) is done: redelivering it after the Pod was reaped would run
-      the job twice;
+    * a launch (or dockyard launch) whose lease expired while its instance already stopped (it
+      was applied and ran; only its completion was lost) is done: redelivering it after the Pod
+      was reaped would run the job twice (a pending one is settled when its instance stops, by
+      :func:`nymph.queue.sql.transitions.transition`);
     * a task whose lease expired ``MAX_DELIVERIES`` times fails, and its launch with it.
     """
     conn.execute(
         "UPDATE tasks SET status = 'done', finished_at = ?, updated_at = ?, lease_owner = NULL, "  # noqa: S608 - constant fragments only
-        f"lease_expires = NULL WHERE kind IN ({_START_SQL}) AND "
-        "(status = 'pending' OR (status = 'leased' AND lease_expires <= ?)) AND instance_id IN "
-        "(SELECT instance_id FROM instances WHERE state = 'stopped')",
+        f"lease_expires = NULL WHERE kind IN ({_START_SQL}) AND status = 'leased' AND lease_expires <= ? "
+        "AND instance_id IN (SELECT instance_id FROM instances WHERE state = 'stopped')",
         (now, now, now),
     )
     changed: set[str] = set()

@@ -21,8 +21,8 @@ from typing import Any
 
 from nymph.launch.placement import Needs, NodeOffer, add, misfit
 from nymph.protocol import FINISHED_STATUSES, TaskKind
-from nymph.queue.scheduling import SLOTS, Candidate, Usage, charge, pick_next
-from nymph.queue.sql.dialect import Conn, is_postgres
+from nymph.queue.scheduling import SLOTS, Candidate, Usage, charge, decayed, pick_next
+from nymph.queue.sql.dialect import Conn, indexed_by, is_postgres
 from nymph.queue.sql.quotas import all_quotas
 
 #: A daemon that claimed within this many seconds counts as live (see sql.placement).
@@ -32,9 +32,9 @@ _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
 _TOP = "~"
 _GROUPS = """
 WITH RECURSIVE g(grp) AS (
-    SELECT (SELECT MIN(grp) FROM tasks WHERE status = 'pending' AND grp > ? AND grp < ?)
+    SELECT (SELECT MIN(grp) FROM tasks{hint} WHERE status = 'pending' AND grp > ? AND grp < ?)
     UNION ALL
-    SELECT (SELECT MIN(t.grp) FROM tasks t WHERE t.status = 'pending' AND t.grp > g.grp AND t.grp < ?)
+    SELECT (SELECT MIN(t.grp) FROM tasks t{hint} WHERE t.status = 'pending' AND t.grp > g.grp AND t.grp < ?)
     FROM g WHERE g.grp IS NOT NULL
 )
 SELECT grp FROM g WHERE grp IS NOT NULL
@@ -44,7 +44,7 @@ SELECT grp FROM g WHERE grp IS NOT NULL
 _HEAD = f"""
 SELECT t.seq, t.grp, t.kind, t.namespace, t.priority, t.created_at, t.instance_id,
        (SELECT i.charge FROM instances i WHERE i.instance_id = t.instance_id) AS charge
-FROM tasks t
+FROM tasks t{{hint}}
 WHERE t.status = 'pending' AND t.grp = ? AND t.not_before <= ?
   AND (t.priority < ? OR (t.priority = ? AND t.seq > ?))
   AND (t.after_task IS NULL OR EXISTS (
@@ -113,7 +113,9 @@ def needs_of(conn: Conn, grp: str, seq: int) -> Needs:
 
 def _head(conn: Conn, grp: str, *, now: float, after: tuple[int, int, int] = _ABOVE_ALL) -> Head | None:
     priority, same, seq = after
-    row = conn.execute(_HEAD, (grp, now, priority, same, seq)).fetchone()
+    row = conn.execute(
+        _HEAD.format(hint=indexed_by(conn, "tasks_queue")), (grp, now, priority, same, seq)
+    ).fetchone()
     if row is None:
         return None
     needs = needs_of(conn, grp, int(row["seq"]))
@@ -138,7 +140,8 @@ def groups(conn: Conn, *, kube_namespaces: Sequence[str]) -> list[str]:
     ranges = [(f"{k}/", f"{k}0") for k in sorted(set(kube_namespaces))] or [("", _TOP)]
     out: list[str] = []
     for lo, hi in ranges:
-        out.extend(str(r[0]) for r in conn.execute(_GROUPS, (lo, hi, hi)))
+        sql = _GROUPS.format(hint=indexed_by(conn, "tasks_queue"))
+        out.extend(str(r[0]) for r in conn.execute(sql, (lo, hi, hi)))
     return out
 
 
@@ -236,6 +239,7 @@ def plan(
     have_quotas = all_quotas(conn)
     held = usage(conn)
     offered = totals(conn, now=now, held=held)
+    lately = recent(conn, now=now)
     on_node = dict(used_on_node or {})
     picked: list[Head] = []
     while pending and len(picked) < limit:
@@ -247,13 +251,18 @@ def plan(
             or misfit(h.needs, offer, used=on_node) is None
         }
         chosen = pick_next(
-            list(c.candidate for c in by_seq.values()), quotas=have_quotas, usage=held, totals=offered
+            [c.candidate for c in by_seq.values()],
+            quotas=have_quotas,
+            usage=held,
+            totals=offered,
+            recent=lately,
         )
         if chosen is None:
             break
         head = by_seq[chosen.seq]
         picked.append(head)
         held = charge(held, chosen)
+        lately = {**lately, chosen.namespace: lately.get(chosen.namespace, 0.0) + 1.0}
         if head.kind == TaskKind.LAUNCH.value:
             on_node = add(on_node, head.needs.requests)
         c = head.candidate
@@ -278,6 +287,30 @@ def lock_namespaces(conn: Conn, *, kube_namespaces: Sequence[str], scope: str | 
     )
     for name in names:
         conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (NAMESPACE_LOCK, name))
+
+
+def recent(conn: Conn, *, now: float) -> dict[str, float]:
+    """How many launches each namespace was handed lately, faded to ``now``."""
+    return {
+        str(r["namespace"]): decayed(float(r["served"]), since=float(r["at"]), now=now)
+        for r in conn.execute("SELECT namespace, served, at FROM recent_usage")
+    }
+
+
+def record_recent(conn: Conn, picked: Sequence[Head], *, now: float) -> None:
+    """Add the picked launches to their namespaces' recent counts (faded to ``now`` first)."""
+    counts: dict[str, int] = {}
+    for head in picked:
+        counts[head.candidate.namespace] = counts.get(head.candidate.namespace, 0) + 1
+    if not counts:
+        return
+    lately = recent(conn, now=now)
+    for namespace, count in sorted(counts.items()):
+        conn.execute(
+            "INSERT INTO recent_usage (namespace, served, at) VALUES (?, ?, ?) ON CONFLICT (namespace) "
+            "DO UPDATE SET served = excluded.served, at = excluded.at",
+            (namespace, lately.get(namespace, 0.0) + count, now),
+        )
 
 
 def mark_charged(conn: Conn, picked: Sequence[Head]) -> None:

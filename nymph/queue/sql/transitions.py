@@ -55,6 +55,13 @@ def transition(
         "WHERE instance_id = ?",
         (new_state, new_reason, new_message, new_node, now, new_state, instance_id),
     )
+    if new_state == "stopped":
+        # Its launch ran (or never will): a start task still queued must not be handed out.
+        conn.execute(
+            "UPDATE tasks SET status = 'done', finished_at = ?, updated_at = ? "
+            "WHERE instance_id = ? AND kind IN ('launch', 'dockyard') AND status = 'pending'",
+            (now, now, instance_id),
+        )
     if (new_state, new_reason) != (row["state"], row["reason"]):
         conn.execute(
             "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, ?, ?, ?)",

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 from nymph.queue.scheduling import Quota, Usage, ordinal, quota_blocks, weighted_share
 from nymph.queue.sql import schedule
-from nymph.queue.sql.dialect import Conn, Row
+from nymph.queue.sql.dialect import Conn, Row, indexed_by
 from nymph.queue.sql.quotas import all_quotas
 
 #: Above this many queued launches read at once, positions come from one ranked read of each
@@ -27,14 +27,20 @@ _TASKS_OF = (
     "SELECT t.instance_id, t.seq, t.priority, t.grp, t.status FROM tasks t WHERE t.instance_id IN ({marks})"
 )
 _AHEAD = (
-    "SELECT COUNT(*) FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ? "
+    "SELECT COUNT(*) FROM tasks{hint} WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ? "
     "AND (priority > ? OR (priority = ? AND seq < ?))"
 )
-_QUEUED_IN = "SELECT COUNT(*) FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ?"
+_QUEUED_IN = "SELECT COUNT(*) FROM tasks{hint} WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ?"
 _RANKED = (
-    "SELECT seq FROM tasks WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ? "
+    "SELECT seq FROM tasks{hint} WHERE status = 'pending' AND grp IS NOT NULL AND namespace = ? "
     "ORDER BY priority DESC, seq LIMIT ?"
 )
+
+
+def _hint(conn: Conn) -> str:
+    return indexed_by(conn, "tasks_pending_ns")
+
+
 #: The first ranked read's length; each further one reads four times as far (so the rows read
 #: stay within a small multiple of the furthest position asked for, not the whole backlog).
 _RANK_FIRST = 1024
@@ -71,7 +77,7 @@ def _ranks(conn: Conn, namespace: str, wanted: set[int]) -> dict[int, int]:
     from the head of the queue only as far as the furthest of them."""
     limit = _RANK_FIRST
     while True:
-        seqs = [int(r[0]) for r in conn.execute(_RANKED, (namespace, limit))]
+        seqs = [int(r[0]) for r in conn.execute(_RANKED.format(hint=_hint(conn)), (namespace, limit))]
         ranks = {seq: i for i, seq in enumerate(seqs)}
         if len(seqs) < limit or wanted <= ranks.keys():
             return ranks
@@ -105,7 +111,7 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
     for instance_id, t in pending.items():
         ns = namespaces[instance_id]
         if ns not in sizes:
-            sizes[ns] = int(conn.execute(_QUEUED_IN, (ns,)).fetchone()[0])
+            sizes[ns] = int(conn.execute(_QUEUED_IN.format(hint=_hint(conn)), (ns,)).fetchone()[0])
         if len(pending) > _RANK_ALL:
             if ns not in ranks:
                 wanted = {int(p["seq"]) for i, p in pending.items() if namespaces[i] == ns}
@@ -113,7 +119,7 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
             ahead = ranks[ns].get(int(t["seq"]), 0)
         else:
             p, seq = int(t["priority"]), int(t["seq"])
-            ahead = int(conn.execute(_AHEAD, (ns, p, p, seq)).fetchone()[0])
+            ahead = int(conn.execute(_AHEAD.format(hint=_hint(conn)), (ns, p, p, seq)).fetchone()[0])
         text = f"{ordinal(ahead + 1)} of {sizes[ns]} in {ns}"
         blocked = quota_blocks(
             ns,
