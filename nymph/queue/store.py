@@ -19,7 +19,6 @@ from nymph.launch.spec import LaunchSpec
 from nymph.protocol import (
     ActiveJSON,
     CompleteAnswer,
-    DaemonJSON,
     InstanceJSON,
     LaunchAccepted,
     TaskStatusJSON,
@@ -266,9 +265,6 @@ class Store:
 
     async def get_task(self, *, ns: str, task_id: str) -> TaskStatusJSON:
         return await self.db.read(lambda conn: instances.get_task(conn, ns=ns, task_id=task_id))
-
-    async def list_daemons(self, *, principal: Principal) -> list[DaemonJSON]:
-        return await self.db.read(lambda conn: dispatch.list_daemons(conn, visible_to=principal.namespace))
 
     # dispatch
 

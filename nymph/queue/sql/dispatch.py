@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from nymph.launch.state import InstanceState, Reason
-from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, DaemonJSON, iso
+from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, iso
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
 from nymph.queue.sql import binding, placement, schedule
@@ -369,26 +369,3 @@ def sweep(conn: Conn, *, now: float) -> tuple[int, set[str]]:
     )
     placement.update_waiting(conn, now=now)
     return cur.rowcount, settled
-
-
-def list_daemons(conn: Conn, *, visible_to: str | None) -> list[DaemonJSON]:
-    """Every daemon that claimed; for a token scoped to namespace ``visible_to``, only the
-    daemons that serve a kube namespace of that name, showing that namespace alone."""
-    rows = conn.execute("SELECT * FROM daemons ORDER BY node, daemon_id").fetchall()
-    out = []
-    for r in rows:
-        namespaces: list[str] = json.loads(r["namespaces"])
-        if visible_to is not None:
-            if visible_to not in namespaces:
-                continue
-            namespaces = [visible_to]
-        out.append(
-            DaemonJSON(
-                daemonId=r["daemon_id"],
-                node=r["node"],
-                namespaces=namespaces,
-                lastSeen=iso(r["last_seen"]),
-                capacity=r["capacity"],
-            )
-        )
-    return out
