@@ -29,6 +29,7 @@ from nymph.queue.errors import ServiceError
 from nymph.queue.models import Principal
 from nymph.queue.paging import Page, PageRequest
 from nymph.queue.sql import catalog, launches
+from nymph.queue.sql.direct import DirectLaunch
 from nymph.queue.store import Store
 
 log = structlog.get_logger(__name__, component="queue.direct")
@@ -72,13 +73,8 @@ class DirectDispatch:
             )
             return {**rec.accepted, "state": InstanceState.QUEUED.value}
         conn = Connection.from_json(rec.connection)
-        what = f"creating Pod {iid} in namespace {conn.namespace}"
         try:
-            async with self.connector.api(ns=ns, conn=conn, what=what) as api:
-                try:
-                    pod, created = await pods.create_pod(api, rec.pod)
-                except Exception as exc:
-                    raise service_error(exc, what=what) from None
+            pod, created = await self._create_pod(ns=ns, rec=rec)
         except BaseException:
             await self.store.direct.forget(instance_id=iid)
             log.info("direct launch refused; nothing kept", instance=iid, namespace=ns, provider=provider)
@@ -100,6 +96,16 @@ class DirectDispatch:
         )
         return accepted
 
+    async def _create_pod(self, *, ns: str, rec: DirectLaunch) -> tuple[dict[str, Any], bool]:
+        """Create (or adopt) the recorded launch's Pod with its connection; (Pod, created)."""
+        conn = Connection.from_json(rec.connection)
+        what = f"creating Pod {rec.accepted['instanceId']} in namespace {conn.namespace}"
+        async with self.connector.api(ns=ns, conn=conn, what=what) as api:
+            try:
+                return await pods.create_pod(api, rec.pod)
+            except Exception as exc:
+                raise service_error(exc, what=what) from None
+
     async def release_held(self) -> int:
         """Create the Pods of held launches whose turn has come (their quota has room now);
         one the API server refuses ends LaunchFailed with the server's message. Returns how
@@ -108,14 +114,8 @@ class DirectDispatch:
         for rec in taken:
             iid = rec.accepted["instanceId"]
             ns = rec.namespace
-            conn = Connection.from_json(rec.connection)
-            what = f"creating Pod {iid} in namespace {conn.namespace}"
             try:
-                async with self.connector.api(ns=ns, conn=conn, what=what) as api:
-                    try:
-                        pod, _ = await pods.create_pod(api, rec.pod)
-                    except Exception as exc:
-                        raise service_error(exc, what=what) from None
+                pod, _ = await self._create_pod(ns=ns, rec=rec)
             except ServiceError as exc:
                 if await self.store.direct.fail_held(instance_id=iid, message=exc.detail, ts=now()):
                     self.store.instance_changed.notify(iid)
