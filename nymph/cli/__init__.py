@@ -26,8 +26,55 @@ _AREAS = (
     "nymph.cli.dockyard",
 )
 
+#: Which area registers each top-level command: ``nymph COMMAND ...`` builds that area's
+#: parsers only, so a user command does not import the others' (dockyard's render, the dev
+#: cluster's); ``nymph --help`` and an unknown command build them all. tests/cli/test_startup.py
+#: checks this table against what the areas register.
+COMMAND_AREAS = {
+    "render": "nymph.cli.render",
+    **dict.fromkeys(
+        (
+            "queue",
+            "providers",
+            "modes",
+            "launch",
+            "launch-dockyard",
+            "secrets",
+            "results",
+            "instances",
+            "instance",
+            "show",
+            "stop",
+            "logs",
+            "quota",
+        ),
+        "nymph.cli.queue",
+    ),
+    "daemon": "nymph.cli.daemon",
+    "audit": "nymph.cli.daemon",
+    "dev": "nymph.cli.dev",
+    "dockyard": "nymph.cli.dockyard",
+}
+#: The top-level options that take a value (``--log-level debug``), to find the command.
+_VALUED = ("--log-format", "--log-level")
 
-def build_parser() -> argparse.ArgumentParser:
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The top-level command ``argv`` names (its first word that is not an option), or None."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return next(words, None)
+        if word in _VALUED:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``nymph`` parser; given ``argv``, only the area of the command it names (all of them
+    for none, or one no area registers)."""
     parser = argparse.ArgumentParser(
         prog="nymph",
         description=(
@@ -45,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _AREAS:
+    area = COMMAND_AREAS.get(command_of(argv) or "") if argv is not None else None
+    for name in (area,) if area else _AREAS:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -57,14 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
-    from nymph.logsetup import configure_logging  # structlog: once a command runs, not for --help
-
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    configure_logging(fmt=args.log_format, level=args.log_level)
+    if getattr(args, "logging", True):  # the user verbs log nothing: they skip structlog
+        from nymph.logsetup import configure_logging  # once a command runs, not for --help
+
+        configure_logging(fmt=args.log_format, level=args.log_level)
     # A command loads the generated Kubernetes client one class at a time (see nymph.kube.slim):
     # a daemon or queue process then holds the few dozen classes it uses, not about 850. It is
     # installed once the command is known and before its handler imports anything (building

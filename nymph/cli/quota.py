@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from nymph.cli.lazy import handler
+from nymph.cli.output import add_output
 
 _VERBS = "nymph.cli.quotaverbs"
 
@@ -54,4 +55,5 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "token); with NS, that namespace's (its own users may read it). Example: nymph quota show team-a",
     )
     p.add_argument("target", metavar="NS", nargs="?", help="the namespace (default: every one)")
+    add_output(p)
     p.set_defaults(func=handler(_VERBS, "cmd_quota_show"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nymph.cli.output import emit
 from nymph.cli.userverbs import _run
 from nymph.cli.userview import table
 from nymph.client import UserClient
@@ -105,9 +106,14 @@ def cmd_quota_set(args: argparse.Namespace) -> int:
 def cmd_quota_show(args: argparse.Namespace) -> int:
     async def run(client: UserClient) -> int:
         if args.target:
-            quotas = [await client.get_quota(namespace=args.target)]
+            quota = await client.get_quota(namespace=args.target)
+            if emit(args, quota):
+                return 0
+            quotas = [quota]
         else:
             quotas = await client.list_quotas()
+            if emit(args, quotas):
+                return 0
             if not quotas:
                 print("no namespace has a quota or running launches yet")
                 return 0

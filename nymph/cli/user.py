@@ -11,16 +11,34 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nymph.cli import quota, userresults, usersecrets
+from nymph.cli import exitcodes, quota, userinstance, userresults, usersecrets
+from nymph.cli.exitcodes import INTERRUPTED_EXIT, NEVER_RAN_EXIT, WAIT_TIMEOUT_EXIT
 from nymph.cli.lazy import handler
+from nymph.cli.output import add_output
 from nymph.cli.paging import DEFAULT_LIMIT, add_paging
-from nymph.cli.userview import NEVER_RAN_EXIT
-from nymph.launch.state import InstanceState
 from nymph.netaddr import DEFAULT_URL
 
 _VERBS = "nymph.cli.userverbs"
 _CATALOG = "nymph.cli.usercatalog"
-_STATES = [s.value for s in InstanceState]
+#: The instance states (``nymph.launch.state.InstanceState``; the parser does not import it).
+STATES = ("queued", "starting", "running", "stopping", "stopped", "unknown")
+
+
+#: The commands registered here, each of whose --help ends with the exit codes.
+USER_COMMANDS = (
+    "providers",
+    "modes",
+    "launch",
+    "launch-dockyard",
+    "secrets",
+    "results",
+    "instances",
+    "instance",
+    "show",
+    "stop",
+    "logs",
+    "quota",
+)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -70,6 +88,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=handler(_CATALOG, "cmd_providers_add"))
     p = psub.add_parser("list", parents=[common], help="list providers")
     add_paging(p, what="providers", first_page=False)
+    add_output(p)
     p.set_defaults(func=handler(_CATALOG, "cmd_providers_list"))
     for verb, func, text in (
         ("show", handler(_CATALOG, "cmd_providers_show"), "show a provider"),
@@ -77,6 +96,8 @@ def register(sub: Any) -> None:
     ):
         p = psub.add_parser(verb, parents=[common], help=text)
         p.add_argument("name")
+        if verb == "show":
+            add_output(p)
         p.set_defaults(func=func)
     p = psub.add_parser(
         "instances",
@@ -90,8 +111,9 @@ def register(sub: Any) -> None:
         "--retention-days are removed (their id then answers 'expired').",
     )
     p.add_argument("provider", metavar="name")
-    p.add_argument("--state", choices=_STATES, help="only the instances in this state")
+    p.add_argument("--state", choices=STATES, help="only the instances in this state")
     add_paging(p, what="instances", first_page=True)
+    add_output(p)
     p.set_defaults(func=handler(_VERBS, "cmd_instances"))
     p = psub.add_parser(
         "test",
@@ -128,6 +150,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=handler(_CATALOG, "cmd_modes_add"))
     p = msub.add_parser("list", parents=[common], help="list modes")
     add_paging(p, what="modes", first_page=False)
+    add_output(p)
     p.set_defaults(func=handler(_CATALOG, "cmd_modes_list"))
     for verb, func, text in (
         ("show", handler(_CATALOG, "cmd_modes_show"), "show a mode"),
@@ -135,6 +158,8 @@ def register(sub: Any) -> None:
     ):
         p = msub.add_parser(verb, parents=[common], help=text)
         p.add_argument("name")
+        if verb == "show":
+            add_output(p)
         p.set_defaults(func=func)
 
     p = sub.add_parser(
@@ -180,8 +205,15 @@ def register(sub: Any) -> None:
         action="store_true",
         help="show each state change (on stderr) and the job's output as it prints (on stdout); "
         "exit with the job's exit code (1 for a failure without one), or "
-        f"{NEVER_RAN_EXIT} when the job never ran (ImagePull, LaunchFailed, Unschedulable, "
-        "stopped before it started)",
+        f"{NEVER_RAN_EXIT} when the job never ran (ImagePull: its image could not be pulled for the "
+        "image-pull timeout; LaunchFailed, Unschedulable, stopped before it started); on Ctrl-C "
+        f"exit {INTERRUPTED_EXIT}, the launch going on (the message says how to stop it)",
+    )
+    p.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        help=f"with --wait: stop waiting after this long (seconds or 90s, 30m, 2h) and exit "
+        f"{WAIT_TIMEOUT_EXIT}; the launch goes on (the message says how to stop it)",
     )
     p.add_argument("--quiet", action="store_true", help="with --wait: show the states only, not the output")
     p.set_defaults(func=handler(_VERBS, "cmd_launch"))
@@ -233,8 +265,9 @@ def register(sub: Any) -> None:
         "--retention-days are removed (their id then answers 'expired').",
     )
     p.add_argument("provider", help="the provider's name")
-    p.add_argument("--state", choices=_STATES, help="only the instances in this state")
+    p.add_argument("--state", choices=STATES, help="only the instances in this state")
     add_paging(p, what="instances", first_page=True)
+    add_output(p)
     p.set_defaults(func=handler(_VERBS, "cmd_instances"))
 
     p = sub.add_parser(
@@ -254,7 +287,9 @@ def register(sub: Any) -> None:
         help="print an instance's log (live while it runs, kept after the Pod is gone)",
         description="The log as the queue has it (at most --log-cap per instance, the oldest middle "
         "part dropped with a marker; kept --retention-days after the instance stopped). With -f, "
-        "follow it as the job prints until it ends.",
+        "follow it as the job prints until it ends. Nothing logged yet is not an error (exit 0): "
+        "stderr says why, e.g. that the Pod cannot start (ImagePull, CreateContainerError, "
+        "Unschedulable: its reason and message) or that the job never ran.",
     )
     p.add_argument("provider")
     p.add_argument("instance_id", metavar="ID")
@@ -262,3 +297,10 @@ def register(sub: Any) -> None:
     p.set_defaults(func=handler(_VERBS, "cmd_logs"))
 
     quota.register(sub, common)
+    userinstance.register(sub, common)
+    for name in USER_COMMANDS:
+        exitcodes.document(sub.choices[name])
+        # These commands print for the user and log nothing: no structlog set-up (a tenth of a
+        # second of imports) before they start.
+        for each in exitcodes.each_parser(sub.choices[name]):
+            each.set_defaults(logging=False)

@@ -7,9 +7,11 @@ import argparse
 import asyncio
 import sys
 import time
+from typing import Any
 
 import yaml
 
+from nymph.cli.output import emit
 from nymph.cli.paging import fetch
 from nymph.cli.userverbs import ProbeTimeout, _run
 from nymph.cli.userview import print_checks, table
@@ -71,6 +73,8 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
             first_page=False,
             command=["providers", "list"],
         )
+        if emit(args, items):
+            return 0
         if not items:
             print(f"no providers in namespace {client.namespace}")
             return 0
@@ -90,13 +94,21 @@ def cmd_providers_list(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def masked(provider: dict[str, Any]) -> dict[str, Any]:
+    """A provider as ``providers show`` prints it, in every format: its kubeconfig named by
+    :func:`describe_kubeconfig`, never its content (pure)."""
+    kwargs = dict(provider.get("kwargs") or {})
+    if provider.get("dispatch") == "direct" or "kubeconfig" in kwargs:
+        kwargs["kubeconfig"] = describe_kubeconfig(kwargs.get("kubeconfig"))
+    return {**provider, "kwargs": kwargs}
+
+
 def cmd_providers_show(args: argparse.Namespace) -> int:
     async def body(client: UserClient) -> int:
         provider = await client.get_provider(name=args.name)
-        kwargs = dict(provider.get("kwargs") or {})
-        if provider.get("dispatch") == "direct" or "kubeconfig" in kwargs:
-            kwargs["kubeconfig"] = describe_kubeconfig(kwargs.get("kubeconfig"))
-        print(yaml.safe_dump({**provider, "kwargs": kwargs}, sort_keys=False), end="")
+        if emit(args, masked(provider)):
+            return 0
+        print(yaml.safe_dump(masked(provider), sort_keys=False), end="")
         dispatch = str(provider.get("dispatch", ""))
         print(f"# dispatch {dispatch}: {_DISPATCH_SAYS.get(dispatch, '')}")
         return 0
@@ -173,6 +185,8 @@ def cmd_modes_list(args: argparse.Namespace) -> int:
             first_page=False,
             command=["modes", "list"],
         )
+        if emit(args, items):
+            return 0
         if not items:
             print(f"no modes in namespace {client.namespace}")
             return 0
@@ -185,7 +199,9 @@ def cmd_modes_list(args: argparse.Namespace) -> int:
 
 def cmd_modes_show(args: argparse.Namespace) -> int:
     async def body(client: UserClient) -> int:
-        print(yaml.safe_dump(await client.get_mode(name=args.name), sort_keys=False), end="")
+        mode = await client.get_mode(name=args.name)
+        if not emit(args, mode):
+            print(yaml.safe_dump(mode, sort_keys=False), end="")
         return 0
 
     return _run(args, body)

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nymph.cli.userview import table
+from nymph.cli.output import add_output
 from nymph.errors import ConfigError
-from nymph.launch.results import BadResultPath
 
 if TYPE_CHECKING:
     from nymph.client import UserClient
@@ -24,13 +23,17 @@ _HELP = (
 
 
 def cmd_results_list(args: argparse.Namespace) -> int:
+    from nymph.cli.output import emit
     from nymph.cli.userverbs import _run
+    from nymph.cli.userview import table
     from nymph.client.results import list_results
 
     async def body(client: UserClient) -> int:
         got = await list_results(client, provider=args.provider, instance_id=args.instance_id)
         items = got.get("items") or []
-        if items:
+        if emit(args, items):
+            pass
+        elif items:
             print(table(("PATH", "SIZE"), [(i["path"], i["size"]) for i in items]))
         else:
             print(f"no results for {args.instance_id}")
@@ -44,6 +47,7 @@ def cmd_results_list(args: argparse.Namespace) -> int:
 def cmd_results_get(args: argparse.Namespace) -> int:
     from nymph.cli.userverbs import _run
     from nymph.client.results import download, list_results, target
+    from nymph.launch.results import BadResultPath
 
     directory = Path(args.directory or args.instance_id).expanduser()
 
@@ -54,8 +58,8 @@ def cmd_results_get(args: argparse.Namespace) -> int:
             got = await list_results(client, provider=args.provider, instance_id=args.instance_id)
             paths = [str(i["path"]) for i in got.get("items") or []]
             if not paths:
-                print(f"no results for {args.instance_id}", file=sys.stderr)
-                return 1
+                print(f"no results for {args.instance_id}: nothing to download", file=sys.stderr)
+                return 0  # empty is not an error
         try:
             existing = [dest for dest in (target(directory, path) for path in paths) if dest.exists()]
         except BadResultPath as exc:
@@ -83,6 +87,14 @@ def cmd_results_get(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+class _NotADirectory(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        parser.error(
+            "-o/--output is the output format of the list and show verbs; results get writes "
+            "files: give the directory with -d DIR (or --dir DIR)"
+        )
+
+
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     results = sub.add_parser(
         "results", help="list and download an instance's result files", description=_HELP
@@ -91,6 +103,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = rsub.add_parser("list", parents=[common], help="list an instance's result files", description=_HELP)
     p.add_argument("provider")
     p.add_argument("instance_id", metavar="ID")
+    add_output(p)
     p.set_defaults(func=cmd_results_list)
     p = rsub.add_parser(
         "get",
@@ -107,11 +120,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-d",
         "--dir",
-        "-o",
-        "--output",
         dest="directory",
         metavar="DIR",
-        help="where to write them (default: ./ID/, the instance id); -o/--output is the same",
+        help="where to write them (default: ./ID/, the instance id)",
     )
+    # -o/--output is the output format of the list and show verbs: here it is refused, saying
+    # what to write instead, rather than taken for a directory.
+    p.add_argument("-o", "--output", action=_NotADirectory, help=argparse.SUPPRESS)
     p.add_argument("--force", action="store_true", help="replace files that are already there")
     p.set_defaults(func=cmd_results_get)

@@ -10,8 +10,8 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any
 
+from nymph.cli.output import add_output
 from nymph.cli.paging import add_paging, fetch
-from nymph.cli.userview import table
 from nymph.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,7 +50,9 @@ def cmd_secrets_set(args: argparse.Namespace) -> int:
 
 
 def cmd_secrets_list(args: argparse.Namespace) -> int:
+    from nymph.cli.output import emit
     from nymph.cli.userverbs import _run
+    from nymph.cli.userview import table
 
     async def body(client: UserClient) -> int:
         items = await fetch(
@@ -60,6 +62,8 @@ def cmd_secrets_list(args: argparse.Namespace) -> int:
             first_page=False,
             command=["secrets", "list"],
         )
+        if emit(args, items):
+            return 0
         if not items:
             print(f"no secrets in namespace {client.namespace}")
             return 0
@@ -101,6 +105,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_secrets_set)
     p = ssub.add_parser("list", parents=[common], help="list secrets (names and dates only)")
     add_paging(p, what="secrets", first_page=False)
+    add_output(p)
     p.set_defaults(func=cmd_secrets_list)
     p = ssub.add_parser("rm", parents=[common], help="remove a secret")
     p.add_argument("name")

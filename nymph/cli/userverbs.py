@@ -20,13 +20,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from nymph.cli.output import emit
 from nymph.cli.paging import fetch
-from nymph.cli.userview import follow, print_instances
+from nymph.cli.userview import (
+    INTERRUPTED_EXIT,
+    WAIT_TIMEOUT_EXIT,
+    follow,
+    no_log_yet,
+    print_instances,
+    still_there,
+)
 from nymph.client import QueueAuthError, QueueError, QueueNotFound, UserClient, safe_url
 from nymph.client.logs import follow_log
 from nymph.client.paging import Page
 from nymph.errors import ConfigError, NymphError
 from nymph.launch.dreamrc import load_dreamrc, parse_assignments
+from nymph.launch.durations import format_duration, parse_duration
 from nymph.launch.names import parse_labels
 from nymph.launch.script import read_script
 from nymph.netaddr import DEFAULT_URL
@@ -130,7 +139,9 @@ def cmd_instances(args: argparse.Namespace) -> int:
             )
 
         command = ["instances", args.provider, *(["--state", args.state] if args.state else [])]
-        print_instances(await fetch(args, page, what="instances", first_page=True, command=command))
+        items = await fetch(args, page, what="instances", first_page=True, command=command)
+        if not emit(args, items):
+            print_instances(items)
         return 0
 
     return _run(args, body)
@@ -144,6 +155,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.max_runtime is not None:
         fields["max_runtime"] = args.max_runtime  # checked by the queue, which names the field
     key = args.idempotency_key or str(uuid.uuid4())
+    timeout = None if args.timeout is None else parse_duration(args.timeout, "--timeout")
+    launched: list[str] = []
 
     async def body(client: UserClient) -> int:
         accepted = await client.launch(
@@ -161,21 +174,46 @@ def cmd_launch(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         iid = accepted["instanceId"]
-        if args.quiet:
-            return await follow(client, provider=args.provider, instance_id=iid, job_exit=True)
-        output = asyncio.create_task(_print_log(client, provider=args.provider, instance_id=iid))
+        launched.append(iid)
         try:
-            code = await follow(client, provider=args.provider, instance_id=iid, job_exit=True)
-            # The log ends once all of it arrived (or soon after the stop when none comes).
-            with contextlib.suppress(TimeoutError, QueueError):
-                await asyncio.wait_for(asyncio.shield(output), _LOG_TAIL_SECONDS)
-        finally:
-            output.cancel()
-            with contextlib.suppress(asyncio.CancelledError, QueueError):
-                await output
-        return code
+            return await asyncio.wait_for(_wait(client, args, iid), timeout)
+        except TimeoutError:
+            inst = await client.get_instance(provider=args.provider, instance_id=iid)
+            print(
+                f"nymph: gave up waiting after {format_duration(timeout or 0)}: {still_there(inst)}",
+                file=sys.stderr,
+            )
+            return WAIT_TIMEOUT_EXIT
 
-    return _run(args, body)
+    try:
+        return _run(args, body)
+    except KeyboardInterrupt:
+        if not launched:
+            raise
+        print(
+            f"nymph: interrupted: {launched[0]} was launched and goes on without this command; "
+            f"stop it with: nymph stop {args.provider} {launched[0]}"
+            + ("" if args.namespace == "default" else f" --namespace {args.namespace}"),
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT
+
+
+async def _wait(client: UserClient, args: argparse.Namespace, iid: str) -> int:
+    """``launch --wait``: the states (and, unless ``--quiet``, the output) until it stops."""
+    if args.quiet:
+        return await follow(client, provider=args.provider, instance_id=iid, job_exit=True)
+    output = asyncio.create_task(_print_log(client, provider=args.provider, instance_id=iid))
+    try:
+        code = await follow(client, provider=args.provider, instance_id=iid, job_exit=True)
+        # The log ends once all of it arrived (or soon after the stop when none comes).
+        with contextlib.suppress(TimeoutError, QueueError):
+            await asyncio.wait_for(asyncio.shield(output), _LOG_TAIL_SECONDS)
+    finally:
+        output.cancel()
+        with contextlib.suppress(asyncio.CancelledError, QueueError):
+            await output
+    return code
 
 
 #: After the instance stopped, ``launch --wait`` waits this long at most for the rest of its log.
@@ -261,12 +299,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return 0
         logs = await client.get_logs(provider=args.provider, instance_id=args.instance_id)
         if logs is None:
-            print(
-                f"no logs for {args.instance_id} yet: the job has printed nothing the queue has "
-                "(use -f to wait for it)",
-                file=sys.stderr,
-            )
-            return 1
+            # Nothing logged is not an error (exit 0); the note says why: a Pod that cannot
+            # start (its reason and message), a job that never ran, or nothing printed yet.
+            inst = await client.get_instance(provider=args.provider, instance_id=args.instance_id)
+            print(no_log_yet(inst), file=sys.stderr)
+            return 0
         sys.stdout.write(logs)
         return 0
 

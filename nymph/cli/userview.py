@@ -8,6 +8,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from nymph.cli.exitcodes import INTERRUPTED_EXIT as INTERRUPTED_EXIT
+from nymph.cli.exitcodes import NEVER_RAN_EXIT as NEVER_RAN_EXIT
+from nymph.cli.exitcodes import WAIT_TIMEOUT_EXIT as WAIT_TIMEOUT_EXIT
 from nymph.launch.state import InstanceState, Reason
 
 if TYPE_CHECKING:
@@ -47,6 +50,92 @@ def print_instances(items: Sequence[dict[str, Any]]) -> None:
     print(table(("INSTANCE", "STATE", "REASON", "NODE", "LAUNCHED", "MESSAGE"), rows))
 
 
+def history_line(entry: Mapping[str, Any]) -> str:
+    """One entry of an instance's history, as ``launch --wait`` prints it: its local time, the
+    state, the reason in parentheses and the message after a colon."""
+    reason = f" ({entry['reason']})" if entry.get("reason") else ""
+    message = f": {entry['message']}" if entry.get("message") else ""
+    return f"{when(entry['at'])}  {entry['state']}{reason}{message}"
+
+
+#: The fields ``instance show`` prints after its state, reason, message and node when the
+#: instance has them: (label, key).
+_SHOWN = (
+    ("launched", "launchedAt"),
+    ("updated", "updatedAt"),
+    ("waiting", "waiting"),
+    ("exit code", "exitCode"),
+    ("termination reason", "terminationReason"),
+    ("termination message", "terminationMessage"),
+    ("results error", "resultsError"),
+    ("attempt", "attempt"),
+    ("retry of", "retryOf"),
+    ("retried as", "retriedAs"),
+)
+
+
+def print_instance(inst: Mapping[str, Any]) -> None:
+    """``nymph instance show``: one field a line, then the history one entry a line."""
+    rows: list[tuple[str, object]] = [
+        ("instance", inst["instanceId"]),
+        ("provider", inst.get("providerName", "")),
+        ("state", inst["state"]),
+        ("reason", inst.get("reason") or "-"),
+        ("message", inst.get("message") or "-"),
+        ("node", inst.get("node") or "-"),
+    ]
+    for label, key in _SHOWN:
+        value = inst.get(key)
+        if value is None or value == "":
+            continue
+        rows.append((label, when(value) if key in ("launchedAt", "updatedAt") else value))
+    width = max(len(label) for label, _ in rows) + 1
+    for label, value in rows:
+        print(f"{label + ':':<{width}} {value}")
+    history = inst.get("history") or []
+    print("history:" if history else "history: -")
+    for entry in history:
+        print(f"  {history_line(entry)}")
+
+
+#: Instance reasons (the taxonomy, and the kubelet's own words) that say a Pod cannot start.
+_CANNOT_START = frozenset(
+    {
+        Reason.IMAGE_PULL.value,
+        Reason.CREATE_CONTAINER.value,
+        Reason.UNSCHEDULABLE.value,
+        Reason.LAUNCH_FAILED.value,
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RegistryUnavailable",
+        "CreateContainerConfigError",
+        "RunContainerError",
+    }
+)
+
+
+def no_log_yet(inst: Mapping[str, Any]) -> str:
+    """Why ``nymph logs`` of ``inst`` has nothing to print (pure): its Pod cannot start (and
+    why), it never ran, or it has printed nothing yet."""
+    iid, state = inst["instanceId"], inst.get("state")
+    reason, message = inst.get("reason") or "", inst.get("message") or ""
+    why = reason + (f": {message}" if message else "")
+    waiting = state in (InstanceState.QUEUED.value, InstanceState.STARTING.value)
+    if waiting and reason in _CANNOT_START:
+        return f"no logs for {iid}: its Pod cannot start ({why}); fix that and launch again"
+    if state == InstanceState.STOPPED.value:
+        ran = any(h.get("state") == InstanceState.RUNNING.value for h in inst.get("history") or [])
+        if not ran and reason != Reason.COMPLETED.value:
+            return f"no logs for {iid}: it never ran ({why or 'stopped'})"
+        return f"no logs for {iid}: the job printed nothing the queue has"
+    if state == InstanceState.QUEUED.value:
+        waits = f" (waiting: {inst['waiting']})" if inst.get("waiting") else ""
+        return f"no logs for {iid} yet: it is still queued{waits} (use -f to wait for it)"
+    return f"no logs for {iid} yet: the job has printed nothing the queue has (use -f to wait for it)"
+
+
 def failed(reason: str | None) -> bool:
     if reason is None:
         return False
@@ -56,9 +145,21 @@ def failed(reason: str | None) -> bool:
         return True
 
 
-#: ``nymph launch --wait`` exits with this when the job never ran (ImagePull, LaunchFailed,
-#: Unschedulable, stopped before it started...): the job's own exit codes are the others.
-NEVER_RAN_EXIT = 125
+# NEVER_RAN_EXIT, WAIT_TIMEOUT_EXIT and INTERRUPTED_EXIT: nymph.cli.exitcodes (light, for the parsers).
+
+
+def still_there(inst: Mapping[str, Any]) -> str:
+    """What a user who stops waiting for a launch is told: it is still there, and how to stop it."""
+    iid, state = inst["instanceId"], inst.get("state") or "unknown"
+    if state == InstanceState.STOPPED.value:
+        return f"{iid} has stopped ({inst.get('reason') or 'no reason given'})"
+    reason = f" ({inst['reason']})" if inst.get("reason") else ""
+    ns = inst.get("namespace")
+    where = f" --namespace {ns}" if ns and ns != "default" else ""
+    return (
+        f"{iid} is still {state}{reason} and goes on without this command; "
+        f"stop it with: nymph stop {inst.get('providerName') or '<provider>'} {iid}{where}"
+    )
 
 
 def exit_status(inst: Mapping[str, Any]) -> int:
@@ -120,9 +221,7 @@ async def follow(
         )
         version = inst["version"]
         for entry in inst["history"][shown:]:
-            reason = f" ({entry['reason']})" if entry["reason"] else ""
-            message = f": {entry['message']}" if entry["message"] else ""
-            print(f"{when(entry['at'])}  {entry['state']}{reason}{message}", file=sys.stderr, flush=True)
+            print(history_line(entry), file=sys.stderr, flush=True)
         shown = len(inst["history"])
         # Why it is still queued (its place, its quota, no node fits), when that changes; read
         # again at least every poll_wait seconds.

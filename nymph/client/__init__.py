@@ -9,13 +9,16 @@
 - :mod:`nymph.client.dispatch`: :class:`DispatchClient`, the daemon's calls, each through a daemon
   session it registers (and registers again when the queue says the session lapsed).
 
-:class:`QueueClient` serves both audiences: one typed async method per route of ``nymph queue``
-(see ``nymph/queue/openapi.yaml``).
+:class:`QueueClient` (:mod:`nymph.client.queueclient`) serves both audiences: one typed async
+method per route of ``nymph queue`` (see ``nymph/queue/openapi.yaml``). It and the dispatch
+client are imported when first named, so a user command does not load the daemon's calls.
 """
 
 from __future__ import annotations
 
-from nymph.client.dispatch import DaemonIdentity, DispatchClient
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from nymph.client.errors import (
     QueueAuthError,
     QueueBadRequest,
@@ -56,7 +59,23 @@ __all__ = [
     "target",
 ]
 
+if TYPE_CHECKING:
+    from nymph.client.dispatch import DaemonIdentity, DispatchClient
+    from nymph.client.queueclient import QueueClient
 
-class QueueClient(UserClient, DispatchClient):
-    """Async client of the whole queue API, the user routes and the dispatch routes. Use as
-    ``async with QueueClient(...) as client:``."""
+#: Imported when first named (``from nymph.client import QueueClient`` works as before): the
+#: daemon's dispatch calls are not loaded by a user command that never makes them.
+_LAZY = {
+    "DaemonIdentity": "nymph.client.dispatch",
+    "DispatchClient": "nymph.client.dispatch",
+    "QueueClient": "nymph.client.queueclient",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

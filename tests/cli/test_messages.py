@@ -62,10 +62,13 @@ def test_results_get_writes_under_the_instance_dir_and_never_replaces_a_file(
 
     code, _, _ = run(capsys, "results", "get", "kind", iid, "--force")
     assert code == 0 and (tmp_path / iid / "a.txt").read_text() == "from the job\n"
-    # -d DIR, and -o DIR as scripts wrote it before
+    # -d DIR and --dir DIR; -o is the list verbs' output format, refused here with what to write
     assert run(capsys, "results", "get", "kind", iid, "-d", "out")[0] == 0
-    assert run(capsys, "results", "get", "kind", iid, "sub/b.txt", "-o", "old")[0] == 0
+    assert run(capsys, "results", "get", "kind", iid, "sub/b.txt", "--dir", "old")[0] == 0
     assert (tmp_path / "out" / "a.txt").is_file() and (tmp_path / "old" / "sub" / "b.txt").is_file()
+    with pytest.raises(SystemExit) as exited:
+        run(capsys, "results", "get", "kind", iid, "-o", "json")
+    assert exited.value.code == 2 and "-d DIR" in capsys.readouterr().err
 
 
 def test_stopping_a_stopped_instance_says_it_was_already_stopped(
