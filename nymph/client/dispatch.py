@@ -16,12 +16,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Unpack, cast
 
-from nymph.client.errors import QueueAuthError, QueueConflict, QueueRegistrationRefused, QueueUnavailable
+from nymph.client.errors import (
+    BY_CODE,
+    BY_STATUS,
+    QueueAuthError,
+    QueueConflict,
+    QueueError,
+    QueueNotFound,
+    QueueRegistrationRefused,
+    QueueUnavailable,
+)
 from nymph.client.transport import Transport, TransportOptions
 from nymph.protocol import ActiveJSON, CompleteAnswer, RenewAnswer, ReportAck, SessionJSON, TaskJSON
 
 #: Answers (401 codes) after which the client registers again and retries the call once.
 SESSION_LOST_CODES = frozenset({"session_expired", "unknown_session", "session_required"})
+
+#: The batch form of ``/v1/dispatch/complete`` (queues older than it answer 404 ``not_found``).
+COMPLETIONS_PATH = "/v1/dispatch/completions"
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,8 @@ class DispatchClient(Transport):
         #: the queue would hand its leases back).
         self._sessions: dict[DaemonIdentity, str] = {}
         self._register_lock = asyncio.Lock()
+        #: The queue has no batch route for completions: send them one at a time.
+        self._single_completions = False
 
     async def register(self, *, identity: DaemonIdentity) -> SessionJSON:
         """Register ``identity`` with the client's (bootstrap) token; later dispatch calls use
@@ -187,6 +201,42 @@ class DispatchClient(Transport):
             await self._dispatch("POST", "/v1/dispatch/complete", identity=identity, json=body),
         )
 
+    async def complete_many(
+        self, *, daemon_id: str, completions: Sequence[Mapping[str, Any]]
+    ) -> list[CompleteAnswer | QueueError]:
+        """Send many completions (each the keywords of :meth:`complete`, with ``task_id``) in one
+        request; per completion, in order, the answer :meth:`complete` would return or the
+        :class:`QueueError` it would raise. A queue without the batch route (404: one older than
+        it) gets one :meth:`complete` each, from then on. A failure of the whole request (the
+        queue unreachable, a 5xx) is raised: nothing of it was committed."""
+        if not completions:
+            return []
+        if self._single_completions:
+            return await self._complete_each(daemon_id=daemon_id, completions=completions)
+        body = {"daemonId": daemon_id, "completions": [_completion_body(c) for c in completions]}
+        identity = self._identity(daemon_id=daemon_id)
+        try:
+            answer = await self._dispatch("POST", COMPLETIONS_PATH, identity=identity, json=body)
+        except QueueNotFound:
+            # The batch route itself never answers 404 (each item has its own answer): this is
+            # a queue older than it.
+            self._single_completions = True
+            return await self._complete_each(daemon_id=daemon_id, completions=completions)
+        return _completion_answers(answer, count=len(completions))
+
+    async def _complete_each(
+        self, *, daemon_id: str, completions: Sequence[Mapping[str, Any]]
+    ) -> list[CompleteAnswer | QueueError]:
+        out: list[CompleteAnswer | QueueError] = []
+        for c in completions:
+            try:
+                out.append(await self.complete(daemon_id=daemon_id, **c))
+            except (QueueUnavailable, QueueRegistrationRefused):
+                raise  # not about the item: the caller sends them all again later
+            except QueueError as exc:
+                out.append(exc)
+        return out
+
     async def report(self, *, daemon_id: str, stream: str, reports: Sequence[Mapping[str, Any]]) -> ReportAck:
         """Send reports (each shaped as :class:`nymph.protocol.ReportJSON`)."""
         body = {"daemonId": daemon_id, "stream": stream, "reports": [dict(r) for r in reports]}
@@ -258,6 +308,40 @@ class DispatchClient(Transport):
         identity = self._identity(daemon_id=None, node=node)
         body = await self._dispatch("GET", "/v1/dispatch/active", identity=identity, params={"node": node})
         return cast(list[ActiveJSON], body["items"])
+
+
+def _completion_body(c: Mapping[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"taskId": c["task_id"], "ok": c["ok"], "retryable": bool(c.get("retryable"))}
+    if c.get("error") is not None:
+        body["error"] = c["error"]
+    if c.get("result") is not None:
+        body["result"] = dict(c["result"])
+    return body
+
+
+def _completion_answers(answer: object, *, count: int) -> list[CompleteAnswer | QueueError]:
+    """Each item of a batch answer as :meth:`DispatchClient.complete` would have it: its body,
+    or the error its status and code make (a 5xx item, or an answer of another shape, raises)."""
+    items = answer.get("answers") if isinstance(answer, dict) else None
+    if not isinstance(items, list) or len(items) != count or not all(isinstance(i, dict) for i in items):
+        raise QueueUnavailable("the queue answered a batch of completions without one answer per completion")
+    out: list[CompleteAnswer | QueueError] = []
+    for item in items:
+        status, body = item.get("httpStatus"), item.get("body")
+        if not isinstance(status, int) or not isinstance(body, dict):
+            raise QueueUnavailable("the queue answered a completion without a status and a body")
+        if status < 300:
+            out.append(cast(CompleteAnswer, body))
+            continue
+        code = body.get("error") if isinstance(body.get("error"), str) else None
+        detail = str(body.get("detail") or f"HTTP {status}")
+        if status >= 500:
+            raise QueueUnavailable(
+                f"the queue failed on a completion: {detail} (HTTP {status})", status=status
+            )
+        cls = BY_CODE.get(code or "") or BY_STATUS.get(status, QueueError)
+        out.append(cls(f"{detail} (HTTP {status})", status=status, code=code, detail=detail))
+    return out
 
 
 def _claimed_tasks(answer: object) -> list[TaskJSON]:

@@ -49,8 +49,10 @@ class LeaseLedger:
         ever: the task is handed back, and the queue gives it out again."""
         task_id = completion["task_id"]
         self.completing.add(task_id)
+        task = self.held.get(task_id)
+        instance = task.get("instanceId") if task is not None else None
         try:
-            self.outbox.complete(**completion)
+            self.outbox.complete(instance=instance if isinstance(instance, str) else None, **completion)
         except OSError as exc:
             self.disk.failed("outbox", exc)
             self.log.error("could not save a completion; handing the task back", task=task_id)

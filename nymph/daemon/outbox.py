@@ -306,8 +306,9 @@ class Outbox:
             }
         )
 
-    def complete(self, **completion: Unpack[Completion]) -> None:
-        self._put(complete_item(completion))
+    def complete(self, *, instance: str | None = None, **completion: Unpack[Completion]) -> None:
+        """A task's completion; ``instance``: its instance id, when known (see ``next_batch``)."""
+        self._put(complete_item(completion, instance=instance))
 
     def logs(self, *, instance_id: str, text: str) -> None:
         self._put({"kind": "logs", "instanceId": instance_id, "logs": text})

@@ -31,9 +31,10 @@ class Complete(Protocol):
     def __call__(self, **completion: Unpack[Completion]) -> None: ...
 
 
-def complete_item(completion: Completion) -> dict[str, Any]:
-    """The outbox item of a completion."""
-    return {
+def complete_item(completion: Completion, *, instance: str | None = None) -> dict[str, Any]:
+    """The outbox item of a completion; ``instance`` (the task's instance, when known) is kept
+    for :func:`next_batch` only, never sent."""
+    item = {
         "kind": "complete",
         "taskId": completion["task_id"],
         "ok": completion["ok"],
@@ -41,6 +42,9 @@ def complete_item(completion: Completion) -> dict[str, Any]:
         "retryable": completion.get("retryable", False),
         "result": completion.get("result"),
     }
+    if instance is not None:
+        item["instanceId"] = instance
+    return item
 
 
 def log_data_size(item: dict[str, Any]) -> int:
@@ -65,22 +69,41 @@ def parse_line(line: str, index: int) -> dict[str, Any] | None:
 def next_batch(
     items: Sequence[dict[str, Any]], *, max_items: int, max_bytes: int
 ) -> tuple[str, list[dict[str, Any]]]:
-    """The kind and items of the next send from ``items`` (not empty), in order: a run of
-    reports of one stream (at most ``max_items``, under ``max_bytes`` as written), else the
-    first item alone."""
+    """The kind of the first item and the items of the next send from ``items`` (not empty), a
+    prefix of them: a run of reports of one stream and completions (at most ``max_items``, under
+    ``max_bytes`` as written), else the first item alone.
+
+    The sender sends a run's completions first, in one request, then its reports, in one: a
+    completion joins the run only when no report before it in the run is on its instance (and
+    one whose instance is not known, from an older daemon's file, only at the head of the
+    run), so what concerns one instance still reaches the queue in the order it was made."""
     first = items[0]
     kind = str(first["kind"])
-    if kind != "report":
+    if kind not in ("report", "complete"):
         return kind, [first]
     batch: list[dict[str, Any]] = []
+    stream: object = None
+    reported: set[object] = set()
     size = 0
     for item in items:
-        if item["kind"] != "report" or item["stream"] != first["stream"] or len(batch) >= max_items:
+        if len(batch) >= max_items:
+            break
+        if item["kind"] == "report":
+            if stream is not None and item["stream"] != stream:
+                break
+            stream = item["stream"]
+        elif item["kind"] == "complete":
+            instance = item.get("instanceId")
+            if reported and (not isinstance(instance, str) or instance in reported):
+                break
+        else:
             break
         size += int(item.get("_bytes") or 0)
         if batch and size > max_bytes:
             break
         batch.append(item)
+        if item["kind"] == "report":
+            reported.add(item.get("instanceId"))
     return kind, batch
 
 

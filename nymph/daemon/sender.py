@@ -5,6 +5,13 @@ instance it does not know (404), an invalid item (400), and a report, log chunk 
 an instance this daemon does not run (403 ``not_instance_daemon``: another daemon applied it or
 holds its task). The queue refuses a report batch whole when one of its reports is such; the
 batch is then sent again one report at a time, so only the refused ones are dropped.
+
+An outbox batch of completions and reports (see :func:`nymph.daemon.outboxitems.next_batch`)
+goes out as one request for its completions (``POST /v1/dispatch/completions``, or one
+``complete`` each to a queue without it) and one for its reports. Each completion's own answer
+settles it as a single call's would; one the queue cannot take now (a 5xx, no answer) keeps the
+whole batch for a later try, which the queue answers the same way (completions are idempotent
+per task, reports per stream and seq).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from nymph.client import (
     QueueBadRequest,
     QueueClient,
     QueueConflict,
+    QueueError,
     QueueNotFound,
     QueueNotInstanceDaemon,
     QueueRegistrationRefused,
@@ -46,10 +54,11 @@ class QueueSender:
         """Send one outbox batch; raise :class:`DropItem` for what the queue refuses for good."""
         t0 = time.monotonic()
         try:
-            if kind == "report":
-                await self._reports(batch)
-            elif kind == "complete":
-                await self._complete(batch[0])
+            if kind in ("report", "complete"):
+                await self._completions([i for i in batch if i["kind"] == "complete"])
+                reports = [i for i in batch if i["kind"] == "report"]
+                if reports:
+                    await self._reports(reports)
             elif kind == "logchunk":
                 item = batch[0]
                 await self.client.ship_log_chunk(
@@ -98,17 +107,38 @@ class QueueSender:
                     detail=str(exc)[:300],
                 )
 
-    async def _complete(self, item: dict[str, Any]) -> None:
+    async def _completions(self, items: list[dict[str, Any]]) -> None:
+        """Send ``items`` in one request; settle each the queue took or refused for good."""
+        if not items:
+            return
+        completions = [
+            {
+                "task_id": item["taskId"],
+                "ok": item["ok"],
+                "error": item.get("error"),
+                "retryable": bool(item.get("retryable")),
+                "result": item.get("result"),
+            }
+            for item in items
+        ]
         try:
-            await self.client.complete(
-                daemon_id=self.daemon_id,
-                task_id=item["taskId"],
-                ok=item["ok"],
-                error=item.get("error"),
-                retryable=bool(item.get("retryable")),
-                result=item.get("result"),
-            )
-        except (QueueConflict, QueueNotFound, QueueBadRequest):
-            self.leases.settled(item["taskId"])  # refused for good: the lease is not ours
+            answers = await self.client.complete_many(daemon_id=self.daemon_id, completions=completions)
+        except QueueRegistrationRefused:
             raise
-        self.leases.settled(item["taskId"])
+        except (QueueConflict, QueueNotFound, QueueBadRequest):
+            for item in items:  # the request refused whole, for good: as a single call's refusal
+                self.leases.settled(item["taskId"])
+            raise
+        for item, answer in zip(items, answers, strict=True):
+            if not isinstance(answer, QueueError):
+                self.leases.settled(item["taskId"])
+            elif isinstance(answer, QueueRegistrationRefused):
+                raise answer  # about the daemon, not the item: kept, retried
+            elif isinstance(answer, (QueueConflict, QueueNotFound, QueueBadRequest, QueueNotInstanceDaemon)):
+                if not isinstance(answer, QueueNotInstanceDaemon):
+                    self.leases.settled(item["taskId"])  # refused for good: the lease is not ours
+                self.log.warning(
+                    "queue refused a completion; dropping it", task=item["taskId"], detail=str(answer)[:300]
+                )
+            else:
+                raise answer  # not settled (e.g. a 403 about the session): kept, retried

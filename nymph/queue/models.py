@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from nymph.launch.placement import NodeOffer
 from nymph.protocol import TaskJSON
@@ -183,6 +184,19 @@ class Report:
     at: float
     #: How the ``user`` container ended (exit code, reason, message), once it did.
     termination: tuple[int, str, str] | None = None
+
+
+@dataclass(frozen=True)
+class TaskCompletion:
+    """One task's completion from a daemon, already checked (the body of a single completion,
+    or one item of a batch); ``attempt`` is the lease's epoch as claimed (0: not sent)."""
+
+    task_id: str
+    ok: bool
+    error: str | None = None
+    retryable: bool = False
+    result: Mapping[str, Any] | None = None
+    attempt: int = 0
 
 
 @dataclass(frozen=True)

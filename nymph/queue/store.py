@@ -27,13 +27,22 @@ from nymph.protocol import (
 from nymph.queue import tenancy
 from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.direct.records import DirectRecords
+from nymph.queue.errors import ServiceError
 from nymph.queue.expiry import InstanceExpiry
 from nymph.queue.lists import PagedLists
-from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Principal, QueueSettings, Report
+from nymph.queue.models import (
+    ClaimRequest,
+    ClaimResult,
+    DaemonSession,
+    Principal,
+    QueueSettings,
+    Report,
+    TaskCompletion,
+)
 from nymph.queue.notify import KeyedSignal, WorkSignal
 from nymph.queue.output import LOG_KEY, OutputStore
 from nymph.queue.quotabook import QuotaBook
-from nymph.queue.sql import catalog, dispatch, instances, launches, leases
+from nymph.queue.sql import catalog, completions, dispatch, instances, launches, leases
 from nymph.queue.sql import reports as sql_reports
 
 #: Broadcast key prefix (besides a bare instance id, and ``output.LOG_KEY``): new tasks, with
@@ -307,37 +316,30 @@ class Store:
             self.tasks_changed.notify(len(released))
         return released
 
-    async def complete(
-        self,
-        *,
-        session: DaemonSession,
-        task_id: str,
-        ok: bool,
-        error: str | None,
-        retryable: bool,
-        result: dict[str, Any] | None,
-        attempt: int = 0,
-    ) -> CompleteAnswer:
+    async def complete(self, *, session: DaemonSession, item: TaskCompletion) -> CompleteAnswer:
+        [outcome] = await self.complete_many(session=session, items=[item])
+        if isinstance(outcome, ServiceError):
+            raise outcome
+        return outcome
+
+    async def complete_many(
+        self, *, session: DaemonSession, items: Sequence[TaskCompletion]
+    ) -> list[CompleteAnswer | ServiceError]:
+        """Finish each of ``items`` as :meth:`complete` would, in one transaction; per item its
+        answer or its refusal (see :mod:`nymph.queue.sql.completions`)."""
         retry = self.settings.retry
-        body, changed = await self.db.write(
-            lambda conn: dispatch.complete(
-                conn,
-                session=session,
-                task_id=task_id,
-                ok=ok,
-                error=error,
-                retryable=retryable,
-                result=result,
-                now=now(),
-                retry=retry,
-                attempt=attempt,
-            )
+        outcomes, changed = await self.db.write(
+            lambda conn: completions.complete_many(conn, session=session, items=items, now=now(), retry=retry)
         )
-        self.tasks_changed.notify(1)
-        if changed is not None:
-            self.instance_changed.notify(changed)
-        log.info("task completed", task=task_id, daemon=session.daemon_id, status=body["status"])
-        return body
+        finished = [
+            (i.task_id, o["status"]) for i, o in zip(items, outcomes, strict=True) if isinstance(o, dict)
+        ]
+        if finished:
+            self.tasks_changed.notify(len(finished))
+        self._changed(changed)
+        for task_id, status in finished:
+            log.info("task completed", task=task_id, daemon=session.daemon_id, status=status)
+        return outcomes
 
     async def report(
         self, *, session: DaemonSession, stream: str, reports: Sequence[Report]

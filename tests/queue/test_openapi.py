@@ -178,6 +178,18 @@ def test_every_operation_conforms(served: Served) -> None:
     call("POST", "/v1/dispatch/complete", body=done, token="daemon", expect=200)
     call("POST", "/v1/dispatch/complete", body={**done, "daemonId": "d2"}, token="daemon", expect=409)
     call("POST", "/v1/dispatch/complete", body={**done, "taskId": "task-x"}, token="daemon", expect=404)
+    batch = {
+        "daemonId": "d1",
+        "completions": [{"taskId": done["taskId"], "ok": True}, {"taskId": "task-x", "ok": True}],
+    }
+    answers = call("POST", "/v1/dispatch/completions", body=batch, token="daemon", expect=200).json()[
+        "answers"
+    ]
+    assert [(a["httpStatus"], a["body"].get("duplicate") or a["body"].get("error")) for a in answers] == [
+        (200, True),
+        (404, "task_not_found"),
+    ]
+    call("POST", "/v1/dispatch/completions", body={"daemonId": "d1"}, token="daemon", expect=422)
     # A dockyard instance stopped while its task is leased: the stop waits, then carries the spec.
     dock_task = next(t for t in tasks if t["kind"] == "dockyard")
     call("DELETE", NS + f"/providers/kind/instances/{dock_id}", expect=204)

@@ -2,13 +2,14 @@
 
 A daemon registers with the shared bootstrap token and gets a session of its own (see
 :mod:`nymph.queue.sessions`); with it, it claims tasks by long-poll, renews its leases while it
-works, hands back what it did not start, completes each task, streams state reports, uploads
-logs before reaping, and asks which instances it should be running after a restart. Each call
-acts as the session's daemon id, on its node, within the namespaces it registered for; a
-``daemonId`` / ``node`` in a body or query must match the session (else 403). Reports, log
-tails (and the log chunks and result files of :mod:`nymph.queue.http.routes.output` and
-:mod:`nymph.queue.http.routes.results`) are taken only for instances the session's daemon runs
-(:mod:`nymph.queue.sql.binding`; else 403 ``not_instance_daemon``, logged, nothing written).
+works, hands back what it did not start, completes tasks (one, or a batch, per call), streams
+state reports, uploads logs before reaping, and asks which instances it should be running
+after a restart. Each call acts as the session's daemon id, on its node, within the
+namespaces it registered for; a ``daemonId`` / ``node`` in a body or query must match the
+session (else 403). Reports, log tails (and the log chunks and result files of
+:mod:`nymph.queue.http.routes.output` and :mod:`nymph.queue.http.routes.results`) are taken
+only for instances the session's daemon runs (:mod:`nymph.queue.sql.binding`; else 403
+``not_instance_daemon``, logged, nothing written).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from nymph.launch.names import check_namespace
 from nymph.launch.placement import NodeOffer
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
-from nymph.queue.errors import BadRequest, Forbidden, Unprocessable
+from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unprocessable
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.caller import daemon_session
 from nymph.queue.http.keys import PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.routes.refusals import logged_refusal
-from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report
+from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report, TaskCompletion
 from nymph.queue.notify import wait_for_event
 
 routes = web.RouteTableDef()
@@ -39,6 +40,7 @@ log = structlog.get_logger(__name__, component="queue.dispatch")
 _STATES = frozenset(s.value for s in InstanceState)
 _REASONS = frozenset(r.value for r in Reason)
 _MAX_IDS = 1000
+_MAX_COMPLETIONS = 500
 _LATEST = 7_258_118_400.0  # 2200-01-01: report times must lie between 1970 and 2200
 
 
@@ -230,25 +232,50 @@ async def release(request: web.Request) -> web.Response:
     return web.json_response({"released": released})
 
 
+def _completion(f: Fields) -> TaskCompletion:
+    return TaskCompletion(
+        task_id=f.req_string("taskId"),
+        ok=f.boolean("ok"),
+        error=f.text("error", required=False),
+        retryable=f.boolean("retryable", default=False),
+        result=f.mapping("result"),
+        attempt=f.integer("attempt", default=0),  # the lease's epoch, as claimed (0: not sent)
+    )
+
+
 @routes.post("/v1/dispatch/complete")
 async def complete(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
-    task_id = f.req_string("taskId")
-    ok = f.boolean("ok")
-    error = f.text("error", required=False)
-    retryable = f.boolean("retryable", default=False)
-    result = f.mapping("result")
-    attempt = f.integer("attempt", default=0)  # the lease's epoch, as claimed (0: not sent)
-    body = await request.app[STORE].complete(
-        session=_session(request, f),
-        task_id=task_id,
-        ok=ok,
-        error=error,
-        retryable=retryable,
-        result=result,
-        attempt=attempt,
-    )
+    item = _completion(f)
+    body = await request.app[STORE].complete(session=_session(request, f), item=item)
     return web.json_response(body)
+
+
+@routes.post("/v1/dispatch/completions")
+async def complete_batch(request: web.Request) -> web.Response:
+    """Many completions in one request and one transaction, each answered (``httpStatus`` and
+    ``body``) as :func:`complete` would answer it alone (see :mod:`nymph.queue.sql.completions`)."""
+    f = Fields(await read_object(request))
+    raws = f.objects("completions", max_items=_MAX_COMPLETIONS)
+    session = _session(request, f)
+    parsed: list[TaskCompletion | ServiceError] = []
+    for i, raw in enumerate(raws):
+        try:
+            parsed.append(_completion(Fields(raw, where=f"body.completions[{i}]")))
+        except ServiceError as exc:
+            parsed.append(exc)
+    items = [p for p in parsed if isinstance(p, TaskCompletion)]
+    done = iter(await request.app[STORE].complete_many(session=session, items=items) if items else [])
+    answers = []
+    for raw, p in zip(raws, parsed, strict=True):
+        outcome = next(done) if isinstance(p, TaskCompletion) else p
+        task_id = raw.get("taskId") if isinstance(raw.get("taskId"), str) else None
+        if isinstance(outcome, ServiceError):
+            error = {"error": outcome.code, "detail": outcome.detail}
+            answers.append({"taskId": task_id, "httpStatus": outcome.status, "body": error})
+        else:
+            answers.append({"taskId": task_id, "httpStatus": 200, "body": outcome})
+    return web.json_response({"answers": answers})
 
 
 def _report(raw: dict[str, Any], index: int) -> Report:

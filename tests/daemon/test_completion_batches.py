@@ -1,0 +1,203 @@
+"""The daemon's completions in batches: what the outbox holds when the sender runs goes to a real
+queue (over HTTP, on both backends) in one request, each completion settled by its own answer;
+a queue without the batch route gets one ``complete`` each; a daemon killed between saving its
+completions and hearing the queue's answer sends them again, and the queue answers the same."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from nymph.client import DaemonIdentity, QueueClient
+from nymph.daemon.diskhealth import DiskHealth
+from nymph.daemon.leases import LeaseLedger
+from nymph.daemon.metrics import Metrics
+from nymph.daemon.outbox import Outbox
+from nymph.daemon.sender import QueueSender
+from nymph.protocol import TaskJSON
+from tests.support.queue_helpers import Queue, start_app
+
+BATCH = "/v1/dispatch/completions"
+SINGLE = "/v1/dispatch/complete"
+
+
+class CountingClient(QueueClient):
+    """A daemon's queue client that counts its requests by path."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.paths: collections.Counter[str] = collections.Counter()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        self.paths[path] += 1
+        return await super().request(method, path, **kwargs)
+
+
+@pytest.fixture
+async def old_queue(kind: Queue) -> AsyncIterator[str]:
+    """The queue as one older than the batch route: that route answers 404, as an unknown route."""
+    session = aiohttp.ClientSession()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        if request.path == BATCH:
+            return web.json_response({"error": "not_found", "detail": "no such route"}, status=404)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        async with session.request(
+            request.method, kind.url + request.path_qs, data=await request.read(), headers=headers
+        ) as r:
+            return web.Response(status=r.status, body=await r.read(), content_type=r.content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner, url = await start_app(app)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+        await session.close()
+
+
+class Daemon:
+    """The parts of a daemon that complete tasks: a client, the lease ledger, the outbox and the
+    sender (one per "process": a new one over the same state directory is a restart)."""
+
+    def __init__(self, q: Queue, state: Path, *, url: str | None = None) -> None:
+        self.client = CountingClient(
+            base_url=url or q.url,
+            token=q.daemon_token,
+            timeout=20,
+            daemon=DaemonIdentity(daemon_id="d1", node="n1"),
+        )
+        self.outbox = Outbox(state)
+        self.leases = LeaseLedger(outbox=self.outbox, disk=DiskHealth())
+        self.sender = QueueSender(
+            daemon_id="d1", client=self.client, leases=self.leases, outbox=self.outbox, metrics=Metrics()
+        )
+
+    async def claim(self, q: Queue, count: int) -> list[TaskJSON]:
+        user = q.user()
+        for i in range(count):
+            await user.launch(provider="kind", mode="small", script=f"print({i})")
+        tasks = await self.client.claim(daemon_id="d1", node="n1", capacity=count, wait=0)
+        assert len(tasks) == count
+        for t in tasks:
+            self.leases.hold(t["taskId"], t)
+        return tasks
+
+    async def flush(self) -> None:
+        runner = asyncio.create_task(self.outbox.run(self.sender))
+        try:
+            assert await self.outbox.flush(timeout=20)
+        finally:
+            runner.cancel()
+            await self.client.close()
+
+
+async def _statuses(q: Queue, tasks: list[TaskJSON]) -> list[str]:
+    def read(conn: Any) -> list[str]:
+        rows = [
+            conn.execute("SELECT status FROM tasks WHERE task_id = ?", (t["taskId"],)).fetchone()
+            for t in tasks
+        ]
+        return [str(r["status"]) for r in rows]
+
+    return await q.store.db.read(read)
+
+
+async def test_completions_queued_together_go_in_one_request(kind: Queue, tmp_path: Path) -> None:
+    """Completions waiting in the outbox together reach the queue in one request, each settled by
+    its own answer: the taken ones done, the one whose lease was lost dropped (not retried)."""
+    d = Daemon(kind, tmp_path / "state")
+    tasks = await d.claim(kind, 5)
+    await d.client.release(daemon_id="d1", task_ids=[tasks[2]["taskId"]])  # its lease is lost
+    for t in tasks[:4]:
+        d.leases.complete(task_id=t["taskId"], ok=True)
+    d.leases.complete(task_id=tasks[4]["taskId"], ok=False, error="bad image", retryable=False)
+    await d.flush()
+    assert d.client.paths[BATCH] == 1 and d.client.paths[SINGLE] == 0
+    assert await _statuses(kind, tasks) == ["done", "done", "pending", "done", "failed"]
+    assert d.leases.held == {} and d.leases.completing == set()
+    assert d.outbox.pending == 0
+
+
+async def test_a_queue_without_the_batch_route_gets_single_calls(
+    kind: Queue, old_queue: str, tmp_path: Path
+) -> None:
+    """An older queue answers the batch route 404: the completions go one ``complete`` each,
+    answered and settled as before, and later ones do not try the batch route again."""
+    d = Daemon(kind, tmp_path / "state", url=old_queue)
+    tasks = await d.claim(kind, 4)
+    for t in tasks[:3]:
+        d.leases.complete(task_id=t["taskId"], ok=True)
+    runner = asyncio.create_task(d.outbox.run(d.sender))
+    try:
+        assert await d.outbox.flush(timeout=20)
+        assert d.client.paths[BATCH] == 1 and d.client.paths[SINGLE] == 3
+        d.leases.complete(task_id=tasks[3]["taskId"], ok=True)
+        assert await d.outbox.flush(timeout=20)
+    finally:
+        runner.cancel()
+        await d.client.close()
+    assert d.client.paths[BATCH] == 1 and d.client.paths[SINGLE] == 4
+    assert await _statuses(kind, tasks) == ["done"] * 4
+    assert d.leases.held == {}
+
+
+async def test_completions_saved_before_a_kill_are_sent_after_the_restart(
+    kind: Queue, tmp_path: Path
+) -> None:
+    """Completions made durable, then the daemon killed before sending them: the restarted
+    daemon sends them, in one request. (Its new session made the queue hand the old one's leases
+    back, so the queue answers each 409 lease_lost, as it would a single call, and the tasks are
+    given out again: nothing is lost or done twice.)"""
+    first = Daemon(kind, tmp_path / "state")
+    tasks = await first.claim(kind, 3)
+    for t in tasks:
+        first.leases.complete(task_id=t["taskId"], ok=True)
+    await first.client.close()  # killed: nothing was sent
+    again = Daemon(kind, tmp_path / "state")
+    assert [i["taskId"] for i in again.outbox.mem] == [t["taskId"] for t in tasks]
+    await again.flush()
+    assert again.client.paths[BATCH] == 1 and again.client.paths[SINGLE] == 0
+    assert await _statuses(kind, tasks) == ["pending"] * 3
+    assert again.outbox.pending == 0
+
+
+async def test_a_batch_sent_again_after_a_kill_is_answered_the_same(kind: Queue, tmp_path: Path) -> None:
+    """The daemon killed after the queue committed a batch but before it saved that it was sent:
+    the restarted daemon sends the batch again in one request, the queue answers each as already
+    done (duplicate), nothing is dropped as refused and nothing changes at the queue."""
+    first = Daemon(kind, tmp_path / "state")
+    tasks = await first.claim(kind, 3)
+    first.leases.complete(task_id=tasks[0]["taskId"], ok=True)
+    first.leases.complete(task_id=tasks[1]["taskId"], ok=False, error="exit 1", retryable=False)
+    first.leases.complete(task_id=tasks[2]["taskId"], ok=True, result={"pod": "p"})
+    kind_, batch = first.outbox._next_batch()
+    await first.sender(kind_, batch)  # the queue has them; the ack is never written
+    await first.client.close()
+    committed = await _statuses(kind, tasks)
+    assert committed == ["done", "failed", "done"]
+    again = Daemon(kind, tmp_path / "state")
+    assert len(again.outbox.mem) == 3
+    answers = await again.client.complete_many(
+        daemon_id="d1",
+        completions=[
+            {"task_id": i["taskId"], "ok": i["ok"], "error": i.get("error")} for i in again.outbox.mem
+        ],
+    )
+    assert [(a.get("status"), a.get("duplicate")) for a in answers if isinstance(a, dict)] == [
+        ("done", True),
+        ("failed", True),
+        ("done", True),
+    ]
+    await again.flush()
+    assert again.client.paths[BATCH] == 2 and again.client.paths[SINGLE] == 0
+    assert await _statuses(kind, tasks) == committed
+    assert again.outbox.pending == 0
