@@ -49,8 +49,10 @@ class FollowSettings:
     #: How many extra reads confirm the end once the container ended (each one that still
     #: brings lines asks for another).
     max_confirms: int = 3
-    #: Lines whose stamps lie this much further apart than their arrivals: the stream leapt
-    #: ahead past lines the node rotated away (see :mod:`nymph.launch.logcursor`).
+    #: Lines whose stamps lie this much further apart than their arrivals (or, until the stream
+    #: is known to follow the node's rotations, this much apart at all): the stream may have
+    #: leapt past lines the node rotated away, which one more read checks (see
+    #: :mod:`nymph.launch.logcursor`).
     leap_seconds: float = 1.0
 
 
@@ -188,6 +190,9 @@ async def _read(
     deadline: float | None = None
     quiet_since = time.monotonic()
     since = stamp.since_time if stamp else None
+    #: The time spent waiting for the stream (not shipping, checking or held up otherwise): the
+    #: clock the leap check compares stamps with. A pause counts only when the stream was quiet.
+    waited = 0.0
     async with open_log(api, namespace=namespace, name=name, since_time=since) as stream:
         while True:
             now = time.monotonic()
@@ -195,6 +200,7 @@ async def _read(
             if deadline is not None:
                 wait = min(wait, deadline - now)
             data = await stream.read(timeout=max(0.0, wait))
+            waited += time.monotonic() - now
             if data is None:  # nothing came for a while: ship what is buffered
                 await _ship(sink, chunker)
                 deadline = None
@@ -205,11 +211,11 @@ async def _read(
             if not data:
                 out.ended = True
                 break
-            received = time.monotonic()
             for line, continued in splitter.feed(data):
-                chunker.line(line, continued=continued, received=received)
+                chunker.line(line, continued=continued, received=waited)
             if chunker.suspects:
-                chunker.settle([await _rotated_since(api, namespace, name, b) for _, b in chunker.suspects])
+                checks = [await _rotated_since(api, namespace, name, x.before) for x in chunker.suspects]
+                chunker.settle(checks)
             if len(chunker.buf) >= s.chunk_bytes or (deadline is not None and time.monotonic() >= deadline):
                 await _ship(sink, chunker)  # may wait for room: quiet counts from after it
                 deadline = None

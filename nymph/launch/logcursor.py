@@ -20,6 +20,16 @@ after a break sees the same shape when the job paused, so the follower checks ea
 the last line before it still in the node's current file?) and :meth:`Chunker.settle` marks only
 those that could have lost lines.
 
+A stream's first file is the exception to "a quiet job's next line also arrives later": the
+kubelet starts watching for rotations only when it first reaches the end of the file it opened.
+If the node rotated that file before then (a follower that reads slowly, just after a re-read),
+the kubelet misses the new file, sits at the end of the old one (the stream goes quiet while the
+job prints on) and moves on only at the next rotation, to the file after the one it missed:
+stamps and arrivals then leap alike. So until a stream is *anchored* every gap in stamps over
+``leap_seconds`` is a suspect; a stream is anchored once a suspect the stream was quiet before
+(the kubelet sat at the end of its file) is found still in the node's current file: the kubelet
+was watching that file, and sees every rotation after it.
+
 The runtime splits a line longer than its limit (16 KiB in containerd) into partial records and
 the API server prefixes each with its own timestamp; :func:`parse_line` cuts those stamps back
 out of a joined line so the shipped bytes are what the job printed.
@@ -31,6 +41,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import NamedTuple
 
 #: Put in the log where the node rotated lines away before they could be read.
 ROTATED = b"\n[nymph: the node rotated the log before it was all read: lines may be missing here]\n"
@@ -177,6 +188,14 @@ class LineSplitter:
         return piece, self.continued
 
 
+class Suspect(NamedTuple):
+    """A line where the stream may have leapt past lines the node rotated away."""
+
+    at: int  # where in the chunker's buffer the leaping line starts
+    before: Stamp  # the stamp of the line before it
+    quiet: bool  # the stream was quiet (for over ``leap_seconds``) between the two
+
+
 @dataclass
 class Chunker:
     """Lines in, chunks out: drops the overlap with what was shipped and keeps the cursor (pure)."""
@@ -191,8 +210,11 @@ class Chunker:
     #: Note a leap ahead within the stream (see the module's doc); None: only re-reads.
     leap_seconds: float | None = None
     last: tuple[Stamp, float] | None = None  # the last fresh line's stamp and arrival
-    #: Leaps not settled yet: (where in ``buf`` the leaping line starts, the line before it).
-    suspects: list[tuple[int, Stamp]] = field(default_factory=list)
+    #: Leaps not settled yet.
+    suspects: list[Suspect] = field(default_factory=list)
+    #: The stream is known to follow the node's rotations (see the module's doc): until then
+    #: every gap in stamps over ``leap_seconds`` is a suspect, whatever the arrivals.
+    anchored: bool = False
     #: The lines shipped (as read, stamp included) that carry the cursor's own stamp: a stream
     #: that goes back exactly to one of them is told from a new line with the same stamp.
     same_stamp: list[bytes] = field(default_factory=list)
@@ -206,8 +228,9 @@ class Chunker:
         )
 
     def line(self, raw: bytes, *, continued: bool, received: float | None = None) -> None:
-        """Take one line (or a later piece of a long one); ``received``: when it arrived
-        (monotonic seconds), for the leap check. Settle :attr:`suspects` before :meth:`take`."""
+        """Take one line (or a later piece of a long one); ``received``: when it arrived, in
+        seconds of the time spent waiting for the stream, for the leap check. Settle
+        :attr:`suspects` before :meth:`take`."""
         if continued:
             if not self.skipping:
                 self.buf += raw
@@ -224,9 +247,9 @@ class Chunker:
             self._mark(len(self.buf))
         if self.skipping:
             return
-        before = self._leapt(stamp, received)
-        if before is not None:
-            self.suspects.append((len(self.buf), before))
+        suspect = self._leapt(stamp, received)
+        if suspect is not None:
+            self.suspects.append(suspect)
         self.buf += text
         if stamp is None or stamp != self.cursor.stamp:
             self.same_stamp.clear()
@@ -242,10 +265,13 @@ class Chunker:
         return stamp < at or (stamp == at and raw in self.same_stamp)
 
     def settle(self, lost: list[bool]) -> None:
-        """Mark the suspects (in order) whose check says lines may be lost there."""
-        for (at, _), gap in reversed(list(zip(self.suspects, lost, strict=True))):
+        """Mark the suspects (in order) whose check says lines may be lost there; one the
+        stream was quiet before that lost nothing anchors the stream."""
+        for suspect, gap in reversed(list(zip(self.suspects, lost, strict=True))):
             if gap:
-                self._mark(at)
+                self._mark(suspect.at)
+            elif suspect.quiet:
+                self.anchored = True
         self.suspects.clear()
 
     def _mark(self, at: int) -> None:
@@ -255,14 +281,17 @@ class Chunker:
         if self.on_gap is not None:
             self.on_gap()
 
-    def _leapt(self, stamp: Stamp | None, received: float | None) -> Stamp | None:
-        """The last line's stamp, if the stream leapt from it to this line."""
+    def _leapt(self, stamp: Stamp | None, received: float | None) -> Suspect | None:
+        """A suspect, if the stream may have leapt from the last line to this one."""
         if self.leap_seconds is None or stamp is None or received is None:
             return None
         last, self.last = self.last, (stamp, received)
-        if last is None or stamp.minus(last[0]) - (received - last[1]) <= self.leap_seconds:
+        if last is None:
             return None
-        return last[0]
+        ahead, waited = stamp.minus(last[0]), received - last[1]
+        if ahead <= self.leap_seconds or (self.anchored and ahead - waited <= self.leap_seconds):
+            return None
+        return Suspect(at=len(self.buf), before=last[0], quiet=waited > self.leap_seconds)
 
     def take(self) -> tuple[bytes, int, Cursor]:
         """The buffered bytes, the offset they start at, and the cursor after them."""

@@ -113,21 +113,26 @@ def test_a_resume_past_lines_the_node_rotated_away_says_so() -> None:
 
 def test_a_stream_that_leaps_ahead_of_its_arrivals_is_a_suspect() -> None:
     """A kubelet that fell behind moves on to the newest file: the stamps leap further than
-    the time between the lines' arrivals. A quiet job's next line arrives later: no suspect.
-    A suspect is marked only when its check says lines may be lost there."""
+    the time between the lines' arrivals. Once the stream is anchored, a quiet job's next line
+    arrives later: no suspect. A suspect is marked only when its check says lines may be lost
+    there."""
     gaps: list[int] = []
     c = Chunker.resume(Cursor(), on_gap=lambda: gaps.append(1), leap_seconds=2.0)
     at = 100.0
     for stamp, text in [("01.0", b"a\n"), ("01.5", b"b\n")]:
         c.line(_stamped([(stamp, text)]), continued=False, received=at)
-    c.line(_stamped([("09.0", b"quiet 7.5 s, came 7.5 s later\n")]), continued=False, received=at + 7.5)
+    c.line(_stamped([("04.0", b"quiet 2.5 s, came 2.5 s later\n")]), continued=False, received=at + 2.5)
+    assert [(s.before.text(), s.quiet) for s in c.suspects] == [("2030-01-01T00:00:01.500000000Z", True)]
+    c.settle([False])  # still in the node's current file: the stream follows its rotations
+    assert c.anchored and gaps == []
+    c.line(_stamped([("09.0", b"quiet 5 s, came 5 s later\n")]), continued=False, received=at + 7.5)
     assert c.suspects == []
     # read back to back (behind), yet 5 s apart in the log, twice
     c.line(_stamped([("14.0", b"y\n")]), continued=False, received=at + 7.6)
     c.line(_stamped([("20.0", b"z\n")]), continued=False, received=at + 7.7)
-    assert [s.text() for _, s in c.suspects] == [
-        "2030-01-01T00:00:09.000000000Z",
-        "2030-01-01T00:00:14.000000000Z",
+    assert [(s.before.text(), s.quiet) for s in c.suspects] == [
+        ("2030-01-01T00:00:09.000000000Z", False),
+        ("2030-01-01T00:00:14.000000000Z", False),
     ]
     c.settle([False, True])  # the first one's line was still on the node: a pause, not a loss
     assert gaps == [1] and c.suspects == []
@@ -138,6 +143,26 @@ def test_a_stream_that_leaps_ahead_of_its_arrivals_is_a_suspect() -> None:
     off.line(_stamped([("01.0", b"a\n")]), continued=False, received=at)
     off.line(_stamped([("59.0", b"b\n")]), continued=False, received=at)
     assert off.suspects == [] and off.take()[0] == b"a\nb\n"
+
+
+def test_a_stream_that_sat_on_a_rotated_file_then_skipped_the_next_is_marked() -> None:
+    """The kubelet watches for rotations only from the first end of the file it opened: rotated
+    before then (a re-read that started slowly), it sits at the old file's end while the job
+    prints on, and at the next rotation opens the newest file, past the one it missed. Stamps
+    and arrivals leap alike (the stream was quiet as long as the missed file lasted), so a
+    stream not yet anchored checks every such pause and marks the lost lines."""
+    gaps: list[int] = []
+    c = Chunker.resume(Cursor(), on_gap=lambda: gaps.append(1), leap_seconds=1.0)
+    at = 50.0
+    c.line(_stamped([("01.0", b"a\n")]), continued=False, received=at)
+    c.line(_stamped([("01.2", b"end of the file the stream opened\n")]), continued=False, received=at)
+    # quiet 3 s (the kubelet at the end of the rotated file), then the newest file's first line
+    c.line(_stamped([("04.3", b"first line after the missed file\n")]), continued=False, received=at + 3.1)
+    assert [(s.before.text(), s.quiet) for s in c.suspects] == [("2030-01-01T00:00:01.200000000Z", True)]
+    c.settle([True])  # that line is no longer in the node's current file
+    assert gaps == [1] and not c.anchored
+    data = c.take()[0]
+    assert data == b"a\nend of the file the stream opened\n" + ROTATED + b"first line after the missed file\n"
 
 
 def test_stamp_differences_cross_minutes_and_days() -> None:
