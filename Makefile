@@ -81,6 +81,7 @@ demo: install-demo deps envtest ## the main job: queue + daemon + a sample launc
 bench: install envtest ## the benchmark scoreboard: prints a table, writes bench-results.json and docs/performance.md (SOAK=1: 10,000-launch soak)
 	$(BIN)/python benchmarks/daemon_bench.py $(if $(SOAK),--soak 10000)
 	$(BIN)/python benchmarks/schedule_bench.py --backend both
+	$(BIN)/python benchmarks/cli_startup.py
 	$(BIN)/python benchmarks/daemon_bench.py --markdown bench-results.json > docs/performance.md
 	$(BIN)/python benchmarks/queue_bench.py --backend both
 	NYMPH_REPLICA_LAUNCHES=1000 $(BIN)/pytest -q -s -p no:cacheprovider tests/queue/test_replicas.py -k killed
