@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nymph.launch.placement import NodeOffer
+from nymph.launch.pullwait import DEFAULT_IMAGE_PULL_TIMEOUT
 from nymph.protocol import TaskJSON
 from nymph.queue.direct.settings import DirectSettings
 
@@ -128,6 +129,15 @@ class OutputSettings:
 
 
 @dataclass(frozen=True)
+class LaunchSettings:
+    """Defaults the queue gives every launch whose mode does not set them."""
+
+    #: Seconds a Pod's image may fail to pull before the launch is stopped (``ImagePull``);
+    #: ``--image-pull-timeout``, a mode's ``image_pull_timeout`` wins.
+    image_pull_timeout: int = DEFAULT_IMAGE_PULL_TIMEOUT
+
+
+@dataclass(frozen=True)
 class TenancySettings:
     """What each team (control-plane namespace) may reach in the cluster, set by the operator.
 
@@ -169,6 +179,7 @@ class QueueSettings:
     direct: DirectSettings = field(default_factory=DirectSettings)
     output: OutputSettings = field(default_factory=OutputSettings)
     tenancy: TenancySettings = field(default_factory=TenancySettings)
+    launch: LaunchSettings = field(default_factory=LaunchSettings)
 
 
 @dataclass(frozen=True)

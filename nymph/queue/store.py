@@ -173,6 +173,7 @@ class Store:
                 idempotency_key=idempotency_key,
                 requester=principal.requester,
                 guard=self.guard(principal),
+                image_pull_timeout=self.settings.launch.image_pull_timeout,
             )
         )
         if created:

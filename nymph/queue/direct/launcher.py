@@ -62,6 +62,7 @@ class DirectDispatch:
             idempotency_key=idempotency_key,
             requester=principal.requester,
             guard=self.store.guard(principal),
+            image_pull_timeout=self.store.settings.launch.image_pull_timeout,
         )
         iid = rec.accepted["instanceId"]
         if rec.state != InstanceState.QUEUED.value:

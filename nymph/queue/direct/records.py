@@ -11,7 +11,7 @@ from nymph.launch.config import Mode, Provider
 from nymph.protocol import InstanceJSON, LaunchAccepted
 from nymph.queue.db import Backend
 from nymph.queue.paging import Page, PageRequest
-from nymph.queue.sql import catalog, instances, launches, pages
+from nymph.queue.sql import catalog, instances, launches, pages, pulls
 from nymph.queue.sql import direct as sql
 from nymph.queue.sql.dialect import Row
 
@@ -31,6 +31,7 @@ class DirectRecords:
         idempotency_key: str | None,
         requester: str,
         guard: launches.Guard | None,
+        image_pull_timeout: int | None = None,
     ) -> sql.DirectLaunch:
         return await self.db.write(
             lambda c: sql.record_launch(
@@ -41,6 +42,7 @@ class DirectRecords:
                 idempotency_key=idempotency_key,
                 requester=requester,
                 guard=guard,
+                image_pull_timeout=image_pull_timeout,
             )
         )
 
@@ -80,6 +82,16 @@ class DirectRecords:
 
     async def mark_reaped(self, *, instance_id: str, ts: float) -> None:
         await self.db.write(lambda c: sql.mark_reaped(c, instance_id=instance_id, ts=ts))
+
+    async def failing_pulls(self) -> list[pulls.FailingPull]:
+        """Live direct instances whose image cannot be pulled, with since when."""
+        return await self.db.read(lambda c: pulls.failing_pulls(c))
+
+    async def end_pull(self, *, instance_id: str, message: str, ts: float) -> bool:
+        """End an instance ``stopped`` / ``ImagePull``; True if it changed."""
+        return await self.db.write(
+            lambda c: pulls.end_pull(c, instance_id=instance_id, message=message, ts=ts)
+        )
 
     async def instance(self, *, ns: str, provider: str, instance_id: str) -> Row:
         return await self.db.read(

@@ -16,6 +16,7 @@ from nymph.queue.direct.connect import Connector
 from nymph.queue.direct.janitor import Janitor
 from nymph.queue.direct.launcher import DirectDispatch
 from nymph.queue.direct.podlogs import DirectLogs
+from nymph.queue.direct.pulls import PullTimeouts
 from nymph.queue.direct.watches import WatchManager
 from nymph.queue.dispatcher import Dispatchers, QueuedDispatch
 from nymph.queue.secrets import KeySource, SecretBox, default_key_file
@@ -32,6 +33,8 @@ WATCHES_TASK = "nymph-queue-direct-watches"
 REAPER_TASK = "nymph-queue-direct-reaper"
 #: Creates the Pods of direct launches their quota held back, as room frees up.
 HELD_TASK = "nymph-queue-direct-held"
+#: Stops direct launches whose image cannot be pulled (on the replica that runs the watches).
+PULLS_TASK = "nymph-queue-direct-image-pulls"
 DIRECT_TASK = "nymph-queue-direct"
 
 
@@ -63,19 +66,21 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
     followers = DirectLogs(store=store, connector=connector)
     watches = WatchManager(store=store, connector=connector, settings=settings, on_pod=followers.on_pod)
     janitor = Janitor(store=store, connector=connector, settings=settings, busy=followers.busy)
+    pull_timeouts = PullTimeouts(store=store, connector=connector, interval=settings.interval)
     app[SECRETS] = secrets
     app[CONNECTOR] = connector
     app[DIRECT] = DirectDispatch(store=store, connector=connector, watches=watches)
     app[DISPATCHERS] = Dispatchers(store=store, queued=QueuedDispatch(store=store), direct=app[DIRECT])
 
     async def singleton() -> None:
-        """The watches (with the direct log followers), the reaper and the release of held
-        launches, on one replica at a time (all of them on SQLite)."""
+        """The watches (with the direct log followers), the reaper, the release of held
+        launches and the image-pull timeouts, on one replica at a time (all of them on SQLite)."""
         watches.active = True
         tasks = [
             asyncio.create_task(guarded(WATCHES_TASK, watches.run), name=WATCHES_TASK),
             asyncio.create_task(guarded(REAPER_TASK, janitor.run), name=REAPER_TASK),
             asyncio.create_task(guarded(HELD_TASK, app[DIRECT].run_held), name=HELD_TASK),
+            asyncio.create_task(guarded(PULLS_TASK, pull_timeouts.run), name=PULLS_TASK),
         ]
         try:
             await asyncio.gather(*tasks)

@@ -49,6 +49,7 @@ def record_launch(
     idempotency_key: str | None,
     requester: str,
     guard: Guard | None = None,
+    image_pull_timeout: int | None = None,
 ) -> DirectLaunch:
     """Record a direct launch (or find the one this Idempotency-Key recorded)."""
     got = accept(
@@ -60,6 +61,7 @@ def record_launch(
         requester=requester,
         ts=now(),
         guard=guard,
+        image_pull_timeout=image_pull_timeout,
     )
     if got.spec is None or got.provider is None or got.mode is None:
         row = conn.execute(

@@ -119,10 +119,12 @@ def accept(
     requester: str,
     ts: float,
     guard: Guard | None = None,
+    image_pull_timeout: int | None = None,
 ) -> Acceptance:
     """Accept a launch on either dispatch path: the Idempotency-Key replay, or a spec built and
     checked in full, its instance (``queued``, a fresh id on a collision) and the key
-    remembered. The two paths differ only after this (a task for a daemon, or a Pod record)."""
+    remembered. The two paths differ only after this (a task for a daemon, or a Pod record).
+    ``image_pull_timeout`` (the queue's) fills in a spec whose mode names none."""
     digest = idempotency.body_digest(body)
     replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
     if replay is not None:
@@ -137,6 +139,8 @@ def accept(
         guard=guard,
     )
     spec = _runtime_limited(conn, spec, ns=ns)
+    if spec.image_pull_timeout is None and image_pull_timeout is not None:
+        spec = dataclasses.replace(spec, image_pull_timeout=image_pull_timeout)
     accepted = _new_instance(
         conn,
         first_id=spec.instance_id,
@@ -163,6 +167,7 @@ def launch(
     idempotency_key: str | None,
     requester: str,
     guard: Guard | None = None,
+    image_pull_timeout: int | None = None,
 ) -> tuple[LaunchAccepted, bool]:
     """A launch for a daemon: accepted, then its task queued. ``(202 body, created)``."""
     ts = now()
@@ -175,6 +180,7 @@ def launch(
         requester=requester,
         ts=ts,
         guard=guard,
+        image_pull_timeout=image_pull_timeout,
     )
     if got.spec is None or got.provider is None:
         return got.accepted, False
