@@ -71,7 +71,15 @@ the runs that made each change, not of the run above):
   queue from its head only as far as the page's furthest launch (it read the whole queue), finds
   their tasks by instance (SQLite read every queued task for it), and reads the other teams'
   groups only when the namespace's share is above zero: a page of 500 with 100,000 queued,
-  SQLite, 942 -> 25 ms."""
+  SQLite, 942 -> 25 ms.
+- A claim's queries name their partial indexes on SQLite (its planner, without table
+  statistics, read the whole backlog through the wide status index), and a launch still queued
+  when its instance stops is settled then instead of by a scan on every claim: SQLite claim p50
+  with 100,000 queued 369 -> 3-9 ms (100k-to-1k ratio 88.7 -> about 1; starvation p50 412 -> 6-17
+  ms).
+- Equal shares go to the team handed the fewest launches lately (a count that halves every 5
+  minutes), not to the oldest backlog: a team of 10 queued behind 10,000 launches that each end
+  before the next claim, 0 of 10 started in 1,000 claims -> all 10 by claim 20."""
 
 
 def _n(x: int) -> str:
