@@ -20,6 +20,7 @@ from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
+from nymph.daemon.outboxitems import next_batch
 from nymph.daemon.sender import QueueSender
 from nymph.protocol import TaskJSON
 from tests.support.queue_helpers import Queue, start_app
@@ -201,3 +202,36 @@ async def test_a_batch_sent_again_after_a_kill_is_answered_the_same(kind: Queue,
     assert again.client.paths[BATCH] == 2 and again.client.paths[SINGLE] == 0
     assert await _statuses(kind, tasks) == committed
     assert again.outbox.pending == 0
+
+
+def test_a_batch_keeps_each_instances_order() -> None:
+    """A send takes the run of reports and completions at the head of the outbox, except that a
+    completion never joins after a report on its own instance (the sender sends a run's
+    completions first), one of unknown instance joins only at the head, and anything else (a
+    log chunk) ends the run."""
+
+    def report(instance: str) -> dict[str, Any]:
+        return {"kind": "report", "stream": "s", "instanceId": instance, "_bytes": 10}
+
+    def complete(task: str, instance: str | None) -> dict[str, Any]:
+        item: dict[str, Any] = {"kind": "complete", "taskId": task, "_bytes": 10}
+        if instance is not None:
+            item["instanceId"] = instance
+        return item
+
+    def batch(*items: dict[str, Any]) -> list[str]:
+        _, taken = next_batch(list(items), max_items=200, max_bytes=10_000)
+        return [str(i.get("taskId") or i["instanceId"]) for i in taken]
+
+    assert batch(complete("t1", None), report("a"), complete("t2", "b"), report("b")) == [
+        "t1",
+        "a",
+        "t2",
+        "b",
+    ]
+    assert batch(report("a"), complete("t1", "a"), complete("t2", "b")) == ["a"]
+    assert batch(report("a"), complete("t2", "b"), complete("t1", "a")) == ["a", "t2"]
+    assert batch(report("a"), complete("t1", None)) == ["a"]
+    assert batch(complete("t1", "a"), {"kind": "logchunk", "instanceId": "a"}, complete("t2", "b")) == ["t1"]
+    many = [complete(f"t{i}", f"i{i}") for i in range(300)]
+    assert len(next_batch(many, max_items=200, max_bytes=10_000)[1]) == 200
