@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import sys
@@ -16,7 +15,6 @@ import platformdirs
 
 from nymph.cli import user
 from nymph.errors import ConfigError
-from nymph.launch.placement import QuantityError, parse_quantity
 from nymph.netaddr import DEFAULT_LISTEN, parse_listen
 
 # The queue server is imported by the commands that run it, not to build the parser.
@@ -131,6 +129,8 @@ def _ns_map(specs: list[str], flag: str, *, many: bool) -> dict[str, tuple[str, 
 
 def _pod_requests(specs: list[str]) -> dict[str, str]:
     """``--max-pod-request RESOURCE=QUANTITY`` values (repeatable): resource -> quantity."""
+    from nymph.launch.placement import QuantityError, parse_quantity
+
     out: dict[str, str] = {}
     for spec in specs:
         resource, sep, quantity = (part.strip() for part in spec.partition("="))
@@ -179,9 +179,10 @@ def kubeconfig_dirs(values: list[str]) -> tuple[tuple[Path, ...], tuple[tuple[st
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from nymph.kube.netguard import ServerPolicy
+    from nymph.launch.durations import parse_duration
     from nymph.queue.direct.settings import DirectSettings
     from nymph.queue.http.serve import serve
-    from nymph.queue.models import LeaseSettings, OutputSettings, QueueSettings, RetrySettings
+    from nymph.queue.models import LaunchSettings, LeaseSettings, OutputSettings, QueueSettings, RetrySettings
 
     host, port = parse_listen(args.listen, example=DEFAULT_LISTEN)
     bare_dirs, team_dirs = kubeconfig_dirs(args.kubeconfig_dir)
@@ -208,7 +209,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             results_cap_bytes=_size(args.results_cap, "--results-cap"),
             retention_seconds=args.retention_days * 86_400.0,
         ),
+        launch=LaunchSettings(
+            image_pull_timeout=parse_duration(args.image_pull_timeout, "--image-pull-timeout"),
+        ),
     )
+    import asyncio  # not to build the parser
+
     asyncio.run(serve(db_path=_db_path(args), host=host, port=port, settings=settings))
     return 0
 
@@ -376,6 +382,14 @@ def register(sub: Any) -> None:
         default=7.0,
         help="days a stopped instance is kept, with its logs and results (default 7); then the "
         "sweeper deletes it, and its id answers 404 instance_expired",
+    )
+    p.add_argument(
+        "--image-pull-timeout",
+        default="2m",
+        metavar="DURATION",
+        help="how long a launch's image may fail to pull (ErrImagePull, ImagePullBackOff) before "
+        "its Pod is deleted and it ends stopped / ImagePull: seconds or 90s, 5m, 1h (default 2m); "
+        "a mode's image_pull_timeout field wins",
     )
     p.set_defaults(func=cmd_serve)
 
