@@ -34,7 +34,7 @@ from nymph.client import QueueAuthError, QueueError, QueueNotFound, UserClient, 
 from nymph.client.logs import follow_log
 from nymph.client.paging import Page
 from nymph.errors import ConfigError, NymphError
-from nymph.launch.dreamrc import load_dreamrc, parse_assignments
+from nymph.launch.dreamrc import load_server, parse_assignments
 from nymph.launch.durations import format_duration, parse_duration
 from nymph.launch.names import parse_labels
 from nymph.launch.script import read_script
@@ -55,7 +55,7 @@ def _server(args: argparse.Namespace) -> tuple[str, str, str | None, str]:
     if token is None and os.environ.get("NYMPH_TOKEN"):
         token, token_from = os.environ["NYMPH_TOKEN"], "NYMPH_TOKEN"
     if (url is None or token is None) and Path(args.dreamrc).expanduser().is_file():
-        server = load_dreamrc(args.dreamrc).server
+        server = load_server(args.dreamrc)
         if url is None and server.get("url"):
             url, url_from = str(server["url"]), f"{args.dreamrc} server.url"
         if token is None and server.get("token"):

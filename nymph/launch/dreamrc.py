@@ -199,17 +199,32 @@ def _entries(section: Any, where: str) -> list[tuple[str | None, Any, str]]:
     raise ConfigError(f"{where}: expected a mapping (name: entry) or a list")
 
 
-def parse_dreamrc(text: str, *, source: str = ".dreamrc") -> DreamConfig:
+def _document(text: str, *, source: str) -> dict[str, Any]:
     try:
         doc = yaml.load(text, Loader=_DreamLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{source}: not valid YAML{at}") from None
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        # The parser's own words (never the file's text, which may hold a token).
+        problem = getattr(exc, "problem", None)
+        why = f": {problem}" if isinstance(problem, str) and problem else ""
+        raise ConfigError(f"{source}: not valid YAML{at}{why}") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a mapping with 'providers:' and 'modes:'")
+    return doc
+
+
+def _server(doc: dict[str, Any], *, source: str) -> dict[str, str]:
+    server_raw = doc.get("server") or {}
+    if not isinstance(server_raw, dict):
+        raise ConfigError(f"{source}: server: expected a mapping with url and token")
+    return {str(k): str(v) for k, v in server_raw.items() if v is not None}
+
+
+def parse_dreamrc(text: str, *, source: str = ".dreamrc") -> DreamConfig:
+    doc = _document(text, source=source)
     providers: dict[str, Provider] = {}
     for name, entry, where in _entries(doc.get("providers"), f"{source}: providers"):
         p = _provider_entry(name, entry, where)
@@ -224,19 +239,26 @@ def parse_dreamrc(text: str, *, source: str = ".dreamrc") -> DreamConfig:
         if m.provider is not None and m.provider not in providers:
             raise ConfigError(f"{where}: provider {m.provider!r} is not defined in providers:")
         modes[m.name] = m
-    server_raw = doc.get("server") or {}
-    if not isinstance(server_raw, dict):
-        raise ConfigError(f"{source}: server: expected a mapping with url and token")
-    server = {str(k): str(v) for k, v in server_raw.items() if v is not None}
-    return DreamConfig(providers=providers, modes=modes, server=server)
+    return DreamConfig(providers=providers, modes=modes, server=_server(doc, source=source))
 
 
-def load_dreamrc(path: str | Path) -> DreamConfig:
+def _read(path: str | Path) -> tuple[str, str]:
     p = Path(path).expanduser()
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8"), str(p)
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such file; create it or pass --dreamrc PATH") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read ({exc.__class__.__name__})") from None
-    return parse_dreamrc(text, source=str(p))
+
+
+def load_dreamrc(path: str | Path) -> DreamConfig:
+    text, source = _read(path)
+    return parse_dreamrc(text, source=source)
+
+
+def load_server(path: str | Path) -> dict[str, str]:
+    """Only the ``server: {url, token}`` of a .dreamrc: a command that needs no provider or
+    mode from it works although another entry of the file is wrong."""
+    text, source = _read(path)
+    return _server(_document(text, source=source), source=source)

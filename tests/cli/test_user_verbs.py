@@ -204,6 +204,18 @@ def test_url_and_token_from_dreamrc_and_flags(
     assert code == 0
 
 
+def test_a_bad_provider_entry_in_dreamrc_does_not_break_a_command_that_needs_only_its_server(
+    served: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / ".dreamrc").write_text(
+        f"server:\n  url: {served.url}\n  token: {served.user_token}\n"
+        "providers:\n  broken: !providers.K8s {}\n"
+    )
+    code, out, err = run(capsys, "providers", "list", "--namespace", "team-a")
+    assert code == 0, err
+    assert "no providers in namespace team-a" in out
+
+
 def test_client_repr_hides_the_token() -> None:
     c = QueueClient(base_url="http://user:pw@127.0.0.1:1", token="nyq_secret-value-123456")
     assert "secret" not in repr(c) and "pw" not in repr(c)

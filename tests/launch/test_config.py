@@ -147,6 +147,15 @@ def test_dreamrc_errors_are_clear(text: str, message: str) -> None:
         parse_dreamrc(text, source="test.dreamrc")
 
 
+def test_a_yaml_error_in_a_dreamrc_names_its_line_column_and_reason_but_not_its_text() -> None:
+    text = "server:\n  token: nyq_secret-token-value\n  url: http://q: x\n"
+    with pytest.raises(ConfigError) as err:
+        parse_dreamrc(text, source="test.dreamrc")
+    message = str(err.value)
+    assert "at line 3, column 16: mapping values are not allowed here" in message
+    assert "nyq_secret" not in message
+
+
 def test_dreamrc_does_not_execute_python_tags() -> None:
     with pytest.raises(ConfigError):
         parse_dreamrc("providers: !!python/object/apply:os.system ['echo pwned']\n")
