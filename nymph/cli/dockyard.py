@@ -44,12 +44,22 @@ def _load(
     from nymph.dockyard.render.manifests import render_manifests
     from nymph.dockyard.spec.load import load_config
 
-    loaded = load_config(
-        recipe_path=Path(args.recipe),
-        infra_path=Path(args.infra) if args.infra else None,
-        overrides=[*args.overrides, *extra_overrides],
-        environment=environment,
-    )
+    try:
+        loaded = load_config(
+            recipe_path=Path(args.recipe),
+            infra_path=Path(args.infra) if args.infra else None,
+            overrides=[*args.overrides, *extra_overrides],
+            environment=environment,
+        )
+    except DockyardConfigError as exc:
+        if args.infra or not (exc.path or "").startswith("infra") or not _looks_like_infra(Path(args.recipe)):
+            raise
+        raise DockyardConfigError(
+            f"{exc.message} ({args.recipe} looks like an infra spec, not a recipe: give the recipe "
+            f"first and this file with --infra {args.recipe})",
+            path=exc.path,
+            source=exc.source,
+        ) from None
     try:
         manifests = render_manifests(infra=loaded.infra)
     except DockyardConfigError as exc:
@@ -57,6 +67,22 @@ def _load(
             raise
         raise DockyardConfigError(exc.message, path=exc.path, source=loaded.infra_source) from None
     return loaded, manifests
+
+
+def _looks_like_infra(path: Path) -> bool:
+    """Whether a file given as the recipe is an infra spec instead: no ``infra:`` block, and
+    top-level keys that are the infra spec's own."""
+    import yaml
+
+    from nymph.dockyard.spec.schema import InfraConfig
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    if not isinstance(doc, dict) or "infra" in doc:
+        return False
+    return bool(set(doc) & set(InfraConfig.model_fields))
 
 
 def cmd_render(args: argparse.Namespace) -> int:

@@ -186,6 +186,21 @@ def test_missing_recipe(cli_env: None, capsys: pytest.CaptureFixture[str], tmp_p
     assert err == f"nymph: error: {tmp_path / 'nope.yaml'}: no such file\n"
 
 
+def test_an_infra_file_given_as_the_recipe_is_named_as_such(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe, infra = files
+    code, _, err = run(capsys, "check", str(infra))
+    assert code == 2 and "infra.image: required" in err
+    assert (
+        f"looks like an infra spec, not a recipe: give the recipe first and this file with --infra {infra}"
+        in err
+    )
+    # a real recipe missing its infra gets no such hint
+    code, _, err = run(capsys, "check", str(recipe))
+    assert code == 2 and "looks like an infra spec" not in err
+
+
 def test_unwritable_bundle(
     files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
