@@ -70,6 +70,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--state-dir",
-        help="where the queue db, logs, workdirs and audit log go (default: the user state dir)",
+        help="where the queue db, logs, workdirs and audit log go (default: a fresh directory per "
+        "run under the user state dir, dev/runs/, keeping the last 5; give one to keep a state "
+        "across runs)",
     )
     p.set_defaults(func=cmd_dev)

@@ -169,12 +169,36 @@ async def _demo(url: str, user_token: str, *, cluster: Cluster, script: str) -> 
         return iid, code
 
 
+#: How many earlier runs' state ``nymph dev`` keeps (without --state-dir each run gets its own).
+KEEP_RUNS = 5
+
+
+def fresh_state(base: Path, *, keep: int = KEEP_RUNS) -> Path:
+    """A new state directory for one run under ``base/runs`` (so a demo never lists an earlier
+    run's instances), removing all but the newest ``keep`` earlier ones; ``base/current`` links
+    to it."""
+    runs = base / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    earlier = sorted((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.name)
+    for old in earlier[: max(len(earlier) - keep, 0)]:
+        shutil.rmtree(old, ignore_errors=True)
+    state = runs / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
+    state.mkdir()
+    # base/current always names the latest run (its user.env is what the README sources)
+    link = base / f".current-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    link.symlink_to(state.relative_to(base))
+    link.replace(base / "current")
+    return state
+
+
 def run_dev(opts: DevOptions) -> int:
     """Run the demo; 0 when the launch completed and the audit chain verified."""
-    state = (
-        Path(opts.state_dir).expanduser() if opts.state_dir else platformdirs.user_state_path("nymph") / "dev"
-    )
-    state.mkdir(parents=True, exist_ok=True)
+    if opts.state_dir:
+        state = Path(opts.state_dir).expanduser()
+        state.mkdir(parents=True, exist_ok=True)
+    else:
+        state = fresh_state(platformdirs.user_state_path("nymph") / "dev")
     total = 7
     procs = Procs()
     script = Path(opts.script).read_text() if opts.script else SAMPLE
