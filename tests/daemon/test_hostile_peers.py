@@ -63,7 +63,7 @@ def task(tid: str, *, kind: str, iid: Any, kube_ns: Any, spec: Any = None) -> di
 
 
 def answered_ids(fake: FakeQueue) -> set[Any]:
-    return {b.get("taskId") for b in fake.bodies("complete") if isinstance(b, dict)}
+    return {b.get("taskId") for b in fake.completions()}
 
 
 def crashes_in(log: Path) -> list[str]:
@@ -231,7 +231,7 @@ def test_hostile_ids_never_reach_kubectl(peer: Peer) -> None:
             d.kill()
     left = {p["metadata"]["name"] for p in kube.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]}
     problems = [f"decoy Pod {n} was deleted" for n in decoys if n not in left]
-    by_id = {b["taskId"]: b for b in fake.bodies("complete") if isinstance(b, dict)}
+    by_id = {b["taskId"]: b for b in fake.completions()}
     for t in tasks:
         done = by_id.get(t["taskId"], {})
         if done.get("ok"):  # no id here is a valid instance id, no namespace but ns is served

@@ -57,6 +57,14 @@ class FakeQueue:
     def bodies(self, route: str) -> list[Any]:
         return [s.body for s in list(self.seen) if s.route == route]
 
+    def completions(self) -> list[dict[str, Any]]:
+        """Every completion the daemon sent, one at a time or in batches."""
+        out = [b for b in self.bodies("complete") if isinstance(b, dict)]
+        for batch in self.bodies("completions"):
+            if isinstance(batch, dict):
+                out.extend(c for c in batch.get("completions", []) if isinstance(c, dict))
+        return out
+
     def max_per_second(self, since: float = 0.0) -> int:
         times = sorted(s.at for s in list(self.seen) if s.at >= since)
         best, j = 0, 0
@@ -109,6 +117,14 @@ class FakeQueue:
             return web.json_response({"released": ids})
         if route == "complete":
             return web.json_response({"taskId": (body or {}).get("taskId"), "status": "done"})
+        if route == "completions":  # the batch form: one answer per completion, in order
+            items = (body or {}).get("completions", []) if isinstance(body, dict) else []
+            answers = [
+                {"taskId": c.get("taskId"), "httpStatus": 200, "body": {"status": "done"}}
+                for c in items
+                if isinstance(c, dict)
+            ]
+            return web.json_response({"answers": answers})
         if route == "report":
             reports = (body or {}).get("reports", []) if isinstance(body, dict) else []
             last = max((r.get("seq", 0) for r in reports), default=0)
