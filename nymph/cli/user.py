@@ -99,22 +99,7 @@ def register(sub: Any) -> None:
         if verb == "show":
             add_output(p)
         p.set_defaults(func=func)
-    p = psub.add_parser(
-        "instances",
-        parents=[common],
-        help="list a provider's instances",
-        description="The provider's instances, oldest first. The queue answers a page at a time: "
-        f"without --limit or --all this shows the first {DEFAULT_LIMIT} and says on stderr when more "
-        "follow. Examples: nymph instances my-cluster --state running; nymph instances my-cluster "
-        "--limit 50 (then the command stderr prints, with --continue TOKEN, for the next 50); "
-        "nymph instances my-cluster --all. Instances stopped longer ago than the queue's "
-        "--retention-days are removed (their id then answers 'expired').",
-    )
-    p.add_argument("provider", metavar="name")
-    p.add_argument("--state", choices=STATES, help="only the instances in this state")
-    add_paging(p, what="instances", first_page=True)
-    add_output(p)
-    p.set_defaults(func=handler(_VERBS, "cmd_instances"))
+    _instances_parser(psub, common, metavar="name")
     p = psub.add_parser(
         "test",
         parents=[common],
@@ -253,22 +238,7 @@ def register(sub: Any) -> None:
     usersecrets.register(sub, common)
     userresults.register(sub, common)
 
-    p = sub.add_parser(
-        "instances",
-        parents=[common],
-        help="list a provider's instances",
-        description="The provider's instances, oldest first. The queue answers a page at a time: "
-        f"without --limit or --all this shows the first {DEFAULT_LIMIT} and says on stderr when more "
-        "follow. Examples: nymph instances my-cluster --state running; nymph instances my-cluster "
-        "--limit 50 (then the command stderr prints, with --continue TOKEN, for the next 50); "
-        "nymph instances my-cluster --all. Instances stopped longer ago than the queue's "
-        "--retention-days are removed (their id then answers 'expired').",
-    )
-    p.add_argument("provider", help="the provider's name")
-    p.add_argument("--state", choices=STATES, help="only the instances in this state")
-    add_paging(p, what="instances", first_page=True)
-    add_output(p)
-    p.set_defaults(func=handler(_VERBS, "cmd_instances"))
+    _instances_parser(sub, common, metavar=None)
 
     p = sub.add_parser(
         "stop",
@@ -304,3 +274,26 @@ def register(sub: Any) -> None:
         # second of imports) before they start.
         for each in exitcodes.each_parser(sub.choices[name]):
             each.set_defaults(logging=False)
+
+
+def _instances_parser(sub: Any, common: argparse.ArgumentParser, *, metavar: str | None) -> None:
+    """``nymph instances`` and ``nymph providers instances`` (the same verb, two places)."""
+    p = sub.add_parser(
+        "instances",
+        parents=[common],
+        help="list a provider's instances",
+        description="The provider's instances, oldest first. The queue answers a page at a time: "
+        f"without --limit or --all this shows the first {DEFAULT_LIMIT} and says on stderr when more "
+        "follow. Examples: nymph instances my-cluster --state running; nymph instances my-cluster "
+        "--limit 50 (then the command stderr prints, with --continue TOKEN, for the next 50); "
+        "nymph instances my-cluster --all. Instances stopped longer ago than the queue's "
+        "--retention-days are removed (their id then answers 'expired').",
+    )
+    if metavar is None:
+        p.add_argument("provider", help="the provider's name")
+    else:
+        p.add_argument("provider", metavar=metavar)
+    p.add_argument("--state", choices=STATES, help="only the instances in this state")
+    add_paging(p, what="instances", first_page=True)
+    add_output(p)
+    p.set_defaults(func=handler(_VERBS, "cmd_instances"))
