@@ -3,10 +3,11 @@
 Runs each command ``--repeat`` times in a fresh interpreter (``python -m nymph.cli ...``, output
 discarded), takes the median wall time of each, and divides it by the median of ``python -c
 pass``: ``nymph --help``, ``nymph instances --help`` and ``nymph launch --help`` (building the
-parser), and ``nymph instances kind`` against a port where nothing listens (the handler and the
-HTTP client loaded, up to the first request). The runs are interleaved
-so a busy machine slows every command alike. Merges the ratios into ``bench-results.json``
-under ``cli_startup_ratio`` (its other keys kept):
+parser), and whole user calls against a real ``nymph queue serve`` the benchmark starts on a
+fresh SQLite file: ``nymph instances bench`` (a list) and ``nymph launch bench`` (a script read,
+a launch sent and accepted). The runs are interleaved so a busy machine slows every command
+alike. Merges the ratios into ``bench-results.json`` under ``cli_startup_ratio`` (its other
+keys kept):
 
     .venv/bin/python benchmarks/cli_startup.py [--repeat 15] [--out bench-results.json]
 """
@@ -14,46 +15,78 @@ under ``cli_startup_ratio`` (its other keys kept):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-#: name -> the arguments after ``python``
+from benchmarks import schedule_bench  # noqa: E402
+from nymph.logsetup import configure_logging  # noqa: E402
+
+#: name -> the arguments after ``python``; ``{url}`` is the benchmark's queue
 COMMANDS: dict[str, list[str]] = {
     "python -c pass": ["-c", "pass"],
     "--help": ["-m", "nymph.cli", "--help"],
     "instances --help": ["-m", "nymph.cli", "instances", "--help"],
     "launch --help": ["-m", "nymph.cli", "launch", "--help"],
-    # the whole start of a user command: its handler and the HTTP client loaded, up to the
-    # first request (refused at once: nothing listens on port 9)
-    "instances (no queue)": ["-m", "nymph.cli", "instances", "kind", "--url", "http://127.0.0.1:9"],
-}
+    # whole calls: the handler, the HTTP client, the request and its answer
+    "instances": ["-m", "nymph.cli", "instances", "bench", "--url", "{url}", "--namespace", "team-a"],
+    "launch": [
+        "-m", "nymph.cli", "launch", "bench", "--mode", "tiny", "--script", "benchmarks/cli_startup.py",
+        "--url", "{url}", "--namespace", "team-a",
+    ],
+}  # fmt: skip
 BASELINE = "python -c pass"
 
 
-def _once(args: list[str]) -> float:
+def _once(args: list[str], env: Mapping[str, str]) -> float:
     started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=REPO
+    done = subprocess.run(
+        [sys.executable, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env=dict(env),
     )
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0 and "--help" not in args:
+        raise RuntimeError(
+            f"nymph {' '.join(args[2:4])} failed ({done.returncode}): {done.stderr.strip()[-300:]}"
+        )
+    return elapsed
 
 
-def measure(repeat: int) -> dict[str, float]:
+def measure(repeat: int, *, url: str, token: str) -> dict[str, float]:
     """The median seconds of each command, run ``repeat`` times each, interleaved."""
-    for args in COMMANDS.values():  # warm the file cache and the bytecode
-        _once(args)
-    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    env = {**os.environ, "NYMPH_TOKEN": token}
+    commands = {name: [a.replace("{url}", url) for a in args] for name, args in COMMANDS.items()}
+    for args in commands.values():  # warm the file cache and the bytecode
+        _once(args, env)
+    samples: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(repeat):
-        for name, args in COMMANDS.items():
-            samples[name].append(_once(args))
+        for name, args in commands.items():
+            samples[name].append(_once(args, env))
     return {name: statistics.median(times) for name, times in samples.items()}
+
+
+async def measure_with_queue(repeat: int) -> dict[str, float]:
+    """:func:`measure` against a queue started on a fresh database, stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix="nymph-cli-bench-") as tmp:
+        async with schedule_bench.queue(str(Path(tmp) / "queue.db")) as q:
+            return await asyncio.to_thread(measure, repeat, url=q.url, token=q.user_token)
 
 
 def ratios(medians: dict[str, float]) -> dict[str, float]:
@@ -76,7 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
     parser.add_argument("--no-write", action="store_true", help="print the figures only")
     args = parser.parse_args(argv)
-    medians = measure(args.repeat)
+    configure_logging(level="warning")
+    try:
+        medians = asyncio.run(measure_with_queue(args.repeat))
+    finally:  # the queue process is stopped whatever happened
+        for proc in list(schedule_bench._PROCS):
+            schedule_bench._stop(proc)
     figures = ratios(medians)
     section: dict[str, Any] = {
         **figures,

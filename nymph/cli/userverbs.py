@@ -86,7 +86,7 @@ def check_url(url: str, *, source: str) -> None:
 def connection(args: argparse.Namespace) -> UserClient:
     url, url_from, token, _ = _server(args)
     check_url(url, source=url_from)
-    return UserClient(base_url=url, token=token, namespace=args.namespace)
+    return UserClient(base_url=url, token=token, namespace=args.namespace, light=True)
 
 
 def _no_token(args: argparse.Namespace) -> str:

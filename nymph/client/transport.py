@@ -12,13 +12,15 @@ import contextlib
 import json as jsonlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Self, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Self, TypedDict, cast
 from urllib.parse import quote
 
-import aiohttp
-
+from nymph.client import plainhttp
 from nymph.client.errors import BY_CODE, BY_STATUS, QueueError, QueueUnavailable, safe_url
 from nymph.netaddr import DEFAULT_URL as DEFAULT_URL
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 def seg(value: str) -> str:
@@ -51,24 +53,31 @@ def _answer(*, method: str, path: str, where: str, status: int, raw: bytes) -> A
     raise cls(f"{detail} (HTTP {status})", status=status, code=code, detail=detail)
 
 
+def _unavailable(
+    where: str, exc: BaseException, *, unreachable: bool, total: float | None
+) -> QueueUnavailable:
+    """The :class:`QueueUnavailable` for a failure to reach (``unreachable``) or hear the queue."""
+    if unreachable:
+        return QueueUnavailable(f"cannot reach the queue at {where}: is `nymph queue serve` running?")
+    if isinstance(exc, TimeoutError) and total is not None:
+        return QueueUnavailable(f"the queue at {where} did not answer within {total:g}s")
+    return QueueUnavailable(f"lost the connection to the queue at {where} ({exc.__class__.__name__})")
+
+
 @contextlib.contextmanager
 def _reaching(where: str, *, total: float | None = None) -> Iterator[None]:
-    """A failure to reach or hear the queue as :class:`QueueUnavailable`; with ``total`` (the
-    call's whole timeout), a timeout says how long the call waited."""
+    """An aiohttp failure to reach or hear the queue as :class:`QueueUnavailable`; with ``total``
+    (the call's whole timeout), a timeout says how long the call waited."""
+    import aiohttp  # loaded already by whoever made the session
+
     try:
         yield
-    except aiohttp.ClientConnectorError:
-        raise QueueUnavailable(
-            f"cannot reach the queue at {where}: is `nymph queue serve` running?"
-        ) from None
+    except aiohttp.ClientConnectorError as exc:
+        raise _unavailable(where, exc, unreachable=True, total=total) from None
     except (TimeoutError, aiohttp.ClientError) as exc:
-        if isinstance(exc, TimeoutError) and total is not None:
-            raise QueueUnavailable(f"the queue at {where} did not answer within {total:g}s") from None
-        if not isinstance(exc, aiohttp.ClientError):
+        if isinstance(exc, TimeoutError) and total is None:
             raise
-        raise QueueUnavailable(
-            f"lost the connection to the queue at {where} ({exc.__class__.__name__})"
-        ) from None
+        raise _unavailable(where, exc, unreachable=False, total=total) from None
 
 
 class TransportOptions(TypedDict, total=False):
@@ -80,10 +89,16 @@ class TransportOptions(TypedDict, total=False):
     timeout: float
     connect_timeout: float
     session: aiohttp.ClientSession | None
+    light: bool
 
 
 class Transport:
-    """The connection to one queue. Use as ``async with Client(...) as client:``."""
+    """The connection to one queue. Use as ``async with Client(...) as client:``.
+
+    ``light=True`` (what the CLI passes) sends plain calls through the standard library
+    (:mod:`nymph.client.plainhttp`), so a command that lists or launches never imports aiohttp;
+    streams (a log followed, a file downloaded) still use an aiohttp session.
+    """
 
     def __init__(
         self,
@@ -94,6 +109,7 @@ class Transport:
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
         session: aiohttp.ClientSession | None = None,
+        light: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.namespace = namespace
@@ -102,6 +118,7 @@ class Transport:
         self._token = token
         self._session = session
         self._own_session = session is None
+        self._light = light and session is None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={safe_url(self.base_url)!r}, namespace={self.namespace!r})"
@@ -121,6 +138,8 @@ class Transport:
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            import aiohttp
+
             self._session = aiohttp.ClientSession()
             self._own_session = True
         return self._session
@@ -141,14 +160,32 @@ class Transport:
     ) -> Any:
         """One call; returns the decoded JSON body (None for 204) or raises a QueueError.
         ``bearer`` replaces the client's token for this call (a daemon session)."""
-        session = self._ensure_session()
         hdrs = dict(headers or {})
         credential = bearer or self._token
         if credential:
             hdrs["Authorization"] = f"Bearer {credential}"
         total = self.timeout if timeout is None else timeout
-        client_timeout = aiohttp.ClientTimeout(total=total, connect=self.connect_timeout)
         where = safe_url(self.base_url)
+        if self._light:
+            try:
+                answer = await plainhttp.request(
+                    method,
+                    self.base_url + path,
+                    json=json,
+                    params=params,
+                    headers=hdrs,
+                    timeout=total,
+                    connect_timeout=min(self.connect_timeout, total),
+                )
+            except plainhttp.Unreachable as exc:
+                raise _unavailable(where, exc, unreachable=True, total=total) from None
+            except (TimeoutError, plainhttp.Lost) as exc:
+                raise _unavailable(where, exc, unreachable=False, total=total) from None
+            return _answer(method=method, path=path, where=where, status=answer.status, raw=answer.body)
+        import aiohttp
+
+        session = self._ensure_session()
+        client_timeout = aiohttp.ClientTimeout(total=total, connect=self.connect_timeout)
         with _reaching(where, total=total):
             async with session.request(
                 method, self.base_url + path, json=json, params=params, headers=hdrs, timeout=client_timeout
@@ -178,6 +215,8 @@ class Transport:
         self, path: str, *, params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A GET whose body is read as it arrives (no total timeout); errors as :meth:`request`."""
+        import aiohttp
+
         session = self._ensure_session()
         hdrs = dict(headers or {})
         if self._token:
@@ -198,6 +237,8 @@ class Transport:
         return cast(dict[str, Any], await self.request("GET", "/healthz"))
 
     async def openapi(self) -> str:
+        import aiohttp
+
         session = self._ensure_session()
         try:
             async with session.get(self.base_url + "/openapi.yaml") as resp:

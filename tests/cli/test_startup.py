@@ -157,3 +157,46 @@ def test_the_dockyard_parser_offers_every_log_source() -> None:
     from nymph.dockyard.render.plan import LogSource
 
     assert tuple(s.value for s in LogSource) == LOG_SOURCES
+
+
+RUN_PROBE = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+    import nymph.cli
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        try:
+            code = nymph.cli.main(json.loads(sys.argv[1]))
+        except SystemExit as exc:
+            code = exc.code
+    print(json.dumps({"code": code, "err": err.getvalue(), "modules": sorted(sys.modules)}))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["instances", "kind"],
+        ["launch", "kind", "--mode", "m", "--script", "-"],
+        ["providers", "list"],
+    ],
+)
+def test_a_plain_user_call_goes_out_without_aiohttp(argv: list[str]) -> None:
+    """A command that makes plain calls to the queue (a list, a launch) sends them through the
+    standard library's HTTP client: aiohttp is never imported, and a queue that cannot be reached
+    still gets the CLI's own message and exit code."""
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_PROBE, json.dumps([*argv, "--url", "http://127.0.0.1:9"])],
+        input="echo hi\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["code"] == 2, got["err"]
+    assert "cannot reach the queue at http://127.0.0.1:9" in got["err"]
+    # nymph.cli puts the light placeholders of nymph.kube.slim in place; no real client module loads
+    light = tuple(h for h in USER_HEAVY if h != "kubernetes_asyncio")
+    assert _loaded(got["modules"], ("aiohttp", *light)) == []
+    assert [m for m in got["modules"] if m.startswith("kubernetes_asyncio.client.models.")] == []
