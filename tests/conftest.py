@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.support.fault_summary",
     "tests.support.require_plugin",
     "tests.support.hygiene_plugin",
+    "tests.support.helm",
 ]
