@@ -9,7 +9,7 @@ from nymph.protocol import DaemonJSON, InstanceJSON
 from nymph.queue.db import Backend
 from nymph.queue.models import Principal
 from nymph.queue.paging import Page, PageRequest
-from nymph.queue.sql import pages
+from nymph.queue.sql import catalog, pages
 from nymph.queue.sql.dialect import Row
 
 
@@ -38,6 +38,13 @@ class PagedLists:
 
     async def modes(self, *, ns: str, page: PageRequest) -> Page[dict[str, Any]]:
         return await self.db.read(lambda c: pages.modes(c, ns=ns, page=page))
+
+    async def namespaces(self, *, principal: Principal, limit: int = 500) -> list[str]:
+        """The namespaces a principal may see: its own, or (unscoped) every one holding a
+        provider or a mode."""
+        if principal.namespace is not None:
+            return [principal.namespace]
+        return await self.db.read(lambda c: catalog.namespaces(c, limit=limit))
 
     async def daemons(self, *, principal: Principal, page: PageRequest) -> Page[DaemonJSON]:
         return await self.db.read(lambda c: pages.daemons(c, visible_to=principal.namespace, page=page))

@@ -7,6 +7,8 @@
 #   gcc, libc6-dev                      the static pause binary
 #   postgresql                          the server the queue's PostgreSQL tests start
 #                                       (initdb + postgres into a temp dir; no service is used)
+#   chromium                            the browser the console's tests drive (headless, with
+#                                       Playwright given its executable_path)
 # Quiet and quick when everything is there; needs root otherwise. Usage: tests/envtest/deps.sh
 set -euo pipefail
 
@@ -21,6 +23,7 @@ PACKAGES=(
   gcc
   libc6-dev
   postgresql
+  chromium
 )
 
 installed() {

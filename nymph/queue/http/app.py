@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 
 from nymph.queue.auth import Authenticator
+from nymph.queue.console import app as console
 from nymph.queue.db import Backend, Database
 from nymph.queue.direct import wiring as direct
 from nymph.queue.http.keys import AUTH, SESSIONS, SETTINGS, STORE
@@ -132,4 +133,5 @@ def create_app(*, db_path: Path | str, settings: QueueSettings | None = None) ->
     app.add_routes(output_routes.routes)
     app.add_routes(result_routes.routes)
     app.add_routes(quota_routes.routes)
+    console.install(app)
     return app

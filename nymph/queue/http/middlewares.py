@@ -34,6 +34,12 @@ PUBLIC_ROUTES = frozenset(
     (method, path) for method in ("GET", "HEAD") for path in ("/healthz", "/openapi.yaml")
 )
 REGISTER_PATH = "/v1/dispatch/register"
+CONSOLE_PREFIX = "/console"
+
+
+def is_console_path(path: str) -> bool:
+    return path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
+
 
 _HTTP_CODES = {
     400: ("bad_request", "the request is malformed"),
@@ -104,12 +110,18 @@ def _check_scope(request: web.Request, principal: Principal) -> None:
                 code="session_required",
             )
         return
+    check_user_scope(principal, request.match_info.get("ns"))
+
+
+def check_user_scope(principal: Principal, ns: str | None) -> None:
+    """A user route for namespace ``ns`` (None: no namespace in the route): the principal is a
+    user or admin token that may touch ``ns``, and ``ns`` is a DNS-1123 label. The console's
+    pages are held to this same check."""
     if principal.role is Role.DAEMON:
         raise Forbidden(
             "daemon credentials cannot use the user API: use a token created with --role user",
             code="wrong_role",
         )
-    ns = request.match_info.get("ns")
     if ns is None:
         return
     try:
@@ -126,7 +138,9 @@ def _check_scope(request: web.Request, principal: Principal) -> None:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if (request.method, request.path) in PUBLIC_ROUTES:
+    if (request.method, request.path) in PUBLIC_ROUTES or is_console_path(request.path):
+        # The console signs its callers in with its own cookie and holds them to the same
+        # scope check (see nymph.queue.console.guard); the API takes only the header.
         return await handler(request)
     token = _bearer(request)
     principal: Principal | None = None

@@ -126,3 +126,12 @@ def delete_mode(conn: Conn, *, ns: str, name: str) -> None:
     cur = conn.execute("DELETE FROM modes WHERE namespace = ? AND name = ?", (ns, name))
     if not cur.rowcount:
         get_mode(conn, ns=ns, name=name)
+
+
+def namespaces(conn: Conn, *, limit: int) -> list[str]:
+    """The namespaces that hold a provider or a mode, by name (the first ``limit``)."""
+    rows = conn.execute(
+        "SELECT namespace FROM providers UNION SELECT namespace FROM modes ORDER BY namespace LIMIT ?",
+        (limit,),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
