@@ -129,7 +129,8 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="Pod-shape field (repeatable; JSON/YAML values): image, resources, env, node_selector, "
         "tolerations, service_account, image_pull_secrets, priority (-1000..1000), max_runtime (90s, 30m, "
-        "2h, 1d)",
+        "2h, 1d), image_pull_timeout (how long a Pod may fail to pull its image before nymph stops it; "
+        "default: the queue's --image-pull-timeout, 2m)",
     )
     p.add_argument("--replace", action="store_true", help="replace an existing mode of that name")
     p.set_defaults(func=handler(_CATALOG, "cmd_modes_add"))
@@ -263,7 +264,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("provider")
     p.add_argument("instance_id", metavar="ID")
-    p.add_argument("-f", "--follow", action="store_true", help="follow the log until the job ends")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="follow the log until the job ends (and return once the instance is reported stopped, its results in, within 30s)",
+    )
     p.set_defaults(func=handler(_VERBS, "cmd_logs"))
 
     quota.register(sub, common)

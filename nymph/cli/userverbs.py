@@ -292,10 +292,33 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+#: How long ``logs -f`` waits, once the log is over, for the instance to be reported stopped.
+LOG_END_GRACE = 30.0
+
+
+async def _await_stopped(client: UserClient, *, provider: str, instance_id: str, limit: float) -> None:
+    """Return when the instance is stopped, or after ``limit`` seconds: the log of a job ends
+    when its container does, a moment before the daemon reports the end (and its results), so a
+    script's next command after ``logs -f`` sees the job over."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    version = -1
+    while (left := deadline - loop.time()) > 0:
+        inst = await client.get_instance(
+            provider=provider, instance_id=instance_id, after=version, wait=min(left, 10.0)
+        )
+        if inst["state"] == "stopped":
+            return
+        version = inst["version"]
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     async def body(client: UserClient) -> int:
         if args.follow:
             await _print_log(client, provider=args.provider, instance_id=args.instance_id)
+            await _await_stopped(
+                client, provider=args.provider, instance_id=args.instance_id, limit=LOG_END_GRACE
+            )
             return 0
         logs = await client.get_logs(provider=args.provider, instance_id=args.instance_id)
         if logs is None:
