@@ -369,6 +369,34 @@ def _scheduling(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _cli_startup(r: dict[str, Any]) -> str:
+    """The ``nymph`` command's start (``benchmarks/cli_startup.py``, under ``cli_startup_ratio``)."""
+    c = r.get("cli_startup_ratio") or {}
+    ms = c.get("median_ms") or {}
+    base = ms.get("python -c pass")
+    rows = [(name, t) for name, t in ms.items() if name != "python -c pass" and name in c]
+    if not base or not rows:
+        return ""
+    out = [
+        "## The CLI's start",
+        "",
+        textwrap.fill(
+            "`benchmarks/cli_startup.py` (run by `make bench`): each command in a fresh interpreter, "
+            f"the median of {c.get('repeat')} interleaved runs, against `python -c pass` in the same run "
+            f"({base} ms); `instances` and `launch` are whole calls to a queue the benchmark starts. "
+            f"Run of {c.get('when')}. Target: at most 8x.",
+            width=96,
+            break_on_hyphens=False,
+            break_long_words=False,
+        ),
+        "",
+        "| command | median ms | x `python -c pass` |",
+        "|---|---:|---:|",
+    ]
+    out += [f"| `nymph {name}` | {t} | {c[name]}{'' if c[name] <= 8 else ' (over 8)'} |" for name, t in rows]
+    return "\n".join(out)
+
+
 def page(results: dict[str, Any]) -> str:
     """The whole of docs/performance.md for one results document."""
     parts = [
@@ -379,6 +407,7 @@ def page(results: dict[str, Any]) -> str:
         report.markdown(results),
         "\n".join(_targets(results)),
         _scheduling(results),
+        _cli_startup(results),
         CHANGES,
         _limits(results),
     ]
