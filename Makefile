@@ -10,7 +10,7 @@ IMAGE ?= nymph:dev
 KIND_CLUSTER ?= nymph
 PYTEST_ARGS ?=
 
-.PHONY: help install install-demo deps images envtest faults test test-unit lint fmt demo bench image kind-up kind-load deploy undeploy clean
+.PHONY: help install install-demo deps images envtest faults test test-unit lint fmt demo bench screenshots image kind-up kind-load deploy undeploy clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ faults: install deps envtest ## the whole fault suite at full size (200 crash-ma
 
 test-unit: install ## the quick run: every test not marked e2e (no control plane needed)
 	$(BIN)/pytest -q -m "not e2e and not open_fault" $(PYTEST_ARGS)
+
+screenshots: install deps ## regenerate the console's screenshots in docs/images/console (its browser tests, in Debian's chromium)
+	NYMPH_CONSOLE_SCREENSHOTS=docs/images/console $(BIN)/pytest -q tests/queue/console/test_browser.py $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy --strict and the import-linter layer contracts (.importlinter)
 	$(BIN)/ruff check nymph tests benchmarks

@@ -4,17 +4,21 @@ validation, and every text a launch carries shown escaped."""
 
 from __future__ import annotations
 
+import asyncio
+import html
+import re
 from collections.abc import AsyncIterator
 
 import pytest
 
-from nymph.queue.models import Role
+from nymph.queue.models import Principal, Role
 from tests.queue.console.helpers import CSP, Console, ship_output
 from tests.support.dispatch_helpers import apply
 from tests.support.queue_helpers import Queue, add_kind
 
 PROVIDER = "/console/ns/default/providers/kind/"
 XSS = "<script>alert('x')</script>"
+LAUNCH = {"mode": "small", "script": "print(1)"}
 
 
 @pytest.fixture
@@ -197,3 +201,34 @@ async def test_tags_script_log_and_results_are_shown_as_text(kind: Queue, consol
     )
     listing = await console.get(PROVIDER)
     assert iid in listing.text and XSS not in listing.text
+
+
+@pytest.mark.sqlite_only
+async def test_a_thousand_instances_page_by_page(kind: Queue, console: Console) -> None:
+    """A provider with 1,000 instances lists them 50 a page, each once, by following the Next
+    links (the API's own continue tokens), and filters by state."""
+    principal = Principal(token_id="tok-bulk", role=Role.USER, name="bulk")
+    launch = kind.store.launch
+    accepted = await asyncio.gather(
+        *(
+            launch(ns="default", provider="kind", body=LAUNCH, idempotency_key=None, principal=principal)
+            for _ in range(1000)
+        )
+    )
+    launched = [a["instanceId"] for a in accepted]
+    await console.sign_in(kind.user_token)
+    seen: list[str] = []
+    path: str | None = PROVIDER
+    pages = 0
+    while path is not None:
+        listing = await console.get(path)
+        assert listing.status == 200
+        seen += re.findall(r">(lakeshore-[0-9a-f]{8})</a>", listing.text)
+        found = re.search(r'<a rel="next" href="([^"]+)"', listing.text)
+        path = None if found is None else html.unescape(found.group(1))
+        pages += 1
+    assert pages == 20 and sorted(seen) == sorted(launched)
+    running = await console.get(PROVIDER + "?state=running")
+    assert running.status == 200 and "no instance in state running" in running.text
+    bad = await console.get(PROVIDER + "?state=bogus")
+    assert bad.status == 400 and "not an instance state" in bad.text
