@@ -15,7 +15,7 @@ from nymph.queue.console import pages, security
 from nymph.queue.console.guard import SIGN_IN, principal_for
 from nymph.queue.console.keys import CSRF
 from nymph.queue.console.pages import INSTANCE, NS, instances_page
-from nymph.queue.console.views import page, see_other, set_cookie
+from nymph.queue.console.views import over_tls, page, see_other, set_cookie
 from nymph.queue.direct.wiring import DISPATCHERS
 from nymph.queue.errors import Forbidden, ServiceError
 from nymph.queue.http.keys import PRINCIPAL
@@ -47,7 +47,7 @@ async def _form(request: web.Request, *, expected: str) -> dict[str, str]:
 def sign_in_page(request: web.Request, *, error: str | None = None, status: int = 200) -> web.Response:
     pre = security.new_presession()
     answer = page(request, "signin.html", status=status, presession=pre, error=error)
-    set_cookie(answer, security.PRESESSION_COOKIE, pre, secure=request.secure)
+    set_cookie(answer, security.PRESESSION_COOKIE, pre, secure=over_tls(request))
     return answer
 
 
@@ -78,7 +78,7 @@ async def sign_in(request: web.Request) -> web.Response:
         )
     log.info("console sign-in", token_id=found.token_id, role=found.role.value)
     answer = see_other(SIGN_IN)
-    set_cookie(answer, security.SESSION_COOKIE, token, secure=request.secure)
+    set_cookie(answer, security.SESSION_COOKIE, token, secure=over_tls(request))
     answer.del_cookie(security.PRESESSION_COOKIE, path=security.COOKIE_PATH)
     return answer
 

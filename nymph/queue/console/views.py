@@ -54,3 +54,10 @@ def set_cookie(response: web.StreamResponse, name: str, value: str, *, secure: b
     response.set_cookie(
         name, value, path=security.COOKIE_PATH, httponly=True, samesite="Strict", secure=secure
     )
+
+
+def over_tls(request: web.Request) -> bool:
+    """The browser reached the console over TLS: directly, or through a proxy that terminated it
+    and says so (trusting that header can only add ``Secure``, never take it away)."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.secure or forwarded == "https"

@@ -60,6 +60,20 @@ async def test_sign_in_page_answers_and_the_cookie_is_a_strict_session_cookie(
     home = await console.get("/console/")
     assert home.status == 200 and "kind" in home.text and "small" in home.text
     assert kind.user_token not in home.text
+    proxied = Console(kind)
+    try:  # behind a proxy that terminated TLS, the cookies are Secure
+        tls = {"X-Forwarded-Proto": "https"}
+        form = await proxied.get("/console/", headers=tls)
+        assert all("Secure" in c for c in form.set_cookies)
+        sent = {**tls, "Cookie": f"nymph_console_pre={form.csrf}"}  # a Secure cookie, over plain HTTP here
+        ok = await proxied.post(
+            "/console/signin", {"csrf": form.csrf, "token": kind.user_token}, headers=sent
+        )
+        assert ok.status == 303 and any(
+            c.startswith("nymph_console=") and "Secure" in c for c in ok.set_cookies
+        )
+    finally:
+        await proxied.close()
 
 
 async def test_the_api_takes_only_the_authorization_header(kind: Queue, console: Console) -> None:
