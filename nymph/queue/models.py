@@ -232,3 +232,5 @@ class ClaimResult:
     #: Nothing was claimed, yet some task is claimable by another daemon (another node or
     #: namespace): a wake-up this claim received is handed on.
     work_elsewhere: bool = False
+    #: Seconds each launch handed out on its first attempt waited since its POST wrote it.
+    waited: tuple[float, ...] = ()

@@ -92,6 +92,8 @@ def test_every_operation_conforms(served: Served) -> None:
     call = Conformance(served)
     call("GET", "/healthz", expect=200, token=None)
     call("GET", "/openapi.yaml", expect=200, token=None)
+    call("GET", "/metrics", expect=200, token="admin")
+    call("GET", "/metrics", expect=403)
     kind = {"name": "kind", "launcher": "Kube", "dispatch": "daemon", "kwargs": {"namespace": "jobs"}}
     call("POST", NS + "/providers", body=kind, expect=201)
     call("POST", NS + "/providers", body=kind, expect=409)

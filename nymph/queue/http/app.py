@@ -17,12 +17,14 @@ from pathlib import Path
 
 import structlog
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nymph.queue.auth import Authenticator
 from nymph.queue.console import app as console
 from nymph.queue.db import Backend, Database
 from nymph.queue.direct import wiring as direct
-from nymph.queue.http.keys import AUTH, SESSIONS, SETTINGS, STORE
+from nymph.queue.errors import Forbidden
+from nymph.queue.http.keys import AUTH, METRICS, PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.middlewares import auth_middleware, error_middleware
 from nymph.queue.http.routes import catalog as catalog_routes
 from nymph.queue.http.routes import daemon as daemon_routes
@@ -32,7 +34,8 @@ from nymph.queue.http.routes import quota as quota_routes
 from nymph.queue.http.routes import results as result_routes
 from nymph.queue.http.routes import secrets as secret_routes
 from nymph.queue.http.routes import user as user_routes
-from nymph.queue.models import QueueSettings
+from nymph.queue.metrics import QueueMetrics
+from nymph.queue.models import QueueSettings, Role
 from nymph.queue.sessions import SessionStore
 from nymph.queue.store import Store
 
@@ -58,6 +61,18 @@ def open_backend(target: Path | str) -> tuple[Backend, Path | None]:
 async def healthz(request: web.Request) -> web.Response:
     await request.app[STORE].db.read(lambda conn: conn.execute("SELECT 1").fetchone())
     return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """The replica's Prometheus metrics (:mod:`nymph.queue.metrics`); an admin token."""
+    if request[PRINCIPAL].role is not Role.ADMIN:
+        raise Forbidden(
+            "the queue's metrics take an admin token: create one on the queue host with "
+            "'nymph queue token create --role admin'",
+            code="admin_required",
+        )
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -119,12 +134,15 @@ def create_app(*, db_path: Path | str, settings: QueueSettings | None = None) ->
     app[STORE] = Store(db=db, settings=settings)
     app[AUTH] = Authenticator(db=db, cache_seconds=settings.limits.token_cache_seconds)
     app[SESSIONS] = SessionStore(settings=settings.sessions, db=db)
+    app[METRICS] = QueueMetrics()
+    app[METRICS].watch_waiting(lambda: len(app[STORE].tasks_changed))
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sweeper_ctx)
     direct.install(app, store=app[STORE], db_path=sqlite_path)
     app.on_shutdown.append(_release_long_polls)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.yaml", openapi)
+    app.router.add_get("/metrics", metrics)
     app.add_routes(catalog_routes.routes)
     app.add_routes(user_routes.routes)
     app.add_routes(dockyard_routes.routes)

@@ -10,6 +10,7 @@ from nymph.queue.models import Principal
 
 if TYPE_CHECKING:
     from nymph.queue.auth import Authenticator
+    from nymph.queue.metrics import QueueMetrics
     from nymph.queue.models import QueueSettings
     from nymph.queue.sessions import SessionStore
     from nymph.queue.store import Store
@@ -18,5 +19,6 @@ SETTINGS: web.AppKey[QueueSettings] = web.AppKey("nymph.settings")
 STORE: web.AppKey[Store] = web.AppKey("nymph.store")
 AUTH: web.AppKey[Authenticator] = web.AppKey("nymph.auth")
 SESSIONS: web.AppKey[SessionStore] = web.AppKey("nymph.sessions")
+METRICS: web.AppKey[QueueMetrics] = web.AppKey("nymph.metrics")
 #: The authenticated caller of a request.
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("nymph.principal", Principal)

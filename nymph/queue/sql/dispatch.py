@@ -13,6 +13,7 @@ and requests (see :mod:`nymph.queue.sql.placement`).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from nymph.launch.state import InstanceState, Reason
@@ -20,7 +21,7 @@ from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, iso
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
 from nymph.queue.sql import binding, placement, schedule
-from nymph.queue.sql.dialect import Conn, for_update, indexed_by
+from nymph.queue.sql.dialect import Conn, Row, for_update, indexed_by
 from nymph.queue.sql.retire import retire
 from nymph.queue.sql.rows import fetch_instance, session_may_act, task_json
 from nymph.queue.sql.transitions import transition
@@ -212,6 +213,7 @@ def claim(
     settled = retire(conn, now=now)
     _requeue_expired(conn, now=now)
     tasks = []
+    waited: list[float] = []
     if req.capacity > 0:
         where, params = _claimable(req, scope=scope, now=now, fallback=lease.stop_node_fallback)
         # Only constant fragments and "?" placeholders are formatted into these statements.
@@ -219,7 +221,9 @@ def claim(
         if lock and req.node_info is None:
             stmt = _CLAIM_ONE_STATEMENT.format(where=where, lock=lock, hint="")
             leased = conn.execute(stmt, [req.daemon_id, now + req.lease_seconds, now, *params, req.capacity])
-            tasks = [task_json(r) for r in sorted(leased.fetchall(), key=lambda r: int(r["seq"]))]
+            first = sorted(leased.fetchall(), key=lambda r: int(r["seq"]))
+            tasks = [task_json(r) for r in first]
+            waited = _waited(first, now)
             seqs = []
         else:
             select = _SELECT_CLAIMABLE.format(where=where, lock=lock, hint=indexed_by(conn, "tasks_plain"))
@@ -238,13 +242,26 @@ def claim(
         if seqs:
             marks = ",".join("?" * len(seqs))
             conn.execute(_LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs])
-            tasks = [*tasks, *(task_json(r) for r in conn.execute(_FETCH.format(marks=marks), seqs))]
+            fetched = conn.execute(_FETCH.format(marks=marks), seqs).fetchall()
+            tasks = [*tasks, *(task_json(r) for r in fetched)]
+            waited = [*waited, *_waited(fetched, now)]
     next_due = None
     elsewhere = False
     if not tasks:
         next_due = _next_due(conn, node=req.node, now=now, fallback=lease.stop_node_fallback)
         elsewhere = _work_elsewhere(conn, now=now)
-    return ClaimResult(tasks=tasks, next_due=next_due, settled=frozenset(settled), work_elsewhere=elsewhere)
+    return ClaimResult(
+        tasks=tasks,
+        next_due=next_due,
+        settled=frozenset(settled),
+        work_elsewhere=elsewhere,
+        waited=tuple(waited),
+    )
+
+
+def _waited(rows: Sequence[Row], now: float) -> list[float]:
+    """How long each launch on its first attempt waited since its POST wrote it."""
+    return [now - float(r["created_at"]) for r in rows if r["kind"] == "launch" and int(r["attempts"]) == 1]
 
 
 def _stop_requested(conn: Conn, instance_id: str) -> bool:

@@ -29,7 +29,7 @@ from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
 from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unprocessable
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.caller import daemon_session
-from nymph.queue.http.keys import PRINCIPAL, SESSIONS, SETTINGS, STORE
+from nymph.queue.http.keys import METRICS, PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.routes.refusals import logged_refusal
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report, TaskCompletion
 from nymph.queue.notify import wait_for_event
@@ -196,6 +196,7 @@ async def claim(request: web.Request) -> web.Response:
             # claim read before the task that woke it may have been committed.
             signal.pass_on(carried + 1)
     if result.tasks:
+        request.app[METRICS].claimed(result.waited)
         log.info(
             "claimed",
             daemon=req.daemon_id,
