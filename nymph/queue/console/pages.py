@@ -91,6 +91,7 @@ async def instances_page(
         ns=m["ns"],
         provider=m["name"],
         items=answer["items"],
+        live=any(i["state"] in LIVE for i in answer["items"]),
         next_token=answer.get("continue"),
         state=state or "",
         states=STATES,

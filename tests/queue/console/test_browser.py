@@ -62,8 +62,8 @@ def _token(served: Served, role: Role, namespace: str | None = None) -> str:
 class Watched:
     """A browser context whose every answer from the console is kept (to check its headers)."""
 
-    def __init__(self, browser: Any, served: Served) -> None:
-        self.context = browser.new_context(accept_downloads=True, base_url=served.url)
+    def __init__(self, browser: Any, url: str) -> None:
+        self.context = browser.new_context(accept_downloads=True, base_url=url)
         self.page = self.context.new_page()
         self.answers: list[Any] = []
         self.dialogs: list[str] = []
@@ -131,7 +131,7 @@ def test_launch_follow_stop_and_download(browser: Any, served: Served, shots: Sh
     """Sign in, launch from the form, see it run with its log appearing live (markup as text,
     no script run), stop it from its page, download its result; every answer carries the CSP."""
     _catalog(served, served.user_token)
-    w = Watched(browser, served)
+    w = Watched(browser, served.url)
     ship = Daemon(served)
     try:
         page = w.page
@@ -157,6 +157,9 @@ def test_launch_follow_stop_and_download(browser: Any, served: Served, shots: Sh
         expect(page.locator("#log")).to_contain_text(XSS)
         assert page.inner_text("#log").rstrip().endswith(XSS) and not w.dialogs
         shots.take(page, "instance-running", docs=True)
+        listing = w.context.new_page()  # a list of instances, left open: it follows them
+        listing.goto(PROVIDER)
+        expect(listing.locator(f"tr:has-text('{iid}') .state")).to_have_text("running")
         page.click("button.danger")
         expect(page.locator("#state")).to_have_text(re.compile("^stopp(ing|ed)$"))
         ship.take("stop")
@@ -172,6 +175,8 @@ def test_launch_follow_stop_and_download(browser: Any, served: Served, shots: Sh
         )
         ship.report(iid, "stopped", reason="Completed")
         page.wait_for_selector("a[download]")
+        expect(listing.locator(f"tr:has-text('{iid}') .state")).to_have_text("stopped")
+        listing.close()
         assert page.inner_text("#state") == "stopped"
         with page.expect_download() as got:
             page.click("a[download]")
@@ -195,7 +200,7 @@ def test_a_team_is_refused_another_teams_pages(browser: Any, served: Served, sho
     a_token = _token(served, Role.USER, "team-a")
     _catalog(served, a_token, namespace="team-a", kube_ns="a-jobs")
     b_token = _token(served, Role.USER, "team-b")
-    w = Watched(browser, served)
+    w = Watched(browser, served.url)
     try:
         w.sign_in(b_token)
         assert "team-a" not in w.page.inner_text("main")
@@ -206,7 +211,7 @@ def test_a_team_is_refused_another_teams_pages(browser: Any, served: Served, sho
         assert w.check_headers() > 3
     finally:
         w.close()
-    admin = Watched(browser, served)
+    admin = Watched(browser, served.url)
     try:
         admin.sign_in(served.admin_token)
         assert "team-a" in admin.page.inner_text("main")

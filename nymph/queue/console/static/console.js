@@ -1,6 +1,7 @@
 // nymph console: the only script. It follows a running instance's log (appending the text as
-// text, never as HTML) and reloads the instance page when its state changes. Pages work
-// without it; nothing here reads or writes the token (the cookie is HttpOnly).
+// text, never as HTML), reloads the instance page when its state changes and refreshes a list
+// of instances while some are live. Pages work without it; nothing here reads or writes the
+// token (the cookie is HttpOnly).
 "use strict";
 
 function followLog(pre) {
@@ -64,7 +65,29 @@ function watchInstance(card) {
   run();
 }
 
+function refreshList(table) {
+  // A list with live instances is read again every few seconds (the same page, rendered and
+  // escaped by the queue); only its rows are replaced, so a half-typed launch form stays.
+  async function tick() {
+    try {
+      const resp = await fetch(window.location.href, { credentials: "same-origin" });
+      if (!resp.ok) return;
+      const doc = new DOMParser().parseFromString(await resp.text(), "text/html");
+      const fresh = doc.querySelector("table.instances");
+      if (!fresh) return;
+      table.tBodies[0].replaceWith(document.importNode(fresh.tBodies[0], true));
+      if (fresh.dataset.live !== "true") return;
+    } catch (err) {
+      // the queue is away for a moment: try again later
+    }
+    setTimeout(tick, 3000);
+  }
+  setTimeout(tick, 3000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  const list = document.querySelector("table.instances");
+  if (list && list.dataset.live === "true") refreshList(list);
   const pre = document.getElementById("log");
   if (pre && pre.dataset.live === "true") followLog(pre);
   const card = document.getElementById("instance");
