@@ -40,17 +40,17 @@ deps: ## the Debian packages the real node and the local images use (runc, CNI p
 	  echo "deps: not installed: no real node (Pods will be simulated by kwok)" >&2; \
 	fi
 
-envtest: ## build the local control plane (kube-apiserver, etcd, kwok) and the real node (kubelet, containerd) into ~/.cache/nymph/envtest, and helm into ~/.cache/nymph/tools
+envtest: ## build the local control plane (kube-apiserver, etcd, kwok) and the real node (kubelet, containerd) into ~/.cache/nymph/envtest, and helm and the KubeRay operator into ~/.cache/nymph/tools
 	@if [[ -n "$$KUBEBUILDER_ASSETS" ]] || command -v go >/dev/null; then \
 	  tests/envtest/build.sh >/dev/null; \
-	  if ! tests/envtest/build-tools.sh helm >/dev/null && [[ "$$NYMPH_E2E" == "require" ]]; then exit 1; fi; \
+	  if ! tests/envtest/build-tools.sh helm kuberay-operator >/dev/null && [[ "$$NYMPH_E2E" == "require" ]]; then exit 1; fi; \
 	elif [[ "$$NYMPH_E2E" == "require" ]]; then \
 	  echo "envtest: Go is not installed and KUBEBUILDER_ASSETS is unset; cannot build the control plane" >&2; exit 1; \
 	else \
 	  echo "envtest: no Go and no KUBEBUILDER_ASSETS: real-cluster tests will be skipped" >&2; \
 	fi
 
-images: install-demo deps ## build the local images (pause, python, nymph) into ~/.cache/nymph/images (tests do it on demand)
+images: install-demo deps ## build the local images (pause, python, ray, nymph) into ~/.cache/nymph/images (tests do it on demand)
 	$(BIN)/python -m nymph.localcluster.imagebuild
 
 test: install deps envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e on kwok and the real node)

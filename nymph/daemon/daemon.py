@@ -28,6 +28,7 @@ from nymph.daemon.nodeinfo import NodeInfo
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.podreaper import Reaper
 from nymph.daemon.pullwatch import PullWatch
+from nymph.daemon.rayjobends import RayJobEnds
 from nymph.daemon.reconcile import reconcile
 from nymph.daemon.results import ResultUploads
 from nymph.daemon.rootlock import RootLock
@@ -302,6 +303,14 @@ class Daemon:
         self.loops.append(guarded("renewer", claimer.renew_loop))
         self.loops.append(guarded("reaper", reaper.run))
         self.loops.append(guarded("image-pulls", pulls.run))
+        ends = RayJobEnds(
+            kubectl=kubectl,
+            tracker=self.tracker,
+            audit=self.audit,
+            namespaces=tuple(s.kube.namespaces),
+            node=self.node,
+        )
+        self.loops.append(guarded("rayjob-ends", ends.run))
         self.loops.append(guarded("disk", self.disk.run))
         self.loops.append(guarded("audit-sync", self._sync_audit))
         try:

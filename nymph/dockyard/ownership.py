@@ -12,6 +12,7 @@ a dockyard object carries a label so that the delete can select on it.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
@@ -19,6 +20,9 @@ from typing import Any
 from nymph.launch.names import is_instance_id
 
 LAUNCH_LABEL = "nymph.io/launch"
+#: on a launch's RayJob: its other objects (``[{apiVersion, kind, name}, ...]`` as JSON), which
+#: the daemon deletes by name when the RayJob ends (:mod:`nymph.daemon.rayjobends`)
+POOL_ANNOTATION = "nymph.io/launch-objects"
 
 
 class Ownership(StrEnum):
@@ -28,7 +32,8 @@ class Ownership(StrEnum):
 
 
 def mark(manifests: Sequence[Mapping[str, Any]], *, launch: str) -> list[dict[str, Any]]:
-    """Copies of ``manifests`` labelled as objects of ``launch`` (an instance id)."""
+    """Copies of ``manifests`` labelled as objects of ``launch`` (an instance id); a RayJob
+    among them also names the others (:data:`POOL_ANNOTATION`)."""
     if not is_instance_id(launch):
         raise ValueError(f"{launch!r} is not an instance id")
     out: list[dict[str, Any]] = []
@@ -37,6 +42,44 @@ def mark(manifests: Sequence[Mapping[str, Any]], *, launch: str) -> list[dict[st
         meta = marked.setdefault("metadata", {})
         meta["labels"] = {**(meta.get("labels") or {}), LAUNCH_LABEL: launch}
         out.append(marked)
+    others = [
+        {
+            "apiVersion": m.get("apiVersion"),
+            "kind": m.get("kind"),
+            "name": (m.get("metadata") or {}).get("name"),
+        }
+        for m in out
+        if m.get("kind") != "RayJob"
+    ]
+    for marked in out:
+        if marked.get("kind") == "RayJob" and others:
+            meta = marked["metadata"]
+            meta["annotations"] = {**(meta.get("annotations") or {}), POOL_ANNOTATION: json.dumps(others)}
+    return out
+
+
+def companions(rayjob: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The other objects of a RayJob's launch, as name-only manifests (from
+    :data:`POOL_ANNOTATION`; none when it is absent or not a list of such objects)."""
+    meta = rayjob.get("metadata") or {}
+    namespace = meta.get("namespace")
+    raw = (meta.get("annotations") or {}).get(POOL_ANNOTATION)
+    try:
+        listed = json.loads(raw) if isinstance(raw, str) else []
+    except ValueError:
+        return []
+    out: list[dict[str, Any]] = []
+    for item in listed if isinstance(listed, list) else []:
+        if isinstance(item, dict) and all(
+            isinstance(item.get(k), str) for k in ("apiVersion", "kind", "name")
+        ):
+            out.append(
+                {
+                    "apiVersion": item["apiVersion"],
+                    "kind": item["kind"],
+                    "metadata": {"name": item["name"], "namespace": namespace},
+                }
+            )
     return out
 
 

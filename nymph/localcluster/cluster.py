@@ -40,6 +40,8 @@ from nymph.localcluster.assets import find_assets
 from nymph.localcluster.certs import PKI, make_pki
 from nymph.localcluster.flags import KWOK_NODE_ANNOTATION
 from nymph.localcluster.kubeconfig import cert_kubeconfig, token_kubeconfig
+from nymph.localcluster.kuberay import FIELD_MANAGER as FM
+from nymph.localcluster.kuberay import KubeRayOperator, start_operator
 from nymph.localcluster.procs import Proc, free_port, port_free, spawn, stop_all
 from nymph.localcluster.realnode import NodeImage, RealNode, real_node_support
 
@@ -226,6 +228,25 @@ class LocalCluster:
             self.leftovers = self.real.stop()
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
+
+    def start_kuberay(self, *, binary: Path, crds: Path, timeout: float = 120.0) -> KubeRayOperator:
+        """Apply the KubeRay CRDs and start its operator as one of this cluster's processes
+        (stopped first by :meth:`stop`); see :mod:`nymph.localcluster.kuberay`."""
+
+        self._say("starting the KubeRay operator")
+        op = start_operator(
+            binary=binary,
+            crds=crds,
+            kubeconfig=self.kubeconfig,
+            logdir=self.workdir,
+            apply=lambda f: self.kubectl("apply", "--server-side", f"--field-manager={FM}", "-f", str(f)),
+            get_crd=lambda name: self.api(
+                "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+            ),
+            timeout=timeout,
+        )
+        self.procs.append(op.proc)
+        return op
 
     # -- helpers ---------------------------------------------------------------------------
 

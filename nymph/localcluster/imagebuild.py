@@ -141,9 +141,10 @@ def main() -> int:
     """``python -m nymph.localcluster.imagebuild``: build (or find) every local image and print
     one ``NAME ARCHIVE`` line each."""
     from nymph.localcluster.images import ensure_images
+    from nymph.localcluster.rayimage import ensure_ray_image
 
     try:
-        images = [*ensure_images(), ensure_nymph_image()]
+        images = [*ensure_images(), ensure_ray_image(), ensure_nymph_image()]
     except ImageBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -265,36 +265,42 @@ def debian_mirror(*, sources: Sequence[Path] = APT_SOURCES) -> str:
     )
 
 
+def debootstrap_rootfs(
+    rootfs: Path, *, packages: Sequence[str], what: str, mirror: str | None = None
+) -> None:
+    """A Debian ``minbase`` of :data:`PYTHON_SUITE` with ``packages`` at ``rootfs`` (needs root and
+    debootstrap; ``rootfs.parent`` holds its log), without apt's caches or logs."""
+    if os.geteuid() != 0:
+        raise ImageBuildError(f"building the {what} image runs debootstrap, which needs root")
+    if shutil.which("debootstrap") is None:
+        raise ImageBuildError(f"building the {what} image needs debootstrap (tests/envtest/deps.sh)")
+    source = mirror or debian_mirror()
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"debootstrap {PYTHON_SUITE} for the {what} image (about a minute)")
+    started = time.monotonic()
+    include = ",".join(packages)
+    cmd = ["debootstrap", "--variant=minbase", f"--include={include}", PYTHON_SUITE, str(rootfs), source]
+    run_step(cmd, what="debootstrap", log=rootfs.parent / "debootstrap.log", timeout=1800)
+    for point in mounts_under(rootfs):
+        subprocess.run(["umount", "--lazy", str(point)], capture_output=True, check=False)
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "var/log"):
+        for entry in (rootfs / junk).glob("*"):
+            if entry.is_file() and not entry.is_symlink():
+                entry.unlink()
+    progress(f"debootstrap done in {time.monotonic() - started:.0f} s")
+
+
+BASE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
+
+
 def ensure_python_image(*, root: Path | None = None, mirror: str | None = None) -> LocalImage:
     """``nymph.local/python:3-bookworm``: a Debian minbase with python3 (about 40 s, once)."""
 
     def build(tmp: Path) -> None:
-        if os.geteuid() != 0:
-            raise ImageBuildError("building the python image runs debootstrap, which needs root")
-        if shutil.which("debootstrap") is None:
-            raise ImageBuildError("building the python image needs debootstrap (tests/envtest/deps.sh)")
-        source = mirror or debian_mirror()
         rootfs = tmp / "work" / "rootfs"
-        rootfs.parent.mkdir(parents=True)
-        progress(f"building {PYTHON_IMAGE} with debootstrap {PYTHON_SUITE} (about a minute)")
-        started = time.monotonic()
-        include = ",".join(PYTHON_PACKAGES)
-        cmd = ["debootstrap", "--variant=minbase", f"--include={include}", PYTHON_SUITE, str(rootfs), source]
-        run_step(cmd, what="debootstrap", log=tmp / "work" / "debootstrap.log", timeout=1800)
-        for point in mounts_under(rootfs):
-            subprocess.run(["umount", "--lazy", str(point)], capture_output=True, check=False)
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "var/log"):
-            for entry in (rootfs / junk).glob("*"):
-                if entry.is_file() and not entry.is_symlink():
-                    entry.unlink()
-        progress(f"debootstrap done in {time.monotonic() - started:.0f} s; writing the OCI archive")
-        config = ImageConfig(
-            cmd=("python3",),
-            env=(
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "LANG=C.UTF-8",
-            ),
-        )
+        debootstrap_rootfs(rootfs, packages=PYTHON_PACKAGES, what="python", mirror=mirror)
+        progress(f"writing {PYTHON_IMAGE} as an OCI archive")
+        config = ImageConfig(cmd=("python3",), env=BASE_ENV)
         write_oci_archive(rootfs=rootfs, archive=tmp / ARCHIVE, name=PYTHON_IMAGE, config=config)
 
     key = recipe_key("python-3-bookworm", PYTHON_SUITE, *PYTHON_PACKAGES)

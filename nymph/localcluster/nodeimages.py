@@ -44,40 +44,80 @@ def seeds_dir() -> Path:
     return cache_root() / "node-images"
 
 
+KEEP = 3  # seeds of other image sets kept (concurrent runs with other sets, a branch switched back)
+
+
+def _lock_path(key: str) -> Path:
+    return seeds_dir() / f".{key}.lock"
+
+
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+def seed_root(key: str, build: Callable[[Path], None], *, keep: int = KEEP) -> Iterator[Path]:
+    """The seed root for ``key`` (built once with ``build(tmp_root)``), held under a shared lock
+    for the ``with`` block, so that no other run removes it while a node copies it.
+
+    Building takes the key's lock exclusively. Afterwards seeds of other keys beyond the ``keep``
+    most recently used are removed, each only if its own lock can be taken at once: a seed that
+    another run is building or copying is never touched (nodes started from one hold their own
+    hard links, so removing it takes nothing from a running node).
+    """
+    seed = seeds_dir() / key / "containerd-root"
+    lock = _lock_path(key)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_SH)
+        if not seed.is_dir():
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            if not seed.is_dir():
+                _build(key, seed, build)
+            fcntl.flock(fh, fcntl.LOCK_SH)  # a conversion: never unlocked in between
+        with contextlib.suppress(OSError):
+            os.utime(seed.parent)  # last used: what prune_seeds keeps
         try:
-            yield
+            prune_seeds(keep=keep, current=key)
+            yield seed
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure_seed(key: str, build: Callable[[Path], None]) -> Path:
-    """The seed root for ``key``, built once with ``build(tmp_root)`` under a lock."""
-    seed = seeds_dir() / key / "containerd-root"
-    with _locked(seeds_dir() / f".{key}.lock"):
-        if seed.is_dir():
-            return seed
-        tmp = seeds_dir() / f".tmp-{key}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
-            build(tmp)
-            seed.parent.mkdir(parents=True, exist_ok=True)
-            (tmp / "containerd-root").rename(seed)
-            # Seeds of other images or containerd builds are stale: nodes started from them hold
-            # their own hard links, so removing them takes nothing from a running node.
-            for old in seeds_dir().iterdir():
-                if old.is_dir() and not old.name.startswith(".") and old.name != key:
-                    subprocess.run(
-                        ["rm", "-rf", "--one-file-system", str(old)], capture_output=True, check=False
-                    )
-        finally:
-            subprocess.run(["rm", "-rf", "--one-file-system", str(tmp)], capture_output=True, check=False)
-    return seed
+def _build(key: str, seed: Path, build: Callable[[Path], None]) -> None:
+    tmp = seeds_dir() / f".tmp-{key}-{os.getpid()}"
+    _remove(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        seed.parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "containerd-root").rename(seed)
+    finally:
+        _remove(tmp)
+
+
+def _remove(path: Path) -> None:
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], capture_output=True, check=False)
+
+
+def prune_seeds(*, keep: int, current: str) -> list[str]:
+    """Remove the seeds beyond the ``keep`` most recently used other than ``current``, skipping
+    any whose lock another process holds; returns the keys removed."""
+    others = sorted(
+        (p for p in seeds_dir().iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != current),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    removed: list[str] = []
+    for old in others[keep:]:
+        with _lock_path(old.name).open("a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # being built or copied by another run
+            try:
+                _remove(old)
+                removed.append(old.name)
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+    return removed
 
 
 def same_filesystem(a: Path, b: Path) -> bool:

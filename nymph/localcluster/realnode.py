@@ -168,7 +168,8 @@ class RealNode:
                 stop_all([proc], grace=10.0)
 
         try:
-            nodeimages.link_copy(nodeimages.ensure_seed(key, build), layout.state_dir / "containerd-root")
+            with nodeimages.seed_root(key, build) as seed:
+                nodeimages.link_copy(seed, layout.state_dir / "containerd-root")
         except OSError as exc:
             self._say(f"no seed root ({exc}): importing the images into this node")
             host.remove_tree(layout.state_dir / "containerd-root")

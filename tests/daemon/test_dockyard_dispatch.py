@@ -188,3 +188,39 @@ async def test_without_the_dockyard_role_the_launch_fails_forbidden(stack: Stack
     assert len(claims) == 1  # permanent: not handed out again
     applies = [r for r in records if r["action"] == "apply"]
     assert applies and all(r["result"] == "failed" and "Forbidden" in r["error"] for r in applies)
+
+
+async def test_a_rayjobs_end_stops_the_instance_with_its_reason(stack: Stack) -> None:
+    """When KubeRay marks a launch's RayJob Failed, the daemon reports the instance stopped with
+    reason Error and KubeRay's message, deletes the sandbox pool (audited), and keeps the
+    RayJob, whose status stays readable."""
+    manifests = expected(stack.namespace, [])
+    async with stack.queue.client() as c:
+        accepted = await c.launch_dockyard(
+            provider="local",
+            recipe=yaml.safe_load(RECIPE.read_text()),
+            infra=yaml.safe_load(INFRA.read_text()),
+        )
+    iid = accepted["instanceId"]
+    await wait_state(stack.queue, iid, {"running"})
+    rayjob = next(m for m in manifests if m["kind"] == "RayJob")["metadata"]["name"]
+    status = {
+        "jobDeploymentStatus": "Failed",
+        "jobStatus": "FAILED",
+        "reason": "AppFailed",
+        "message": "exit 3",
+    }
+    stack.kube.api(
+        "PATCH",
+        f"/apis/ray.io/v1/namespaces/{stack.namespace}/rayjobs/{rayjob}/status",
+        {"status": status},
+        content_type="application/merge-patch+json",
+    )
+    inst = await wait_state(stack.queue, iid, {"stopped"})
+    assert inst["reason"] == "Error"
+    assert inst["message"] == f"RayJob {rayjob} failed (job FAILED): exit 3"
+    assert [o["kind"] for o in present(stack.kube, stack.namespace, manifests)] == ["RayJob"]
+    deleted = [r for r in audit(stack) if r["action"] == "delete" and r.get("instance") == iid]
+    assert sorted((r["kind"], r["result"]) for r in deleted) == sorted(
+        (m["kind"], "rayjob-ended") for m in manifests if m["kind"] != "RayJob"
+    )

@@ -150,6 +150,7 @@ ALLOWED = (
     # The one cluster-scoped grant: read Nodes (node-aware claims).
     + [(v, "nodes", None) for v in ("get", "list", "watch")]
     + [(v, r, "default") for r in DOCKYARD_RESOURCES for v in ("get", "create", "patch", "delete")]
+    + [("list", "rayjobs.ray.io", "default")]
 )
 DENIED = [
     ("get", "secrets", "default"),
@@ -185,6 +186,7 @@ DENIED = [
     ("list", "deployments.apps", "default"),
     ("watch", "rayjobs.ray.io", "default"),
     ("list", "services", "default"),
+    ("list", "rayclusters.ray.io", "default"),
     ("update", "deployments.apps", "default"),
     ("patch", "deployments.apps/scale", "default"),
     ("patch", "services/status", "default"),

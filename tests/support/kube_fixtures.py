@@ -17,6 +17,8 @@ Tests choose their node by the fixture they ask for:
 * ``sa_kubeconfig``: make a ServiceAccount bound to given Role rules and get a kubeconfig that
   authenticates as it (TokenRequest API), to act with exactly those permissions.
 * ``kuberay_crds``: the KubeRay CRDs installed and established.
+
+The KubeRay operator on the real node is in tests/support/kuberay_fixtures.py.
 """
 
 from __future__ import annotations
@@ -79,10 +81,17 @@ def real_node_assets() -> Path:
 
 
 @pytest.fixture(scope="session")
-def real_kube(tmp_path_factory: pytest.TempPathFactory, real_node_assets: Path) -> Iterator[LocalCluster]:
-    assets = real_node_assets
+def real_kube(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, real_node_assets: Path
+) -> Iterator[LocalCluster]:
+    from tests.support.kuberay_fixtures import real_kube_images
+
     cluster = LocalCluster(
-        tmp_path_factory.mktemp("real-cluster"), assets=assets, node="real", node_names=(DEFAULT_NODE,)
+        tmp_path_factory.mktemp("real-cluster"),
+        assets=real_node_assets,
+        node="real",
+        node_names=(DEFAULT_NODE,),
+        images=real_kube_images(request.session),
     )
     cluster.start()
     try:

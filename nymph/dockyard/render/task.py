@@ -32,8 +32,8 @@ from nymph.dockyard.spec.load import Environment, load_mappings
 
 #: apply = server-side apply (PATCH that creates when absent, which the API server also
 #: authorises as ``create``); ``get`` lets the daemon check for an object before applying
-#: (adopt, don't duplicate); ``delete`` serves stop tasks and the reaper. No list/watch: the
-#: daemon follows the Pods, not these objects.
+#: (adopt, don't duplicate); ``delete`` serves stop tasks and the reaper. No list/watch but
+#: ``list`` on RayJobs: the daemon reads its launches' RayJobs to report their end.
 _VERBS = ["get", "create", "patch", "delete"]
 
 DOCKYARD_ROLE_RULES: list[dict[str, Any]] = [
@@ -42,6 +42,7 @@ DOCKYARD_ROLE_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": list(_VERBS)},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": list(_VERBS)},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": list(_VERBS)},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list"]},
 ]
 
 

@@ -1,0 +1,222 @@
+"""dockyard jobs that really run: a real KubeRay operator reconciles what nymph renders on the real
+node (containerd + runc), in the Ray image built here.
+
+One namespace and one ``nymph dockyard run`` serve the module: the sandbox pool comes up, the
+RayJob's head starts, the entrypoint runs and the RayJob ends SUCCEEDED; the tests then read its
+output back through nymph's own commands and check, from inside a sandbox container, that the
+hardening nymph renders is what the kernel enforces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from nymph.cli import main
+from nymph.errors import NymphError
+from nymph.localcluster import LocalCluster
+from nymph.localcluster.kuberay import KubeRayOperator
+from nymph.localcluster.rayimage import RAY_IMAGE
+from tests.support.kube_fixtures import new_namespace
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+MARKER = "dockyard-entrypoint-ok"
+SANDBOX_UID = 1000
+
+
+def infra(node: str) -> dict[str, Any]:
+    """A GPU-free infra for one small node: a head with one CPU and a 100 MB object store, no
+    workers, and a two-replica sandbox pool serving HTTP as a non-root user."""
+    pinned = {"kubernetes.io/hostname": node}
+
+    def group(name: str) -> dict[str, Any]:
+        return {"groupName": name, "replicas": 0, "template": {"spec": {"containers": [{"name": "w"}]}}}
+
+    return {
+        "image": RAY_IMAGE,
+        "placement": {"nodeSelector": pinned},
+        "launch": {"mode": "rayjob", "entrypoint": f"python -c \"print('{MARKER}')\""},
+        "sandbox": {
+            "name": "sbx",
+            "replicas": 2,
+            "security": {"runAsNonRoot": True},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "nodeSelector": pinned,
+                        "securityContext": {"runAsUser": SANDBOX_UID, "runAsGroup": SANDBOX_UID},
+                        "containers": [
+                            {
+                                "name": "task-executor",
+                                "command": ["python3", "-m", "http.server", "9090"],
+                                "resources": {
+                                    "requests": {"cpu": "50m", "memory": "64Mi"},
+                                    "limits": {"cpu": "200m", "memory": "128Mi"},
+                                },
+                            }
+                        ],
+                    }
+                }
+            },
+        },
+        "kuberay": {
+            "name": "grpo",
+            "spec": {
+                "headGroupSpec": {
+                    "rayStartParams": {"num-cpus": "1", "object-store-memory": "100000000"},
+                    "template": {"spec": {"containers": [{"name": "ray-head"}]}},
+                },
+                "workerGroupSpecs": [group("trainer"), group("inference")],
+            },
+        },
+    }
+
+
+@dataclass
+class Ran:
+    kube: LocalCluster
+    namespace: str
+    args: list[str]
+    code: int
+    out: str
+    err: str
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def ran(
+    real_kube: LocalCluster,
+    kuberay_operator: KubeRayOperator,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Ran]:
+    node = real_kube.real_node
+    assert node is not None
+    ns = new_namespace(real_kube)
+    work = tmp_path_factory.mktemp("dockyard-ray")
+    (work / "recipe.yaml").write_text("grpo: {max_num_steps: 1}\n")
+    (work / "run.infra.yaml").write_text(yaml.safe_dump(infra(node)))
+    args = [str(work / "recipe.yaml"), "--infra", str(work / "run.infra.yaml"), f"infra.namespace={ns}"]
+    out_file, err_file = work / "run.out", work / "run.err"
+    started = time.monotonic()
+    with (
+        out_file.open("w") as out,
+        err_file.open("w") as err,
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        code = main(["dockyard", "run", *args, "--timeout", "600", "--kubeconfig", str(real_kube.kubeconfig)])
+    try:
+        yield Ran(
+            real_kube, ns, args, code, out_file.read_text(), err_file.read_text(), time.monotonic() - started
+        )
+    finally:
+        real_kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture
+def nymph(ran: Ran, capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
+    capsys.readouterr()
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main([*argv, "--kubeconfig", str(ran.kube.kubeconfig)])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def _explain(ran: Ran) -> str:
+    pods = ran.kube.kubectl("get", "pods", "-n", ran.namespace, "-o", "wide", check=False).stdout
+    job = ran.kube.kubectl("get", "rayjob", "-n", ran.namespace, "-o", "yaml", check=False).stdout
+    return f"exit {ran.code}\nstdout:\n{ran.out[-3000:]}\nstderr:\n{ran.err[-3000:]}\n{pods}\n{job[-3000:]}"
+
+
+def test_dockyard_run_reaches_succeeded_and_the_output_reads_back(
+    ran: Ran, nymph: Callable[..., tuple[int, str, str]]
+) -> None:
+    """``nymph dockyard run`` of a rayjob recipe waits for the pool, hands the RayJob to the
+    operator and follows it to SUCCEEDED; ``nymph dockyard job logs`` then shows the
+    entrypoint's own output, read from the head through the Jobs REST API, and ``nymph
+    dockyard logs`` the head's."""
+    assert ran.code == 0, _explain(ran)
+    assert "sandbox pool sbx: 2/2 ready" in ran.out
+    assert ran.out.rstrip().endswith("RayJob grpo succeeded"), _explain(ran)
+    job = ran.kube.api("GET", f"/apis/ray.io/v1/namespaces/{ran.namespace}/rayjobs/grpo")
+    assert (job["status"]["jobDeploymentStatus"], job["status"]["jobStatus"]) == ("Complete", "SUCCEEDED")
+
+    code, out, err = nymph("dockyard", "job", "list", *ran.args)
+    assert code == 0, err
+    assert job["status"]["jobId"] in out and "SUCCEEDED" in out, out
+    code, out, err = nymph("dockyard", "job", "logs", job["status"]["jobId"], *ran.args)
+    assert code == 0, err
+    assert MARKER in out
+    code, out, err = nymph("dockyard", "logs", *ran.args, "--source", "head", "--tail", "50")
+    assert code == 0, err
+    assert "[pod/grpo-" in out and "Ray runtime started" in out, out[-2000:]
+
+
+def _sandbox_pods(ran: Ran) -> list[dict[str, Any]]:
+    got = ran.kube.api(
+        "GET", f"/api/v1/namespaces/{ran.namespace}/pods?labelSelector=app.kubernetes.io/name%3Dsbx"
+    )
+    return [p for p in got["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def test_the_sandbox_hardening_is_enforced_inside_the_container(ran: Ran) -> None:
+    """From inside a running sandbox container: no effective capabilities, no-new-privileges
+    set, seccomp in filter mode, and (runAsNonRoot) a non-zero uid."""
+    assert ran.code == 0, _explain(ran)
+    pods = _sandbox_pods(ran)
+    assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+    name = pods[0]["metadata"]["name"]
+    res = ran.kube.kubectl(
+        "exec",
+        "-n",
+        ran.namespace,
+        name,
+        "--",
+        "sh",
+        "-c",
+        "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; id -u",
+    )
+    lines = res.stdout.split()
+    fields = dict(zip(lines[0:6:2], lines[1:6:2], strict=True))
+    assert fields == {"CapEff:": "0000000000000000", "NoNewPrivs:": "1", "Seccomp:": "2"}, res.stdout
+    assert lines[6] == str(SANDBOX_UID)
+
+
+def test_the_sandbox_pdb_refuses_the_second_eviction(ran: Ran) -> None:
+    """With ``maxUnavailable: 1`` the Eviction API lets one sandbox Pod go and refuses the next
+    (429) while the first is being replaced."""
+    assert ran.code == 0, _explain(ran)
+    pods = [p["metadata"]["name"] for p in _sandbox_pods(ran)]
+    deadline = time.monotonic() + 60
+    while True:  # the disruption controller must have counted the healthy pods first
+        pdb = ran.kube.api("GET", f"/apis/policy/v1/namespaces/{ran.namespace}/poddisruptionbudgets/sbx-pdb")
+        if (pdb.get("status") or {}).get("disruptionsAllowed") == 1:
+            break
+        assert time.monotonic() < deadline, pdb.get("status")
+        time.sleep(0.2)
+
+    def evict(pod: str) -> str:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": ran.namespace},
+        }
+        try:
+            ran.kube.api("POST", f"/api/v1/namespaces/{ran.namespace}/pods/{pod}/eviction", body)
+        except NymphError as exc:
+            return str(exc)
+        return "ok"
+
+    assert evict(pods[0]) == "ok"
+    refused = evict(pods[1])
+    assert "HTTP 429" in refused and "disruption budget" in refused.lower(), refused
