@@ -73,6 +73,14 @@ class InstanceJSON(TypedDict):
     terminationMessage: NotRequired[str]
     #: Why some result files were not kept (over the cap, refused paths).
     resultsError: NotRequired[str]
+    #: A member of a launch group: the group and its place in it (0-based).
+    groupId: NotRequired[str]
+    groupIndex: NotRequired[int]
+    #: A launch with a retry policy, or a retry: which attempt this is (1 for the first), the
+    #: instance it retries and the one that retries it.
+    attempt: NotRequired[int]
+    retryOf: NotRequired[str]
+    retriedAs: NotRequired[str]
 
 
 class LaunchAccepted(TypedDict):

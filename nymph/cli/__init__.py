@@ -47,6 +47,7 @@ COMMAND_AREAS = {
             "stop",
             "logs",
             "quota",
+            "group",
         ),
         "nymph.cli.queue",
     ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nymph.cli import exitcodes, quota, userinstance, userresults, usersecrets
+from nymph.cli import exitcodes, groupverbs, quota, userinstance, userresults, usersecrets
 from nymph.cli.exitcodes import INTERRUPTED_EXIT, NEVER_RAN_EXIT, WAIT_TIMEOUT_EXIT
 from nymph.cli.lazy import handler
 from nymph.cli.output import add_output
@@ -38,6 +38,7 @@ USER_COMMANDS = (
     "stop",
     "logs",
     "quota",
+    "group",
 )
 
 
@@ -151,9 +152,10 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "launch",
         parents=[common],
-        help="queue a launch; prints the instance id",
+        help="queue a launch (or a group of them); prints the instance (or group) id",
         description="Examples: nymph launch my-cluster --mode k8s-gpu --script train.py --tag team=ml --wait\n"
-        "          nymph launch my-cluster --mode k8s-gpu --script train.py --priority 10 --max-runtime 2h",
+        "          nymph launch my-cluster --mode k8s-gpu --script train.py --priority 10 --max-runtime 2h\n"
+        "          nymph launch my-cluster --mode cpu --script sweep.py --count 100 (a group: nymph group wait ID)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("provider")
@@ -202,6 +204,7 @@ def register(sub: Any) -> None:
         f"{WAIT_TIMEOUT_EXIT}; the launch goes on (the message says how to stop it)",
     )
     p.add_argument("--quiet", action="store_true", help="with --wait: show the states only, not the output")
+    groupverbs.add_group_flags(p)
     p.set_defaults(func=handler(_VERBS, "cmd_launch"))
 
     p = sub.add_parser(
@@ -274,6 +277,7 @@ def register(sub: Any) -> None:
 
     quota.register(sub, common)
     userinstance.register(sub, common)
+    groupverbs.register(sub, common)
     for name in USER_COMMANDS:
         exitcodes.document(sub.choices[name])
         # These commands print for the user and log nothing: no structlog set-up (a tenth of a

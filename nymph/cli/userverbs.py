@@ -148,6 +148,10 @@ def cmd_instances(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    if getattr(args, "count", None) is not None or getattr(args, "items", None):
+        from nymph.cli.usergroups import cmd_launch_group
+
+        return cmd_launch_group(args)
     script = read_script(args.script)
     tags = parse_labels(args.tag)
     env = parse_assignments(args.env, flag="--env")

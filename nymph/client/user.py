@@ -161,6 +161,38 @@ class UserClient(Paging):
             LaunchAccepted, await self.send_once(path, body, idempotency_key=idempotency_key, retries=retries)
         )
 
+    async def launch_group(
+        self,
+        *,
+        provider: str,
+        body: Mapping[str, Any],
+        idempotency_key: str | None = None,
+        retries: int = 0,
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        """Queue a launch group (``{"mode", "script", "count"}`` or ``{"items": [...]}``, see
+        :mod:`nymph.launch.groups`): ``{groupId, total, instances}``."""
+        path = f"{self._ns(namespace)}/providers/{seg(provider)}/launches"
+        return cast(
+            dict[str, Any],
+            await self.send_once(path, dict(body), idempotency_key=idempotency_key, retries=retries),
+        )
+
+    async def get_group(self, *, group_id: str, namespace: str | None = None) -> dict[str, Any]:
+        """The group with its members counted by state and reason."""
+        return cast(
+            dict[str, Any], await self.request("GET", f"{self._ns(namespace)}/groups/{seg(group_id)}")
+        )
+
+    async def group_instances(self, *, group_id: str, namespace: str | None = None) -> list[InstanceJSON]:
+        """Every instance of the group, by place in it, then attempt."""
+        return cast(
+            list[InstanceJSON], await self.every(f"{self._ns(namespace)}/groups/{seg(group_id)}/instances")
+        )
+
+    async def stop_group(self, *, group_id: str, namespace: str | None = None) -> None:
+        await self.request("DELETE", f"{self._ns(namespace)}/groups/{seg(group_id)}")
+
     async def list_instances(
         self, *, provider: str, state: str | None = None, namespace: str | None = None
     ) -> list[InstanceJSON]:

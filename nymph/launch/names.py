@@ -16,6 +16,10 @@ LABEL_MANAGED = "lakeshore"
 LABEL_NAMESPACE = "lakeshore.namespace"
 LABEL_PROVIDER = "lakeshore.provider"
 RESERVED_LABEL_KEYS = frozenset({LABEL_MANAGED, LABEL_NAMESPACE, LABEL_PROVIDER})
+#: The launch group a Pod belongs to (set by the queue on every member of a group).
+LABEL_GROUP = "nymph.io/group"
+#: Label keys only nymph sets: a launch tag on one of them is dropped.
+NYMPH_LABEL_KEYS = RESERVED_LABEL_KEYS | {LABEL_GROUP}
 
 _LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -119,8 +123,8 @@ def parse_labels(
 def tags_to_labels(tags: object, *, field: str = "tags") -> tuple[dict[str, str], list[str]]:
     """Validate launch tags as extra labels.
 
-    Returns ``(labels, dropped)``: tags whose key is one of the three reserved keys are
-    dropped (and listed in ``dropped``); an invalid key or value is rejected with a
+    Returns ``(labels, dropped)``: tags whose key is one of the three reserved keys (or the
+    group label, :data:`LABEL_GROUP`) are dropped (and listed in ``dropped``); an invalid key or value is rejected with a
     :class:`ValidationError` naming the tag, so nothing invalid reaches the API server.
     """
     if tags is None:
@@ -138,7 +142,7 @@ def tags_to_labels(tags: object, *, field: str = "tags") -> tuple[dict[str, str]
                 "characters of letters, digits, '-', '_' and '.', starting and ending with a "
                 "letter or digit",
             )
-        if key in RESERVED_LABEL_KEYS:
+        if key in NYMPH_LABEL_KEYS:
             dropped.append(key)
             continue
         value = tag_value_to_str(raw_value)

@@ -7,7 +7,8 @@ The Pod:
 * ``metadata.name`` is the instance id (``lakeshore-<8 hex>``), fixed per launch, so applying
   it twice is idempotent;
 * labels: ``lakeshore=true``, ``lakeshore.namespace=<owner ns>``, ``lakeshore.provider=<slug>``
-  plus the launch tags;
+  plus the launch tags, and for a member of a launch group ``nymph.io/group=<groupId>`` (with
+  ``NYMPH_GROUP_ID`` and ``NYMPH_GROUP_INDEX`` in its env);
 * one container ``user`` running ``/bin/sh -c`` with a script that heredocs the Python launch
   script into ``/tmp/u.py`` and runs ``python3 /tmp/u.py`` (a script whose lines start with so
   many different bytes that no safe delimiter exists travels compressed and base64-encoded
@@ -153,12 +154,17 @@ def launch_annotation(spec: LaunchSpec) -> str:
 def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str | None = None) -> PodManifest:
     labels = names.selector_labels(owner_namespace=spec.owner_namespace, provider=spec.provider)
     for k, v in spec.labels:
-        if k not in names.RESERVED_LABEL_KEYS:
+        if k not in names.NYMPH_LABEL_KEYS:
             labels[k] = v
+    if spec.group_id is not None:
+        labels[names.LABEL_GROUP] = spec.group_id
     labels = dict(sorted(labels.items()))
 
     env: list[dict[str, str]] = [{"name": k, "value": v} for k, v in spec.env]
     env.append({"name": "NYMPH_INSTANCE_ID", "value": spec.instance_id})
+    if spec.group_id is not None:
+        env.append({"name": "NYMPH_GROUP_ID", "value": spec.group_id})
+        env.append({"name": "NYMPH_GROUP_INDEX", "value": str(spec.group_index or 0)})
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,

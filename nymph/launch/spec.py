@@ -33,7 +33,7 @@ from nymph.launch.runlimits import check_priority
 
 #: Env vars nymph sets itself; a mode or launch may not set any name of this prefix.
 RESERVED_ENV_PREFIX = "NYMPH_"
-RESERVED_ENV = frozenset({"NYMPH_INSTANCE_ID", "NYMPH_WORKDIR"})
+RESERVED_ENV = frozenset({"NYMPH_INSTANCE_ID", "NYMPH_WORKDIR", "NYMPH_GROUP_ID", "NYMPH_GROUP_INDEX"})
 #: A script travels as one argv string of ``/bin/sh -c``; Linux caps a single argument at
 #: 128 KiB (MAX_ARG_STRLEN), so scripts are capped below that with room for the wrapper.
 MAX_SCRIPT_BYTES = 120 * 1024
@@ -71,6 +71,10 @@ class LaunchSpec:
     #: Seconds the Pod's image may fail to pull before the launch is stopped (``ImagePull``);
     #: None: the queue's ``--image-pull-timeout`` (it fills it in when it accepts the launch).
     image_pull_timeout: int | None = None
+    #: The launch group it is a member of (``NYMPH_GROUP_ID`` and the ``nymph.io/group`` label),
+    #: and its 0-based place in it (``NYMPH_GROUP_INDEX``); None outside a group.
+    group_id: str | None = None
+    group_index: int | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -98,6 +102,9 @@ class LaunchSpec:
             data["maxRuntime"] = self.max_runtime
         if self.image_pull_timeout is not None:
             data["imagePullTimeout"] = self.image_pull_timeout
+        if self.group_id is not None:
+            data["groupId"] = self.group_id
+            data["groupIndex"] = self.group_index or 0
         return data
 
     @classmethod
@@ -123,6 +130,8 @@ class LaunchSpec:
                 priority=check_priority(data.get("priority", 0), "spec.priority"),
                 max_runtime=_check_max_runtime(data.get("maxRuntime"), "spec.maxRuntime"),
                 image_pull_timeout=_check_max_runtime(data.get("imagePullTimeout"), "spec.imagePullTimeout"),
+                group_id=_check_group_id(data.get("groupId")),
+                group_index=_check_group_index(data.get("groupIndex")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValidationError(
@@ -153,6 +162,22 @@ def _check_launch_uid(value: object) -> str | None:
         return None
     if not isinstance(value, str) or not names.is_label_value(value) or not value:
         raise ValidationError("spec.launchUid", f"{value!r} is not a launch uid")
+    return value
+
+
+def _check_group_id(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or not names.is_label_value(value):
+        raise ValidationError("spec.groupId", f"{value!r} is not a group id")
+    return value
+
+
+def _check_group_index(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError("spec.groupIndex", f"{value!r} is not a group index")
     return value
 
 
@@ -213,7 +238,7 @@ def _check_env(raw: object, fld: str) -> tuple[list[tuple[str, str]], list[str]]
             raise ValidationError(
                 f"{fld}.{k}",
                 f"names starting {RESERVED_ENV_PREFIX} are reserved: nymph sets "
-                f"{' and '.join(sorted(RESERVED_ENV))} itself; rename the variable",
+                f"{', '.join(sorted(RESERVED_ENV))} itself; rename the variable",
             )
         s = env_value(v)
         if s is None:

@@ -29,6 +29,7 @@ from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.direct.records import DirectRecords
 from nymph.queue.errors import ServiceError
 from nymph.queue.expiry import InstanceExpiry
+from nymph.queue.groups import GroupBook
 from nymph.queue.lists import PagedLists
 from nymph.queue.models import (
     ClaimRequest,
@@ -76,6 +77,14 @@ class Store:
         self.quotas = QuotaBook(db=db)
         #: The expiry of stopped instances (run by the sweeper).
         self.expiry = InstanceExpiry(db=db, settings=settings.output)
+        #: Launch groups.
+        self.groups = GroupBook(
+            db=db,
+            guard=self.guard,
+            image_pull_timeout=settings.launch.image_pull_timeout,
+            tasks_changed=self.tasks_changed,
+            instance_changed=self.instance_changed,
+        )
 
     def woken_elsewhere(self, key: str) -> None:
         """Another replica changed something: wake the long-polls it concerns here."""

@@ -136,6 +136,23 @@ def test_every_operation_conforms(served: Served) -> None:
     call("GET", inst + "/logs", expect=200)
     call("GET", NS + "/providers/kind/instances/lakeshore-00000000/logs", expect=404)
 
+    launches = NS + "/providers/kind/launches"
+    grouped = call(
+        "POST", launches, body={**body, "count": 2}, headers={"Idempotency-Key": "g"}, expect=202
+    ).json()
+    call("POST", launches, body={**body, "count": 3}, headers={"Idempotency-Key": "g"}, expect=409)
+    call("POST", launches, body={**body, "items": [{"script": ""}]}, expect=400)
+    call("POST", launches, body={**body, "mode": "ghost", "count": 1}, expect=404)
+    call("POST", launches, data=b"x" * (16 * 1024 * 1024 + 10), expect=413)
+    group = NS + f"/groups/{grouped['groupId']}"
+    call("GET", group, expect=200)
+    call("GET", group + "/instances?limit=1", expect=200)
+    call("GET", NS + "/groups/group-000000000000", expect=404)
+    call("GET", NS + "/groups/group-000000000000/instances", expect=404)
+    call("DELETE", group, expect=204)
+    call("DELETE", group, expect=204)
+    call("DELETE", NS + "/groups/group-000000000000", expect=404)
+
     dock = NS + "/providers/kind/dockyard"
     dock_body = {
         "recipe": yaml.safe_load((EXAMPLES / "dockyard-grpo-vllm.yaml").read_text()),

@@ -126,7 +126,31 @@ class DirectDispatch:
                 self.store.instance_changed.notify(iid)
             self.watches.ensure(ns=ns, connection=rec.connection)
             log.info("held direct launch created", instance=iid, namespace=ns)
+            row = await self.store.direct.instance(
+                ns=ns, provider=rec.accepted["providerName"], instance_id=iid
+            )
+            if row["stop_requested_at"] is not None:
+                # Its stop (or its group's) came while the Pod was being created: the stop found
+                # no Pod to delete, so it is deleted now, never left behind.
+                await self._delete_created(ns=ns, rec=rec)
         return len(taken)
+
+    async def _delete_created(self, *, ns: str, rec: DirectLaunch) -> None:
+        """Delete the Pod just created for a launch whose stop came meanwhile."""
+        conn = Connection.from_json(rec.connection)
+        iid = rec.accepted["instanceId"]
+        what = f"deleting Pod {iid} in namespace {conn.namespace}"
+        async with self.connector.api(ns=ns, conn=conn, what=what) as api:
+            try:
+                await pods.delete_pod(api, namespace=conn.namespace, name=iid, grace_seconds=0)
+            except Exception as exc:
+                log.warning(
+                    "deleting a stopped launch's Pod failed",
+                    instance=iid,
+                    detail=str(service_error(exc, what=what)),
+                )
+                return
+        log.info("deleted the Pod of a launch stopped while it was created", instance=iid, namespace=ns)
 
     async def run_held(self, *, interval: float = 1.0) -> None:
         """Release held launches as their quotas free up (a background task)."""

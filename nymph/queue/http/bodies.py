@@ -78,7 +78,13 @@ def decode_body(raw: bytes, *, content_encoding: str, limit: int) -> bytes:
     return data
 
 
-async def read_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
+async def read_object(
+    request: web.Request, *, allow_empty: bool = False, limit: int | None = None
+) -> dict[str, Any]:
+    """The body as a JSON object; ``limit``: this route's body cap in bytes, instead of the
+    app's."""
+    if limit is not None:
+        request = request.clone(client_max_size=limit)
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:

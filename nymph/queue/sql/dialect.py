@@ -40,6 +40,8 @@ class Cursor(Protocol):
 class Conn(Protocol):
     def execute(self, sql: str, parameters: Any = ..., /) -> Cursor: ...
 
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Cursor: ...
+
 
 def is_postgres(conn: Conn) -> bool:
     return isinstance(conn, PgConn)
@@ -136,6 +138,13 @@ class PgConn:
             params = [_text(v) for v in parameters]
         cur: Cursor = self.raw.execute(translate(sql), params)
         return cur
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Cursor:
+        """One statement over many rows (a bulk insert): psycopg pipelines them."""
+        cur = self.raw.cursor()
+        cur.executemany(translate(sql), [[_text(v) for v in params] for params in seq_of_parameters])
+        out: Cursor = cur
+        return out
 
 
 def _text(value: Any) -> Any:

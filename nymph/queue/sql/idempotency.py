@@ -20,6 +20,13 @@ def body_digest(body: Mapping[str, Any]) -> str:
 
 def replay(conn: Conn, *, ns: str, provider: str, key: str | None, digest: str) -> LaunchAccepted | None:
     """The 202 body a launch sent earlier with this Idempotency-Key, if any (same body only)."""
+    replay: LaunchAccepted | None = replay_json(conn, ns=ns, provider=provider, key=key, digest=digest)
+    return replay
+
+
+def replay_json(conn: Conn, *, ns: str, provider: str, key: str | None, digest: str) -> Any:
+    """The 202 body (a launch's or a launch group's) sent earlier with this Idempotency-Key,
+    if any (same body only)."""
     if key is None:
         return None
     row = conn.execute(
@@ -34,8 +41,7 @@ def replay(conn: Conn, *, ns: str, provider: str, key: str | None, digest: str) 
             "new key for a new launch",
             code="idempotency_key_reused",
         )
-    replay: LaunchAccepted = json.loads(row["response"])
-    return replay
+    return json.loads(row["response"])
 
 
 def remember(
@@ -48,9 +54,33 @@ def remember(
     accepted: LaunchAccepted,
     ts: float,
 ) -> None:
+    remember_json(
+        conn,
+        ns=ns,
+        provider=provider,
+        key=key,
+        digest=digest,
+        owner=accepted["instanceId"],
+        response=accepted,
+        ts=ts,
+    )
+
+
+def remember_json(
+    conn: Conn,
+    *,
+    ns: str,
+    provider: str,
+    key: str | None,
+    digest: str,
+    owner: str,
+    response: Any,
+    ts: float,
+) -> None:
+    """Remember ``response`` under the key; ``owner``: the instance (or group) it answered for."""
     if key is not None:
         conn.execute(
             "INSERT INTO idempotency_keys (namespace, provider, key, body_sha256, instance_id, "
             "response, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (ns, provider, key, digest, accepted["instanceId"], json.dumps(accepted), ts),
+            (ns, provider, key, digest, owner, json.dumps(response), ts),
         )

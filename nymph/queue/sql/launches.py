@@ -86,7 +86,7 @@ def build_spec(
     return spec
 
 
-def _runtime_limited(conn: Conn, spec: LaunchSpec, *, ns: str) -> LaunchSpec:
+def runtime_limited(conn: Conn, spec: LaunchSpec, *, ns: str) -> LaunchSpec:
     """The spec under its namespace's ``defaultRuntime`` and ``maxRuntime`` (a 400 naming the
     cap when it asks for more)."""
     quota = get_quota(conn, ns)
@@ -138,7 +138,7 @@ def accept(
         ns=ns,
         guard=guard,
     )
-    spec = _runtime_limited(conn, spec, ns=ns)
+    spec = runtime_limited(conn, spec, ns=ns)
     if spec.image_pull_timeout is None and image_pull_timeout is not None:
         spec = dataclasses.replace(spec, image_pull_timeout=image_pull_timeout)
     accepted = _new_instance(

@@ -334,4 +334,28 @@ MIGRATIONS: tuple[str, ...] = (
         at REAL NOT NULL
     );
     """,
+    # 13: launch groups (one POST, many launches: see nymph.queue.sql.groups) and retries (a
+    # new attempt of a failed launch, linked both ways: see nymph.queue.sql.retries). An
+    # instance's group and place in it; its attempt (1 for a first launch), the instance it
+    # retries and the one that retries it; ``retry`` holds what a next attempt needs (its
+    # policy and spec, JSON), only for launches that have a retry policy.
+    """
+    CREATE TABLE launch_groups (
+        group_id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        total INTEGER NOT NULL,
+        requester TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        stop_requested_at REAL
+    );
+    ALTER TABLE instances ADD COLUMN group_id TEXT;
+    ALTER TABLE instances ADD COLUMN group_index INTEGER;
+    ALTER TABLE instances ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE instances ADD COLUMN retry_of TEXT;
+    ALTER TABLE instances ADD COLUMN retried_as TEXT;
+    ALTER TABLE instances ADD COLUMN retry TEXT;
+    CREATE INDEX instances_by_group ON instances (group_id, group_index, attempt)
+        WHERE group_id IS NOT NULL;
+    """,
 )

@@ -256,4 +256,24 @@ PG_MIGRATIONS: tuple[str, ...] = (
         at DOUBLE PRECISION NOT NULL
     );
     """,
+    # 9: launch groups and retries (SQLite migration 13; see there).
+    """
+    CREATE TABLE launch_groups (
+        group_id TEXT COLLATE "C" PRIMARY KEY,
+        namespace TEXT COLLATE "C" NOT NULL,
+        provider TEXT COLLATE "C" NOT NULL,
+        total INTEGER NOT NULL,
+        requester TEXT COLLATE "C" NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        stop_requested_at DOUBLE PRECISION
+    );
+    ALTER TABLE instances ADD COLUMN group_id TEXT COLLATE "C";
+    ALTER TABLE instances ADD COLUMN group_index INTEGER;
+    ALTER TABLE instances ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE instances ADD COLUMN retry_of TEXT COLLATE "C";
+    ALTER TABLE instances ADD COLUMN retried_as TEXT COLLATE "C";
+    ALTER TABLE instances ADD COLUMN retry TEXT COLLATE "C";
+    CREATE INDEX instances_by_group ON instances (group_id, group_index, attempt)
+        WHERE group_id IS NOT NULL;
+    """,
 )

@@ -23,7 +23,8 @@ INSTANCE_COLUMNS = (
     "instance_id, namespace, provider, kube_namespace, state, reason, message, node, "
     "launched_at, updated_at, version, requester, stop_requested_at, waiting, exit_code, "
     "termination_reason, termination_message, results_error, "
-    "applied_session, applied_daemon, applied_node, applied_pinned"
+    "applied_session, applied_daemon, applied_node, applied_pinned, group_id, group_index, "
+    "attempt, retry_of, retried_as, retry IS NOT NULL AS has_retry"
 )
 
 
@@ -76,6 +77,15 @@ def instances_json(conn: Conn, rows: Sequence[Row]) -> list[InstanceJSON]:
             item["terminationMessage"] = r["termination_message"] or ""
         if r["results_error"]:
             item["resultsError"] = r["results_error"]
+        if r["group_id"] is not None:
+            item["groupId"] = r["group_id"]
+            item["groupIndex"] = int(r["group_index"] or 0)
+        if r["has_retry"] or r["retry_of"] is not None or int(r["attempt"] or 1) > 1:
+            item["attempt"] = int(r["attempt"] or 1)
+        if r["retry_of"] is not None:
+            item["retryOf"] = r["retry_of"]
+        if r["retried_as"] is not None:
+            item["retriedAs"] = r["retried_as"]
     return out
 
 

@@ -52,3 +52,34 @@ def insert_task(
         ),
     )
     return task_id
+
+
+def insert_launch_tasks(
+    conn: Conn, *, ns: str, provider: str, specs: list[dict[str, Any]], requester: str, ts: float
+) -> int:
+    """One ``launch`` task per spec (JSON, each with its ``instanceId`` and ``namespace``) in one
+    bulk insert, filed as :func:`insert_task` files each; returns how many."""
+    rows = [
+        (
+            new_task_id(),
+            "launch",
+            ns,
+            spec["namespace"],
+            provider,
+            spec["instanceId"],
+            json.dumps(spec),
+            requester,
+            ts,
+            ts,
+            group_of(kind="launch", namespace=ns, kube_namespace=spec["namespace"], spec=spec),
+            priority_of(spec),
+        )
+        for spec in specs
+    ]
+    conn.executemany(
+        "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
+        "instance_id, spec, requester, created_at, updated_at, grp, priority) "
+        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    return len(rows)
