@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import html
+import logging
 import re
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog
 
 from nymph.queue.models import Principal, Role
 from tests.queue.console.helpers import CSP, Console, ship_output
@@ -246,3 +248,26 @@ async def test_a_thousand_instances_page_by_page(kind: Queue, console: Console) 
     assert running.status == 200 and "no instance in state running" in running.text
     bad = await console.get(PROVIDER + "?state=bogus")
     assert bad.status == 400 and "not an instance state" in bad.text
+
+
+async def test_the_token_is_never_logged_or_shown(
+    kind: Queue, console: Console, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Signing in (with a good and a bad token), browsing and launching log the token's id,
+    never the token, and no page or redirect shows it."""
+    caplog.set_level(logging.DEBUG)
+    wrong = "nyq_console-token-that-does-not-exist-0123"
+    with structlog.testing.capture_logs() as captured:
+        texts = [(await console.sign_in(wrong)).text]
+        signed = await console.sign_in(kind.user_token)
+        texts += [signed.headers.get("Location", ""), (await console.get(PROVIDER)).text]
+        csrf = (await console.get(PROVIDER)).csrf
+        launched = await console.post(
+            PROVIDER + "launch", {"csrf": csrf, "mode": "small", "script": "print(1)"}
+        )
+        texts += [launched.headers["Location"], (await console.get(launched.headers["Location"])).text]
+    seen = "".join(texts) + repr(captured) + caplog.text + "".join(capsys.readouterr())
+    assert "console sign-in" in repr(captured) and "tok-" in repr(captured)
+    for token in (wrong, kind.user_token):
+        assert token not in seen and token[4:20] not in seen
+    assert csrf not in repr(captured)
