@@ -25,7 +25,6 @@ import yaml
 from nymph.localcluster import LocalCluster
 from tests.support.incluster import (
     NODE_ROOT,
-    QUEUE_SELECTOR,
     QUEUE_UID,
     REPO,
     SERVED,
@@ -33,6 +32,7 @@ from tests.support.incluster import (
     InCluster,
     apply,
     audit_records,
+    connect,
     import_nymph_image,
     kustomize,
     launch,
@@ -40,7 +40,7 @@ from tests.support.incluster import (
     one_of,
     render,
     teardown,
-    wait_ready,
+    wait_namespace_gone,
     wait_state,
 )
 
@@ -133,11 +133,11 @@ def incluster(real_kube: LocalCluster, tmp_path_factory: pytest.TempPathFactory)
     node = kube.real_node
     assert node is not None
     import_nymph_image(kube)
-    python = next(i for i in kube.node_image_names if "/python:" in i)
     queue_data = tmp_path_factory.mktemp("queue-data")
     os.chown(queue_data, QUEUE_UID, QUEUE_UID)
     docs = render(kube, queue_data)
     daemon_token = f"nyq_{secrets.token_urlsafe(32)}"
+    wait_namespace_gone(kube)  # an earlier deployment in this session may still be going
     with node_root_set_aside():
         try:
             apply(kube, [d for d in docs if d["kind"] == "Namespace"])
@@ -152,32 +152,7 @@ def incluster(real_kube: LocalCluster, tmp_path_factory: pytest.TempPathFactory)
                 input=daemon_token,
             )
             apply(kube, [d for d in docs if d["kind"] != "Namespace"])
-            ic = InCluster(kube, node, f"http://{kube.real.node_ip}:8700", "", daemon_token)  # type: ignore[union-attr]
-            queue_pod = wait_ready(ic, SYSTEM, QUEUE_SELECTOR, node=node, timeout=180)
-            out = kube.kubectl(
-                "exec",
-                "-n",
-                SYSTEM,
-                queue_pod["metadata"]["name"],
-                "--",
-                "nymph",
-                "queue",
-                "token",
-                "create",
-                "--db=/data/queue.db",
-                "--role=user",
-            ).stdout
-            ic.user_token = out.strip().splitlines()[-1].split()[-1]
-            ic.daemon_pod(timeout=180)
-
-            async def setup() -> None:
-                async with ic.client() as c:
-                    await c.create_provider(
-                        name="local", launcher="Kube", kwargs={"namespace": SERVED}, dispatch="daemon"
-                    )
-                    await c.create_mode(name="py", provider="local", fields={"image": python})
-
-            asyncio.run(setup())
+            ic = connect(kube, daemon_token=daemon_token)
             yield ic
         finally:
             teardown(kube, docs, node)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,32 @@ def helm() -> Path:
 
 
 def run_helm(
-    helm: Path, *args: str, check: bool = True, timeout: float = 300
+    helm: Path, *args: str, check: bool = True, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=timeout, check=False)
+    res = subprocess.run(
+        [str(helm), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
     if check and res.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)}: {res.stderr}")
     return res
+
+
+@dataclass(frozen=True)
+class Helm:
+    """helm against one cluster, its own state (repositories, cache) under ``home``."""
+
+    binary: Path
+    kubeconfig: Path
+    home: Path
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {f"HELM_{d}_HOME": str(self.home / d.lower()) for d in ("CACHE", "CONFIG", "DATA")}
+        return run_helm(self.binary, *args, check=check, env={**env, "KUBECONFIG": str(self.kubeconfig)})
 
 
 def template(helm: Path, *args: str, release: str = "nymph") -> list[dict[str, Any]]:

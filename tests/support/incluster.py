@@ -158,6 +158,54 @@ def teardown(kube: LocalCluster, docs: list[dict[str, Any]], node: str) -> None:
             kube.kubectl("delete", d["kind"].lower(), d["metadata"]["name"], check=False)
 
 
+def wait_namespace_gone(kube: LocalCluster, timeout: float = 120) -> None:
+    """Until nymph-system is deleted for good (teardown does not wait for it), so that a deployment
+    can make it afresh."""
+    deadline = time.monotonic() + timeout
+    while kube.kubectl(
+        "get", "namespace", SYSTEM, "--ignore-not-found", "-o", "name", check=False
+    ).stdout.strip():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"namespace {SYSTEM} still there after {timeout}s")
+        time.sleep(0.5)
+
+
+def connect(kube: LocalCluster, *, daemon_token: str) -> InCluster:
+    """The deployed queue and daemon, once both are Ready on the real node, with a user token
+    (made in the queue Pod) and the provider ``local`` / mode ``py`` (the local python image)
+    serving the namespace the daemon serves."""
+    node = kube.real_node
+    assert node is not None and kube.real is not None
+    python = next(i for i in kube.node_image_names if "/python:" in i)
+    ic = InCluster(kube, node, f"http://{kube.real.node_ip}:8700", "", daemon_token)
+    queue_pod = wait_ready(ic, SYSTEM, QUEUE_SELECTOR, node=node, timeout=180)
+    out = kube.kubectl(
+        "exec",
+        "-n",
+        SYSTEM,
+        queue_pod["metadata"]["name"],
+        "--",
+        "nymph",
+        "queue",
+        "token",
+        "create",
+        "--db=/data/queue.db",
+        "--role=user",
+    ).stdout
+    ic.user_token = out.strip().splitlines()[-1].split()[-1]
+    ic.daemon_pod(timeout=180)
+
+    async def setup() -> None:
+        async with ic.client() as c:
+            await c.create_provider(
+                name="local", launcher="Kube", kwargs={"namespace": SERVED}, dispatch="daemon"
+            )
+            await c.create_mode(name="py", provider="local", fields={"image": python})
+
+    asyncio.run(setup())
+    return ic
+
+
 def import_nymph_image(kube: LocalCluster) -> str:
     from nymph.localcluster.imagebuild import ensure_nymph_image
     from nymph.localcluster.images import import_images
