@@ -86,6 +86,7 @@ bench: install envtest ## the benchmark scoreboard: prints a table, writes bench
 	$(BIN)/python benchmarks/daemon_bench.py $(if $(SOAK),--soak 10000)
 	$(BIN)/python benchmarks/schedule_bench.py --backend both
 	$(BIN)/python benchmarks/cli_startup.py
+	$(BIN)/python benchmarks/daemons_bench.py
 	$(BIN)/python benchmarks/daemon_bench.py --markdown bench-results.json > docs/performance.md
 	$(BIN)/python benchmarks/queue_bench.py --backend both
 	$(BIN)/python benchmarks/group_bench.py --write bench-results.json

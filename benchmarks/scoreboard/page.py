@@ -397,6 +397,45 @@ def _cli_startup(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _daemons(r: dict[str, Any]) -> str:
+    """Many daemons long-polling one queue (``benchmarks/daemons_bench.py``, under ``daemons_1000``)."""
+    d = r.get("daemons_1000") or {}
+    runs = d.get("runs") or {}
+    if not runs:
+        return ""
+    out = [
+        "## Many daemons",
+        "",
+        textwrap.fill(
+            "`benchmarks/daemons_bench.py` (run by `make bench`): a fresh SQLite queue, 1, 100 and "
+            "1,000 daemons long-polling it from load-generator processes (each its own session and "
+            "node offer, the same total capacity), and a steady stream of "
+            f"{d.get('rate_per_s')} launches/s for {d.get('seconds')} s. POST -> claim is the queue's "
+            "own histogram (`nymph_queue_launch_claim_seconds`), so the generator's delays do not count. "
+            f"Run of {d.get('when')}, {d.get('cpus')} CPUs shared by the queue and the generators. "
+            "Targets with 1,000 daemons: p95 at most 2x one daemon's, queue CPU per launch at most "
+            "1.2x, idle queue CPU under 5% of a core.",
+            width=96,
+            break_on_hyphens=False,
+            break_long_words=False,
+        ),
+        "",
+        "| daemons | POST -> claim p50 ms | p95 ms | queue CPU ms / launch | idle queue CPU % |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n, row in sorted(runs.items(), key=lambda kv: int(kv[0])):
+        out.append(
+            f"| {_n(int(n))} | {row['p50_ms']} | {row['p95_ms']} | {row['cpu_ms_per_launch']} | "
+            f"{row['idle_cpu_pct']} |"
+        )
+    out += [
+        "",
+        f"p95 ratio {d.get('p95_ratio')} (target <= 2.0), CPU per launch ratio "
+        f"{d.get('cpu_ms_per_launch_ratio')} (target <= 1.2), idle {d.get('idle_cpu_pct')}% (target < 5).",
+    ]
+    return "\n".join(out)
+
+
 def page(results: dict[str, Any]) -> str:
     """The whole of docs/performance.md for one results document."""
     parts = [
@@ -408,6 +447,7 @@ def page(results: dict[str, Any]) -> str:
         "\n".join(_targets(results)),
         _scheduling(results),
         _cli_startup(results),
+        _daemons(results),
         CHANGES,
         _limits(results),
     ]

@@ -202,21 +202,49 @@ def _offer(text: str | None) -> NodeOffer | None:
     return _OFFERS[text]
 
 
+#: The summed allocatable of the last few sets of live nodes (key: each node's offer text):
+#: with a thousand daemons, adding their offers up on every claim would cost more than the claim.
+_ALLOCATABLE: dict[tuple[tuple[str, str], ...], dict[str, Fraction]] = {}
+_ALLOCATABLE_MAX = 8
+
+
+def _allocatable(conn: Conn, *, now: float) -> dict[str, Fraction]:
+    """The live daemons' nodes' allocatable, each node once (its first offer by node name)."""
+    rows = tuple(
+        (str(r["node"]), str(r["node_info"]))
+        for r in conn.execute(
+            "SELECT DISTINCT node, node_info FROM daemons WHERE last_seen > ? AND node_info IS NOT NULL "
+            "ORDER BY node, node_info",
+            (now - LIVE_SECONDS,),
+        )
+    )
+    cached = _ALLOCATABLE.get(rows)
+    if cached is not None:
+        return cached
+    out: dict[str, Fraction] = {}
+    nodes: set[str] = set()
+    for node, info in rows:
+        offer = _offer(info)
+        if offer is not None and node not in nodes:
+            nodes.add(node)
+            out = add(out, offer.allocatable)
+    if len(_ALLOCATABLE) >= _ALLOCATABLE_MAX:
+        _ALLOCATABLE.clear()
+    _ALLOCATABLE[rows] = out
+    return out
+
+
 def totals(conn: Conn, *, now: float, held: Mapping[str, Usage]) -> dict[str, Fraction]:
     """What the live daemons offer together: their nodes' allocatable (each node once) and their
     slots: the free capacity each sent with its last claim plus the launches running now (each
     holds one), so the total does not shrink as the daemons get busy."""
-    out: dict[str, Fraction] = {SLOTS: Fraction(sum(u.running for u in held.values()))}
-    nodes: set[str] = set()
-    for r in conn.execute(
-        "SELECT node, capacity, node_info FROM daemons WHERE last_seen > ?", (now - LIVE_SECONDS,)
-    ):
-        out[SLOTS] += max(int(r["capacity"] or 0), 0)
-        offer = _offer(r["node_info"])
-        if offer is not None and r["node"] not in nodes:
-            nodes.add(r["node"])
-            out = add(out, offer.allocatable)
-    return out
+    free = conn.execute(
+        "SELECT COALESCE(SUM(CASE WHEN capacity > 0 THEN capacity ELSE 0 END), 0) AS free "
+        "FROM daemons WHERE last_seen > ?",
+        (now - LIVE_SECONDS,),
+    ).fetchone()["free"]
+    slots = Fraction(sum(u.running for u in held.values()) + int(free or 0))
+    return {**_allocatable(conn, now=now), SLOTS: slots}
 
 
 def plan(
@@ -238,7 +266,10 @@ def plan(
         return []
     have_quotas = all_quotas(conn)
     held = usage(conn)
-    offered = totals(conn, now=now, held=held)
+    # Shares decide only between namespaces: heads of one namespace need no totals (adding up a
+    # thousand daemons' offers would cost more than the rest of the claim).
+    several = len({h.candidate.namespace for h in pending}) > 1
+    offered = totals(conn, now=now, held=held) if several else {}
     lately = recent(conn, now=now)
     on_node = dict(used_on_node or {})
     picked: list[Head] = []

@@ -1,0 +1,338 @@
+"""1, 100 and 1,000 daemons long-polling one queue, and a steady launch stream: how fast a launch
+reaches a claiming daemon, and what the queue spends, as the number of daemons grows.
+
+For each daemon count, a fresh SQLite queue (``nymph queue serve``) and load-generator processes
+(250 daemons each, one aiohttp session per process): every daemon registers its own session
+with its own node offer, holds a claim long-poll (capacity 1,000 / daemons, so every count has
+the same total capacity), and completes and reports stopped what it claims in the background,
+as a real one would. Once every claim is parked, the queue's CPU is
+read for a few idle seconds; then launches are POSTed at a steady rate. The latency is the
+queue's own histogram (``nymph_queue_launch_claim_seconds`` from ``GET /metrics``: a launch's
+POST to the claim answer carrying it), so the generator's delays do not count; the queue's CPU
+(``/proc``) is divided by the launches. Writes ``daemons_1000`` into ``bench-results.json``
+(its other keys kept):
+
+    .venv/bin/python benchmarks/daemons_bench.py [--rate 40] [--seconds 15] [--counts 1,100,1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import aiohttp  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from benchmarks import schedule_bench  # noqa: E402
+from nymph.client import DaemonIdentity, DispatchClient  # noqa: E402
+from nymph.logsetup import configure_logging  # noqa: E402
+from nymph.queue.auth import create_token  # noqa: E402
+from nymph.queue.models import Role  # noqa: E402
+
+PER_PROCESS = 250
+#: Launches all daemons together may hold at once (each daemon's claim capacity is its share).
+TOTAL_CAPACITY = 1000
+CLAIM_WAIT = 20.0
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# --- one load-generator process ----------------------------------------------------------------
+
+
+def _offer(i: int) -> dict[str, Any]:
+    return {"name": f"bn-{i}", "labels": {}, "taints": [], "allocatable": {"cpu": "8", "memory": "32Gi"}}
+
+
+async def _finish(client: DispatchClient, name: str, node: str, task: Any, seq: int) -> None:
+    await client.complete(daemon_id=name, task_id=task["taskId"], ok=True)
+    report = {"seq": seq, "instanceId": task["instanceId"], "state": "stopped", "reason": "Completed"}
+    await client.report(daemon_id=name, stream=f"{name}-bench", reports=[{**report, "node": node}])
+
+
+async def _daemon(
+    url: str, token: str, i: int, capacity: int, session: aiohttp.ClientSession, ready: asyncio.Event
+) -> None:
+    """Claims up to ``capacity`` at a time and finishes each in the background (as the daemon's
+    work queue does), so the next claim is parked again at once."""
+    name, node = f"bd-{i}", f"bn-{i}"
+    client = DispatchClient(
+        base_url=url,
+        token=token,
+        session=session,
+        timeout=60,
+        daemon=DaemonIdentity(daemon_id=name, node=node),
+    )
+    await client.claim(daemon_id=name, node=node, capacity=1, wait=0, node_info=_offer(i))
+    ready.set()
+    seq = 0
+    finishing: set[asyncio.Task[None]] = set()
+    while True:
+        tasks = await client.claim(
+            daemon_id=name,
+            node=node,
+            capacity=capacity,
+            wait=CLAIM_WAIT,
+            lease_seconds=600,
+            node_info=_offer(i),
+        )
+        for t in tasks:
+            seq += 1
+            job = asyncio.create_task(_finish(client, name, node, t, seq), name=f"bench-finish-{name}-{seq}")
+            finishing.add(job)
+            job.add_done_callback(finishing.discard)
+        for job in [j for j in finishing if j.done()]:
+            job.result()
+
+
+async def worker(url: str, token: str, first: int, count: int, capacity: int) -> None:
+    """``count`` daemons from index ``first``; prints ``ready`` once each has registered."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        readies = [asyncio.Event() for _ in range(count)]
+        runs = [
+            asyncio.create_task(
+                _daemon(url, token, first + k, capacity, session, readies[k]), name=f"bench-daemon-{k}"
+            )
+            for k in range(count)
+        ]
+        await asyncio.gather(*(r.wait() for r in readies))
+        print("ready", flush=True)
+        done, _ = await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION)
+        for d in done:
+            d.result()  # a daemon's failure ends the worker loudly
+
+
+# --- the measurement ---------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+async def _scrape(url: str, token: str) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}) as resp,
+    ):
+        resp.raise_for_status()
+        text = await resp.text()
+    buckets: list[tuple[float, float]] = []
+    out: dict[str, Any] = {"buckets": buckets}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "nymph_queue_launch_claim_seconds_bucket":
+                buckets.append((float(sample.labels["le"]), sample.value))
+            elif sample.name == "nymph_queue_launch_claim_seconds_count":
+                out["count"] = int(sample.value)
+            elif sample.name == "nymph_queue_claims_waiting":
+                out["waiting"] = int(sample.value)
+    buckets.sort()
+    return out
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The ``q`` quantile of a cumulative histogram, linear within its bucket (as Prometheus's
+    ``histogram_quantile``); None when it is empty."""
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound, cum in buckets:
+        if cum >= rank:
+            if math.isinf(bound):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / (cum - below) if cum > below else 1.0)
+        lower, below = bound, cum
+    return lower
+
+
+async def one_count(n: int, *, rate: float, seconds: float, idle_s: float, say: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="nymph-daemons-bench-") as tmp:
+        db = str(Path(tmp) / "queue.db")
+        admin = await asyncio.to_thread(
+            schedule_bench.write, db, lambda conn: create_token(conn, role=Role.ADMIN).token
+        )
+        async with schedule_bench.queue(db) as q:
+            assert q.proc is not None
+            workers: list[subprocess.Popen[str]] = []
+            try:
+                # the same total capacity whatever the count: one daemon takes 1,000 at a time
+                capacity = max(1, TOTAL_CAPACITY // n)
+                for first in range(0, n, PER_PROCESS):
+                    count = min(PER_PROCESS, n - first)
+                    argv = [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        q.url,
+                        str(first),
+                        str(count),
+                        str(capacity),
+                    ]
+                    workers.append(
+                        await asyncio.to_thread(
+                            subprocess.Popen,
+                            argv,
+                            stdout=subprocess.PIPE,
+                            text=True,
+                            env={**os.environ, "NYMPH_BENCH_DAEMON_TOKEN": q.daemon_token},
+                            start_new_session=True,
+                        )
+                    )
+                for w in workers:
+                    assert w.stdout is not None
+                    line = await asyncio.wait_for(asyncio.to_thread(w.stdout.readline), 300)
+                    if line.strip() != "ready":
+                        raise RuntimeError(f"a load-generator process did not start: {line!r}")
+                deadline = time.monotonic() + 60
+                # polling another process's metrics: there is no event to wait on
+                while (await _scrape(q.url, admin)).get("waiting", 0) < n and time.monotonic() < deadline:  # noqa: ASYNC110
+                    await asyncio.sleep(0.2)
+                parked = (await _scrape(q.url, admin)).get("waiting", 0)
+                say(f"  {n} daemons: {parked} claims parked")
+                c0, t0 = _cpu_seconds(q.proc.pid), time.monotonic()
+                await asyncio.sleep(idle_s)
+                idle_pct = 100 * (_cpu_seconds(q.proc.pid) - c0) / (time.monotonic() - t0)
+
+                user = q.user()
+                total = int(rate * seconds)
+                c1, started = _cpu_seconds(q.proc.pid), time.monotonic()
+                posts = []
+                for k in range(total):
+                    delay = started + k / rate - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    posts.append(asyncio.create_task(schedule_bench.launch(user)))
+                await asyncio.gather(*posts)
+                deadline = time.monotonic() + 120
+                got = await _scrape(q.url, admin)
+                while got.get("count", 0) < total and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                    got = await _scrape(q.url, admin)
+                await asyncio.sleep(min(1.0, idle_s))  # the last completions and reports
+                cpu = _cpu_seconds(q.proc.pid) - c1
+                got = await _scrape(q.url, admin)
+                p50, p95 = quantile(got["buckets"], 0.5), quantile(got["buckets"], 0.95)
+                row = {
+                    "daemons": n,
+                    "parked": parked,
+                    "launches": total,
+                    "claimed": got.get("count", 0),
+                    "p50_ms": round(p50 * 1000, 1) if p50 is not None else None,
+                    "p95_ms": round(p95 * 1000, 1) if p95 is not None else None,
+                    "cpu_ms_per_launch": round(1000 * cpu / total, 2),
+                    "idle_cpu_pct": round(idle_pct, 2),
+                }
+                say(
+                    f"  {n} daemons: POST -> claim p50 {row['p50_ms']} ms, p95 {row['p95_ms']} ms; "
+                    f"queue CPU {row['cpu_ms_per_launch']} ms/launch, idle {row['idle_cpu_pct']}%"
+                )
+                return row
+            finally:
+                for w in workers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(w.pid, signal.SIGTERM)
+                for w in workers:
+                    try:
+                        w.wait(20)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(w.pid, signal.SIGKILL)
+                        w.wait(5)
+
+
+def summarize(rows: dict[int, dict[str, Any]], *, rate: float, seconds: float) -> dict[str, Any]:
+    """The ``daemons_1000`` section: the largest count's figures and its ratios to one daemon."""
+    one, top = rows[min(rows)], rows[max(rows)]
+
+    def ratio(key: str) -> float | None:
+        a, b = top.get(key), one.get(key)
+        return round(a / b, 2) if a is not None and b else None
+
+    return {
+        "p50_ms": top["p50_ms"],
+        "p95_ms": top["p95_ms"],
+        "p95_ratio": ratio("p95_ms"),
+        "cpu_ms_per_launch_ratio": ratio("cpu_ms_per_launch"),
+        "idle_cpu_pct": top["idle_cpu_pct"],
+        "runs": {str(n): r for n, r in sorted(rows.items())},
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "cpus": os.cpu_count(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _raise_fd_limit() -> None:
+    """A thousand long-polls need more descriptors than the usual soft limit of 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 8192 if hard == resource.RLIM_INFINITY else min(hard, 8192)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+async def run(counts: list[int], *, rate: float, seconds: float, idle_s: float = 5.0) -> dict[str, Any]:
+    rows = {}
+    for n in counts:
+        rows[n] = await one_count(
+            n, rate=rate, seconds=seconds, idle_s=idle_s, say=lambda s: print(s, flush=True)
+        )
+    return summarize(rows, rate=rate, seconds=seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        url, first, count, capacity = argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        asyncio.run(worker(url, os.environ["NYMPH_BENCH_DAEMON_TOKEN"], first, count, capacity))
+        return 0
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rate", type=float, default=40.0, help="launches per second (default 40)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of the stream (default 15)")
+    parser.add_argument("--counts", default="1,100,1000", help="daemon counts (default 1,100,1000)")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=5.0, help="idle CPU sampled this long (default 5)"
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
+    parser.add_argument("--no-write", action="store_true", help="print the figures only")
+    args = parser.parse_args(argv)
+    counts = sorted({int(c) for c in args.counts.split(",")})
+    _raise_fd_limit()
+    configure_logging(level="warning")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        section = asyncio.run(run(counts, rate=args.rate, seconds=args.seconds, idle_s=args.idle_seconds))
+    finally:
+        for proc in list(schedule_bench._PROCS):
+            schedule_bench._stop(proc)
+    print(json.dumps({k: v for k, v in section.items() if k != "runs"}))
+    if not args.no_write:
+        doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+        doc["daemons_1000"] = section
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"written to {args.out} (under daemons_1000)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

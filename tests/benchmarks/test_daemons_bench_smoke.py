@@ -1,0 +1,35 @@
+"""The many-daemons benchmark, so `make bench` cannot rot: a short run with a few daemons
+against the real queue it starts claims every launch it POSTs (counted by the queue's own
+histogram), writes its section and keeps the document's other keys; the quantile of a
+cumulative histogram interpolates within its bucket."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from benchmarks import daemons_bench
+
+
+def test_a_short_run_claims_every_launch_and_merges_its_section(tmp_path: Path) -> None:
+    out = tmp_path / "bench-results.json"
+    out.write_text(json.dumps({"scheduling": {"kept": True}}))
+    argv = ["--counts", "3", "--rate", "10", "--seconds", "2", "--idle-seconds", "0.5", "--out", str(out)]
+    assert daemons_bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["scheduling"] == {"kept": True}
+    section = doc["daemons_1000"]
+    assert set(section["runs"]) == {"3"}
+    for row in section["runs"].values():
+        assert row["claimed"] == row["launches"] == 20
+        assert row["parked"] == row["daemons"]
+        assert 0 < row["p50_ms"] <= row["p95_ms"]
+    assert section["p95_ms"] == section["runs"]["3"]["p95_ms"] and section["p95_ratio"] == 1.0
+
+
+def test_quantiles_interpolate_within_their_bucket() -> None:
+    buckets = [(0.01, 0.0), (0.02, 50.0), (0.05, 100.0), (math.inf, 100.0)]
+    assert daemons_bench.quantile(buckets, 0.5) == 0.02
+    assert abs((daemons_bench.quantile(buckets, 0.25) or 0) - 0.015) < 1e-12
+    assert daemons_bench.quantile([(math.inf, 0.0)], 0.5) is None
