@@ -208,6 +208,13 @@ def _targets(r: dict[str, Any]) -> list[str]:
             f"RSS {rss['goal']} MB | {req['value']}, {cpu['value']:.2f}%, {rss['value']} MB | "
             f"{_mark(req['met'], cpu['met'], rss['met'])} |"
         )
+    for path in ("api", "direct", "kubectl_batched"):
+        t = tg.get(f"cpu_per_launch_vs_apiserver.{path}")
+        if t and t["value"] is not None:
+            out.append(
+                f"| {path}, N = {top}: nymph's own CPU per launch (queue + daemon + kubectl) "
+                f"{t['goal']}x the API server's per Pod create | {t['value']}x | {_mark(t['met'])} |"
+            )
     soak_t = tg.get("soak_rss_growth_pct")
     soak = r.get("soak") or {}
     if soak_t and soak:

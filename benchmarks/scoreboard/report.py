@@ -27,6 +27,28 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+#: nymph's own processes: what a launch costs beyond what Kubernetes spends on its Pod.
+OWN = ("queue", "daemon", "kubectl")
+#: The most nymph's own CPU per launch may be, as a multiple of the API server's per Pod create.
+CPU_VS_APISERVER_GOALS = {"api": 1.0, "direct": 1.0, "kubectl_batched": 3.0}
+
+
+def cpu_vs_apiserver(results: dict[str, Any]) -> dict[str, float | None]:
+    """Per dispatch path: nymph's own CPU per launch at the largest N (queue + daemon +
+    kubectl) over the API server's CPU per Pod in the raw create run of the same bench."""
+    base = (results["raw"]["concurrent"].get("cpu_ms_per_launch") or {}).get("kube-apiserver")
+    out: dict[str, float | None] = {}
+    for name in CPU_VS_APISERVER_GOALS:
+        res = results["nymph"].get(name)
+        if not res:
+            continue
+        top = res["throughput"][max(res["throughput"], key=int)]
+        cpu = top.get("cpu_ms_per_launch") or {}
+        own = sum(float(cpu.get(k) or 0) for k in OWN)
+        out[name] = round(own / base, 2) if base and cpu else None
+    return out
+
+
 def lifecycle_limit(results: dict[str, Any]) -> float | None:
     """Launches/s the machine's cores could sustain if they did nothing but the control plane's
     share of each Pod's life (create, schedule, kwok's status updates, the watches), as the raw
@@ -60,6 +82,14 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         goal = raw_p50 + extra if raw_p50 is not None else None
         check(
             f"{name}_latency_p50_ms", lat, None if lat is None or goal is None else lat <= goal, f"<= {goal}"
+        )
+    for name, value in cpu_vs_apiserver(r).items():
+        goal_x = CPU_VS_APISERVER_GOALS[name]
+        check(
+            f"cpu_per_launch_vs_apiserver.{name}",
+            value,
+            None if value is None else value <= goal_x,
+            f"<= {goal_x}",
         )
     idle = r.get("idle_daemon") or {}
     if idle:
