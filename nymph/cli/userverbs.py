@@ -204,7 +204,20 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 async def _wait(client: UserClient, args: argparse.Namespace, iid: str) -> int:
-    """``launch --wait``: the states (and, unless ``--quiet``, the output) until it stops."""
+    """``launch --wait``: follow the launch's attempts (a retry policy may launch it again,
+    ``retriedAs``) to the last one; its exit status is the command's."""
+    while True:
+        code = await _wait_one(client, args, iid)
+        inst = await client.get_instance(provider=args.provider, instance_id=iid)
+        nxt = inst.get("retriedAs")
+        if not nxt:
+            return code
+        print(f"nymph: {iid} is retried as {nxt}; following it", file=sys.stderr, flush=True)
+        iid = nxt
+
+
+async def _wait_one(client: UserClient, args: argparse.Namespace, iid: str) -> int:
+    """One attempt: the states (and, unless ``--quiet``, the output) until it stops."""
     if args.quiet:
         return await follow(client, provider=args.provider, instance_id=iid, job_exit=True)
     output = asyncio.create_task(_print_log(client, provider=args.provider, instance_id=iid))

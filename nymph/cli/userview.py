@@ -36,7 +36,7 @@ def print_instances(items: Sequence[dict[str, Any]]) -> None:
     if not items:
         print("no instances")
         return
-    rows = [
+    rows: list[tuple[Any, ...]] = [
         (
             i["instanceId"],
             i["state"],
@@ -47,7 +47,11 @@ def print_instances(items: Sequence[dict[str, Any]]) -> None:
         )
         for i in items
     ]
-    print(table(("INSTANCE", "STATE", "REASON", "NODE", "LAUNCHED", "MESSAGE"), rows))
+    header: tuple[str, ...] = ("INSTANCE", "STATE", "REASON", "NODE", "LAUNCHED", "MESSAGE")
+    if any("attempt" in i for i in items):  # launches with a retry policy: which attempt each is
+        header = (*header[:2], "ATTEMPT", *header[2:])
+        rows = [(r[0], r[1], str(i.get("attempt", 1)), *r[2:]) for r, i in zip(rows, items, strict=True)]
+    print(table(header, rows))
 
 
 def history_line(entry: Mapping[str, Any]) -> str:
@@ -68,6 +72,8 @@ _SHOWN = (
     ("termination reason", "terminationReason"),
     ("termination message", "terminationMessage"),
     ("results error", "resultsError"),
+    ("group", "groupId"),
+    ("group index", "groupIndex"),
     ("attempt", "attempt"),
     ("retry of", "retryOf"),
     ("retried as", "retriedAs"),

@@ -182,6 +182,9 @@ class Claimer:
             self.log.error("the queue sent a task without a usable taskId; ignored")
             return False
         kind, iid, requester, attempt = (task.get(k) for k in ("kind", "instanceId", "requester", "attempt"))
+        spec = task.get("spec")
+        # A retry's launch names the instance it retries (the queue's retry policy made it).
+        retry_of = spec.get("retryOf") if isinstance(spec, dict) else None
         # Recorded as sent, cut short; the runner refuses a task that did not check out.
         self.metrics.tasks.labels(kind if kind in _KINDS else "invalid").inc()
         try:
@@ -193,6 +196,7 @@ class Claimer:
                 node=self.node,
                 requester=requester[:512] if isinstance(requester, str) else None,
                 attempt=attempt if isinstance(attempt, int) else None,
+                retry_of=retry_of[:64] if isinstance(retry_of, str) else None,
             )
         except AuditWriteError as exc:
             self.disk.failed("audit log", exc)

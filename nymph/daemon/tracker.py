@@ -19,7 +19,14 @@ from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.render import HOSTNAME_LABEL
-from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
+from nymph.launch.state import (
+    InstanceState,
+    Reason,
+    container_termination,
+    deleted_reason,
+    pod_reason,
+    pod_state,
+)
 from nymph.logsetup import get_logger
 
 
@@ -132,7 +139,7 @@ def decide_event(kind: str, pod: Mapping[str, Any], track: Track) -> EventDecisi
             # daemon saw it end): that end is the instance's.
             report = end
         else:
-            report = Report(InstanceState.STOPPED, Reason.DELETED, deleted_message(pod))
+            report = Report(InstanceState.STOPPED, deleted_reason(pod), deleted_message(pod))
         return EventDecision(report=report, forget=True, remove_workdir=True)
     state = pod_state(pod)
     reason, message = pod_reason(pod)

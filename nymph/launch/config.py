@@ -48,6 +48,7 @@ MODE_FIELDS = frozenset(
         "priority",
         "max_runtime",
         "image_pull_timeout",
+        "retry",
     }
 )
 #: Every kwarg a provider or a mode may carry (either may sit on the other).

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from nymph.errors import ValidationError
 from nymph.launch.durations import format_duration, parse_duration
+from nymph.launch.retry import parse_policy
 
 if TYPE_CHECKING:  # spec.py imports this module's checks
     from nymph.launch.spec import LaunchSpec
@@ -54,6 +55,8 @@ def check_settings(kwargs: Mapping[str, Any], *, where: str) -> None:
         parse_duration(kwargs["max_runtime"], f"{where}.max_runtime")
     if kwargs.get("image_pull_timeout") is not None:
         parse_duration(kwargs["image_pull_timeout"], f"{where}.image_pull_timeout")
+    if kwargs.get("retry") is not None:
+        parse_policy(kwargs["retry"], f"{where}.retry")
 
 
 def apply_runtime_limits(spec: LaunchSpec, *, default: int | None, cap: int | None) -> LaunchSpec:

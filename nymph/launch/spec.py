@@ -29,6 +29,7 @@ from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.launch.config import MODE_FIELDS, Mode, Provider, merged_kwargs
 from nymph.launch.durations import parse_duration
+from nymph.launch.retry import parse_policy
 from nymph.launch.runlimits import check_priority
 
 #: Env vars nymph sets itself; a mode or launch may not set any name of this prefix.
@@ -75,6 +76,8 @@ class LaunchSpec:
     #: and its 0-based place in it (``NYMPH_GROUP_INDEX``); None outside a group.
     group_id: str | None = None
     group_index: int | None = None
+    #: The retry policy (:mod:`nymph.launch.retry`, checked), as given; None for no retries.
+    retry: Mapping[str, Any] | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -105,6 +108,8 @@ class LaunchSpec:
         if self.group_id is not None:
             data["groupId"] = self.group_id
             data["groupIndex"] = self.group_index or 0
+        if self.retry is not None:
+            data["retry"] = dict(self.retry)
         return data
 
     @classmethod
@@ -132,6 +137,7 @@ class LaunchSpec:
                 image_pull_timeout=_check_max_runtime(data.get("imagePullTimeout"), "spec.imagePullTimeout"),
                 group_id=_check_group_id(data.get("groupId")),
                 group_index=_check_group_index(data.get("groupIndex")),
+                retry=_check_retry(data.get("retry"), "spec.retry"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValidationError(
@@ -162,6 +168,14 @@ def _check_launch_uid(value: object) -> str | None:
         return None
     if not isinstance(value, str) or not names.is_label_value(value) or not value:
         raise ValidationError("spec.launchUid", f"{value!r} is not a launch uid")
+    return value
+
+
+def _check_retry(value: object, fld: str) -> Mapping[str, Any] | None:
+    check_depth(value, fld, limit=4)
+    if parse_policy(value, fld) is None:
+        return None
+    assert isinstance(value, Mapping)
     return value
 
 
@@ -388,5 +402,6 @@ def build_launch_spec(
         priority=0 if priority_raw is None else check_priority(priority_raw, priority_fld),
         max_runtime=_check_max_runtime(*pick("max_runtime")),
         image_pull_timeout=_check_max_runtime(*pick("image_pull_timeout")),
+        retry=_check_retry(*pick("retry")),
         warnings=tuple(notes),
     )

@@ -33,6 +33,7 @@ class Reason(str, enum.Enum):
     CREATE_CONTAINER = "CreateContainerError"
     STOPPED = "Stopped"  # stopped on request
     DELETED = "Deleted"  # the Pod disappeared without a stop request
+    NODE_LOST = "NodeLost"  # the Pod was removed because its node went away
     LAUNCH_FAILED = "LaunchFailed"  # the API server refused the Pod
 
     @property
@@ -102,6 +103,27 @@ def container_termination(pod: Mapping[str, Any], *, container: str = "user") ->
                 str(terminated.get("message") or ""),
             )
     return None
+
+
+#: ``DisruptionTarget`` reasons of a Pod removed because its node went away: the Pod garbage
+#: collector's for a Pod bound to a node that no longer exists, the node lifecycle controller's
+#: for one on a node that stopped answering (its ``NoExecute`` taint).
+NODE_LOST_REASONS = frozenset({"DeletionByPodGC", "DeletionByTaintManager"})
+
+
+def deleted_reason(pod: Mapping[str, Any]) -> Reason:
+    """Why a Pod nymph did not delete is gone: ``NodeLost`` when its ``DisruptionTarget``
+    condition says its node went away, else ``Deleted`` (someone else deleted it)."""
+    conditions = _get(pod, "status", "conditions")
+    for cond in conditions if isinstance(conditions, list) else ():
+        if (
+            isinstance(cond, Mapping)
+            and cond.get("type") == "DisruptionTarget"
+            and cond.get("status") == "True"
+            and cond.get("reason") in NODE_LOST_REASONS
+        ):
+            return Reason.NODE_LOST
+    return Reason.DELETED
 
 
 def pod_reason(pod: Mapping[str, Any]) -> tuple[Reason | None, str]:

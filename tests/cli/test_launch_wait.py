@@ -95,3 +95,50 @@ def test_ctrl_c_says_the_launch_goes_on(
     iid = out.split()[0]
     assert code == 130, err
     assert f"{iid} was launched and goes on" in err and f"nymph stop kind {iid}" in err
+
+
+async def _fail_then_complete(served: Served) -> None:
+    """Attempt 1 runs and exits 3; its retry runs and completes."""
+    async with served.client(served.daemon_token) as d:
+        seq = 0
+        for reason, code in (("Error", 3), ("Completed", 0)):
+            [task] = await d.claim(daemon_id="fd", node="n1", capacity=1, wait=20)
+            await d.complete(daemon_id="fd", task_id=task["taskId"], ok=True)
+            for state in ("running", "stopped"):
+                seq += 1
+                report: dict[str, object] = {"seq": seq, "instanceId": task["instanceId"], "state": state}
+                if state == "stopped":
+                    report.update(reason=reason, message="", exitCode=code, terminationReason=reason)
+                await d.report(daemon_id="fd", stream="fd", reports=[report])
+
+
+def test_wait_follows_the_retries_and_instances_shows_the_attempt(
+    env: Served, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """launch --wait follows the launch to its retry and exits with the last attempt's code;
+    nymph instances has an ATTEMPT column once launches carry a retry policy."""
+    env.run(_setup(env))
+    daemon = env.spawn(_fail_then_complete(env))
+    (tmp_path / "job.py").write_text("print(1)\n")
+    retry = 'retry={"limit": 1, "on": ["exit:3"], "backoff": "0s"}'
+    code, out, err = run(
+        capsys,
+        "launch",
+        "kind",
+        "--mode",
+        "small",
+        "--script",
+        "job.py",
+        "--field",
+        retry,
+        "--wait",
+        "--quiet",
+    )
+    daemon.result(10)
+    first = out.split()[0]
+    assert code == 0, err
+    assert f"{first} is retried as" in err
+    code, out, _ = run(capsys, "instances", "kind")
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["INSTANCE", "STATE", "ATTEMPT"]
+    assert [line.split()[2] for line in lines[1:]] == ["1", "2"]

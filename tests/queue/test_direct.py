@@ -390,3 +390,55 @@ def test_secret_store_refuses_a_lost_key(tmp_path: Path) -> None:
     other.write_text(base64.urlsafe_b64encode(os.urandom(32)).decode())
     with pytest.raises(SecretKeyError, match="does not open with the key"):
         SecretBox(source=KeySource(path=other, create=False)).check(sample=("team-a", "kc", blob))
+
+
+async def test_a_direct_group_is_created_retried_and_stopped_without_leaving_pods(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
+) -> None:
+    """On the direct path a group's Pods are created in turn by the queue; a failing member
+    with a retry policy gets exactly its one retry (one Pod each); the group's stop deletes
+    every running member's Pod."""
+    q = direct_queue
+    kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="grouped")
+    await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+    await _provider(q, "g", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+    retry = {"limit": 1, "on": ["Error"], "backoff": "0s"}
+    failing = {
+        "mode": "g-m",
+        "script": "print(1)",
+        "count": 2,
+        "tags": {"sim.nymph.io/outcome": "fail", "sim.nymph.io/run": "1s"},
+        "fields": {"retry": retry},
+    }
+    r = await q.call("POST", f"{NS}/providers/g/launches", json_body=failing)
+    assert r.status == 202, r.body
+    failed_group = NS + f"/groups/{r.body['groupId']}"
+    for _ in range(300):
+        members = (await q.call("GET", failed_group + "/instances")).body["items"]
+        if len(members) == 4 and all(m["state"] == "stopped" for m in members):
+            break
+        await asyncio.sleep(0.1)
+    assert sorted((m["groupIndex"], m.get("attempt"), m["reason"]) for m in members) == [
+        (0, 1, "Error"),
+        (0, 2, "Error"),
+        (1, 1, "Error"),
+        (1, 2, "Error"),
+    ]
+
+    running = {"mode": "g-m", "script": "print(1)", "count": 3, "tags": {"sim.nymph.io/run": "1h"}}
+    r = await q.call("POST", f"{NS}/providers/g/launches", json_body=running)
+    gid = r.body["groupId"]
+    for _ in range(300):
+        if (await q.call("GET", NS + f"/groups/{gid}")).body["counts"] == {"running": 3}:
+            break
+        await asyncio.sleep(0.1)
+    for _ in range(2):
+        assert (await q.call("DELETE", NS + f"/groups/{gid}")).status == 204
+    selector = f"labelSelector=nymph.io%2Fgroup%3D{gid}"
+    for _ in range(100):
+        if not kube.api("GET", f"/api/v1/namespaces/{namespace}/pods?{selector}")["items"]:
+            break
+        await asyncio.sleep(0.1)
+    assert kube.api("GET", f"/api/v1/namespaces/{namespace}/pods?{selector}")["items"] == []
+    group = (await q.call("GET", NS + f"/groups/{gid}")).body
+    assert group["counts"] == {"stopped": 3} and group["reasons"] == {"Stopped": 3}

@@ -136,6 +136,9 @@ def test_every_operation_conforms(served: Served) -> None:
     call("GET", inst + "/logs", expect=200)
     call("GET", NS + "/providers/kind/instances/lakeshore-00000000/logs", expect=404)
 
+    retried = {**body, "fields": {"retry": {"limit": 1, "on": ["Error", "exit:1-5"]}}}
+    call("POST", launch, body=retried, expect=202)
+    call("POST", launch, body={**body, "fields": {"retry": {"limit": 1, "on": ["Nope"]}}}, expect=400)
     launches = NS + "/providers/kind/launches"
     grouped = call(
         "POST", launches, body={**body, "count": 2}, headers={"Idempotency-Key": "g"}, expect=202

@@ -16,7 +16,14 @@ from typing import Any
 from nymph.launch.config import connection_kwargs
 from nymph.launch.placement import Needs
 from nymph.launch.render import render_pod
-from nymph.launch.state import InstanceState, Reason, container_termination, pod_reason, pod_state
+from nymph.launch.state import (
+    InstanceState,
+    Reason,
+    container_termination,
+    deleted_reason,
+    pod_reason,
+    pod_state,
+)
 from nymph.protocol import LaunchAccepted, TaskKind, now
 from nymph.queue.scheduling import Candidate, Usage, charge, pick_next, quota_blocks
 from nymph.queue.sql.dialect import Conn, Row
@@ -111,8 +118,8 @@ def take_held(conn: Conn, *, limit: int = 50) -> list[DirectLaunch]:
     rows = conn.execute(
         "SELECT instance_id, namespace, provider, launched_at, connection, pod FROM instances "
         "WHERE state = 'queued' AND dispatch = 'direct' AND charge IS NULL AND stop_requested_at IS NULL "
-        "ORDER BY namespace, launched_at LIMIT ?",
-        (limit * 4,),
+        "AND launched_at <= ? ORDER BY namespace, launched_at LIMIT ?",
+        (now(), limit * 4),
     ).fetchall()
     if not rows:
         return []
@@ -203,6 +210,9 @@ def pod_change(pod: Mapping[str, Any], *, deleted: bool, stop_requested: bool) -
             return InstanceState.STOPPED.value, Reason.STOPPED.value, "stopped on request"
         if pod_state(pod) is InstanceState.STOPPED and reason is not None:
             return InstanceState.STOPPED.value, reason.value, message
+        gone = deleted_reason(pod)
+        if gone is Reason.NODE_LOST:
+            return InstanceState.STOPPED.value, gone.value, "the Pod was removed: its node went away"
         return InstanceState.STOPPED.value, Reason.DELETED.value, "the Pod was deleted"
     state = pod_state(pod)
     if state is InstanceState.UNKNOWN:
@@ -223,11 +233,12 @@ def apply_pod(conn: Conn, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts:
     if stop_requested and state not in (InstanceState.STOPPING.value, InstanceState.STOPPED.value):
         return None  # a stop was asked for: a late "running" must not undo it
     node = (pod.get("spec") or {}).get("nodeName") or None
-    changed = transition(
-        conn, instance_id=instance_id, now=ts, state=state, reason=reason, message=message, node=node
-    )
+    # How it ended is kept first: a retry policy deciding as it stops reads the exit code.
     ended = container_termination(pod)
-    if ended is not None and record_termination(conn, instance_id=instance_id, termination=ended):
+    changed = ended is not None and record_termination(conn, instance_id=instance_id, termination=ended)
+    if transition(
+        conn, instance_id=instance_id, now=ts, state=state, reason=reason, message=message, node=node
+    ):
         changed = True
     if deleted:
         conn.execute("UPDATE instances SET reaped_at = ? WHERE instance_id = ?", (ts, instance_id))

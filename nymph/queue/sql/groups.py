@@ -24,7 +24,7 @@ from nymph.launch.spec import LaunchSpec
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import LaunchAccepted, iso
 from nymph.queue.errors import BadRequest, Conflict, NotFound, ServiceError
-from nymph.queue.sql import catalog, idempotency, instances, launches
+from nymph.queue.sql import catalog, idempotency, instances, launches, retries
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.rows import INSTANCE_COLUMNS, fetch_instance
 from nymph.queue.sql.tasks import insert_launch_tasks
@@ -157,6 +157,8 @@ def accept_group(
         "VALUES (?, ?, ?, ?, ?, ?)",
         (group_id, ns, provider.name, len(specs), requester, ts),
     )
+    for spec in specs:
+        retries.remember_policy(conn, spec=spec)
     tasks = 0
     if provider.direct:
         _record_direct(conn, ns=ns, provider=provider, specs=specs, items=items)

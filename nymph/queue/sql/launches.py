@@ -22,7 +22,7 @@ from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState
 from nymph.protocol import LaunchAccepted, TaskKind, iso, now
 from nymph.queue.errors import BadRequest, Conflict
-from nymph.queue.sql import catalog, idempotency
+from nymph.queue.sql import catalog, idempotency, retries
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.quotas import get_quota
 from nymph.queue.sql.tasks import insert_task
@@ -152,6 +152,7 @@ def accept(
     )
     if accepted["instanceId"] != spec.instance_id:  # the first id was taken
         spec = dataclasses.replace(spec, instance_id=accepted["instanceId"])
+    retries.remember_policy(conn, spec=spec)
     idempotency.remember(
         conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
     )

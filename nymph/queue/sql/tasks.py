@@ -28,12 +28,14 @@ def insert_task(
     ts: float,
     after: str | None = None,
     grace: int | None = None,
+    not_before: float = 0.0,
 ) -> str:
+    """Insert a pending task (``not_before``: not handed out before then, e.g. a retry's backoff)."""
     task_id = new_task_id()
     conn.execute(
         "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
-        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at, grp, priority) "
-        "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "instance_id, spec, requester, after_task, grace_period, created_at, updated_at, grp, priority, "
+        "not_before) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             task_id,
             kind,
@@ -49,6 +51,7 @@ def insert_task(
             ts,
             group_of(kind=kind, namespace=ns, kube_namespace=kube_ns, spec=spec),
             priority_of(spec),
+            not_before,
         ),
     )
     return task_id

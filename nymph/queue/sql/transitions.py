@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 
+from nymph.queue.sql import retries
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.rows import fetch_instance
 
@@ -33,6 +34,7 @@ def transition(
 
     ``None`` (or :data:`KEEP` for ``reason``) leaves a field as it is. A change of state or reason
     appends to the history; any change bumps ``version``. A stopped instance never changes.
+    One with a retry policy may be launched again as it stops (:mod:`nymph.queue.sql.retries`).
     """
     row = fetch_instance(conn, instance_id)
     if row is None or row["state"] == "stopped":
@@ -67,6 +69,9 @@ def transition(
             "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, ?, ?, ?)",
             (instance_id, new_state, new_reason, new_message, now if at is None else at),
         )
+    if new_state == "stopped" and row["has_retry"]:
+        # In this same transaction: a retry is made once per attempt, whatever is redelivered.
+        retries.after_stop(conn, row=row, reason=new_reason, node=new_node, now=now)
     return True
 
 
