@@ -66,7 +66,7 @@ async def serve(
         bound = runner.addresses[0]
         url = _url(host, int(bound[1]))
         where = app[STORE].db.describe
-        print(f"nymph queue: serving on {url} (db {where})", flush=True)
+        print(f"nymph queue: serving on {url} (db {where}; web console {url}/console/)", flush=True)
         log.info("serving", url=url, db=where)
         await stop.wait()
         log.info("stopping")
