@@ -61,13 +61,13 @@ def import_token(
     if len(token) < 20 or not token.isprintable() or any(c.isspace() for c in token):
         raise ValueError("an imported token must be at least 20 printable characters without spaces")
     digest = hash_token(token)
-    if conn.execute("SELECT 1 FROM tokens WHERE hash = ?", (digest,)).fetchone():
-        return False
-    conn.execute(
-        "INSERT INTO tokens (id, hash, role, namespace, name, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+    # The insert is the check (replicas starting at once import the same tokens).
+    cur = conn.execute(
+        "INSERT INTO tokens (id, hash, role, namespace, name, created_at) VALUES (?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (hash) DO NOTHING",
         ("tok-" + secrets.token_hex(6), digest, role.value, namespace, name or "imported", time.time()),
     )
-    return True
+    return bool(cur.rowcount)
 
 
 def _lookup(conn: Conn, digest: str) -> Principal | None:

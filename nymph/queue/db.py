@@ -63,7 +63,10 @@ class Backend(Protocol):
 
     async def close(self) -> None: ...
 
-    async def write(self, fn: Callable[[Conn], T], *, concurrent: bool = False) -> T: ...
+    async def write(self, fn: Callable[[Conn], T]) -> T:
+        """Run ``fn`` in one write transaction. PostgreSQL may run it more than once (from its
+        start, when it met another write): ``fn`` does nothing but SQL on ``conn``."""
+        ...
 
     async def read(self, fn: Callable[[Conn], T]) -> T: ...
 
@@ -191,10 +194,9 @@ class Database:
         """Where the state lives, for logs (never a credential)."""
         return str(self.path)
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T], *, concurrent: bool = False) -> T:
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` in a ``BEGIN IMMEDIATE`` transaction on the database thread (with the
-        writes queued beside it: see group commit above); its result once committed.
-        ``concurrent`` (a claim) matters on PostgreSQL only (:mod:`nymph.queue.pgdb`)."""
+        writes queued beside it: see group commit above); its result once committed."""
         if self._executor is None or self._conn is None:
             raise DatabaseError("the queue database is not open")
         loop = asyncio.get_running_loop()

@@ -5,11 +5,23 @@ The same synchronous SQL functions as on SQLite (:mod:`nymph.queue.sql`) run her
 behind it, so that :class:`PgDatabase` offers exactly :class:`nymph.queue.db.Database`'s
 ``write`` / ``read``.
 
-Concurrency across replicas: every write transaction first takes one transaction-scoped advisory
-lock (exclusive), so writes see each other as SQLite's ``BEGIN IMMEDIATE`` makes them, on any
-replica; a claim takes it *shared* (many claims at once, none beside another write) and leases
-its rows with ``FOR UPDATE SKIP LOCKED``, so two claims never hand out the same task. Reads run
-as ``REPEATABLE READ READ ONLY`` (one snapshot, like a SQLite read transaction).
+Concurrency across replicas: write transactions run at once, on any replica, as ``READ
+COMMITTED`` (each statement sees what was committed when it started), so writes to different
+launches never wait for each other. What keeps them correct is in the SQL
+(:mod:`nymph.queue.sql.dialect`'s lock helpers): a write that decides from a row locks it
+first (an instance's row, by :func:`~nymph.queue.sql.rows.fetch_instance`: the writes of one
+instance run one after another; a task's row when a completion reads it; a report stream's
+row), conditional updates (``UPDATE ... WHERE status = 'pending'``) where a row may have moved
+on since it was read, unique keys for what must exist once (an Idempotency-Key, a provider's
+name), advisory locks for names no row stands for yet (a namespace's claims and quota, a
+daemon id's sessions). A claim leases with ``FOR UPDATE SKIP LOCKED`` (never waiting for, or
+handing out twice, a task another replica's claim is leasing), or, for launches the scheduler
+orders, under its namespaces' locks. A write PostgreSQL aborts for a deadlock or a
+serialization failure, or that meets a unique key another write committed meanwhile (an
+Idempotency-Key sent twice at once), is run again from its start, a few times
+(:data:`WRITE_ATTEMPTS`): every write function is safe to run again. Reads run as ``REPEATABLE
+READ READ ONLY`` (one snapshot of committed writes, like a SQLite read transaction) and lock
+nothing.
 
 Migrations are applied once, by whichever replica takes the migration advisory lock first.
 Wake-ups cross replicas with ``LISTEN`` / ``NOTIFY`` (:class:`Listener`). A database that
@@ -20,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import secrets
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -38,14 +52,22 @@ from nymph.queue.sql.pg_migrations import PG_MIGRATIONS
 T = TypeVar("T")
 log = structlog.get_logger(__name__, component="queue.pgdb")
 
-#: Advisory lock keys (bigints; the singletons' keys are in :mod:`nymph.queue.db`).
-WRITE_LOCK = 0x6E796D7068_01
+#: Advisory lock keys (bigints; the singletons' keys are in :mod:`nymph.queue.db`, the per-name
+#: classes in :mod:`nymph.queue.sql.dialect`).
 MIGRATE_LOCK = 0x6E796D7068_02
 CHANNEL = "nymph_queue"
 #: How often a replica that does not hold a singleton lock tries for it (and the holder checks
 #: its connection).
 LOCK_POLL = 2.0
 UNREACHABLE = "the queue database cannot be reached right now: nothing was changed; retry shortly"
+#: How many times a write is run from its start when it meets another write (see the module doc).
+WRITE_ATTEMPTS = 6
+#: Errors that mean "another write got there first": the transaction is run again.
+_CONFLICTS = (
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.UniqueViolation,
+)
 
 
 def is_url(value: str) -> bool:
@@ -111,7 +133,7 @@ def _broken(exc: BaseException) -> bool:
 class PgDatabase:
     """The service's PostgreSQL connections; same interface as :class:`nymph.queue.db.Database`."""
 
-    def __init__(self, *, url: str, pool_size: int = 8, timeout: float = 3.0) -> None:
+    def __init__(self, *, url: str, pool_size: int = 16, timeout: float = 3.0) -> None:
         self.url = url
         self.pool_size = pool_size
         self.timeout = timeout
@@ -155,40 +177,48 @@ class PgDatabase:
         self._executor.shutdown(wait=True)
         self._executor = None
 
-    async def write(self, fn: Callable[[PgConn], T], *, concurrent: bool = False) -> T:
-        """Run ``fn`` in one write transaction (``concurrent``: a claim, see the module doc)."""
-        lock = "pg_advisory_xact_lock_shared" if concurrent else "pg_advisory_xact_lock"
-        return await self._run(fn, begin="BEGIN", lock=lock)
+    async def write(self, fn: Callable[[PgConn], T]) -> T:
+        """Run ``fn`` in one write transaction, again from its start when it meets another write
+        (see the module doc)."""
+        return await self._run(fn, begin="BEGIN ISOLATION LEVEL READ COMMITTED", writing=True)
 
     async def read(self, fn: Callable[[PgConn], T]) -> T:
-        return await self._run(fn, begin="BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", lock=None)
+        return await self._run(fn, begin="BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", writing=False)
 
-    async def _run(self, fn: Callable[[PgConn], T], *, begin: str, lock: str | None) -> T:
+    async def _run(self, fn: Callable[[PgConn], T], *, begin: str, writing: bool) -> T:
         if self._executor is None or self._pool is None:
             raise DatabaseError("the queue database is not open")
         pool = self._pool
 
         def job() -> T:
-            for attempt in range(3):
+            reconnects = conflicts = 0
+            while True:
                 with pool.connection() as raw:
                     try:
                         raw.execute(begin)
                     except psycopg.OperationalError:
-                        if attempt == 2:
+                        reconnects += 1
+                        if reconnects == 3:
                             raise
                         pool.check()  # a restarted server: drop every dead connection at once
                         continue
                     try:
-                        if lock is not None:
-                            raw.execute(f"SELECT {lock}(%s)", (WRITE_LOCK,))
-                        result = fn(PgConn(raw))
+                        result = fn(PgConn(raw, writing=writing))
+                        raw.execute("COMMIT")
+                    except _CONFLICTS as exc:
+                        with contextlib.suppress(psycopg.Error):
+                            raw.execute("ROLLBACK")
+                        conflicts += 1
+                        if conflicts == WRITE_ATTEMPTS:
+                            raise
+                        log.debug("write met another one; running it again", error=exc.__class__.__name__)
                     except BaseException:
                         with contextlib.suppress(psycopg.Error):
                             raw.execute("ROLLBACK")
                         raise
-                    raw.execute("COMMIT")
-                    return result
-            raise AssertionError("unreachable")
+                    else:
+                        return result
+                time.sleep(random.uniform(0, 0.002 * 2**conflicts))
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, job)
@@ -305,7 +335,6 @@ def write_once(url: str, fn: Callable[[PgConn], T]) -> T:
             psycopg.connect(url, autocommit=True, row_factory=pg_row_factory, connect_timeout=10) as raw,
             raw.transaction(),
         ):
-            raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             return fn(PgConn(raw))
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"cannot open the queue database ({describe(url)}): {exc}") from None

@@ -11,7 +11,7 @@ from nymph.queue.db import Backend
 from nymph.queue.scheduling import Quota, Usage
 from nymph.queue.sql import quotas as sql_quotas
 from nymph.queue.sql import schedule
-from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, lock_key
 
 
 class QuotaBook:
@@ -30,6 +30,7 @@ class QuotaBook:
         """Merge ``body`` into the namespace's settings (a ValidationError names a bad key)."""
 
         def write(conn: Conn) -> dict[str, Any]:
+            lock_key(conn, NAMESPACE_KEYS, ns)  # two merges of one namespace: one after the other
             merged = quotas.merge(sql_quotas.get_quota(conn, ns), body)
             sql_quotas.put_quota(conn, ns, merged, now=now())
             return quotas.quota_json(ns, merged, schedule.usage(conn).get(ns, Usage()))

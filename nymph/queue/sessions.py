@@ -35,7 +35,7 @@ from nymph.queue.db import Backend
 from nymph.queue.errors import Conflict, ServiceError
 from nymph.queue.models import DaemonSession, Principal, Role, SessionSettings
 from nymph.queue.sql import sessions as sql
-from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.dialect import DAEMON_KEYS, Conn, lock_key
 
 SESSION_PREFIX = "nyd_"
 #: How long this process trusts a session it read without reading it again (a session replaced
@@ -96,6 +96,9 @@ class SessionStore:
         def txn(conn: Conn) -> tuple[float, DaemonSession | None]:
             now = time.time()
             replaced: DaemonSession | None = None
+            # One registration of a daemon id at a time, on any replica (each reads the live
+            # session it replaces).
+            lock_key(conn, DAEMON_KEYS, daemon_id)
             for row in sql.live_of_daemon(conn, daemon_id=daemon_id):
                 if row["expires_at"] > now:
                     live = sql.session_of(row)

@@ -297,7 +297,7 @@ class Store:
         if idle is not None:
             return idle
         result = await self.db.write(
-            lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease), concurrent=True
+            lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease)
         )
         self._changed(result.settled)
         return result

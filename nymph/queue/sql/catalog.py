@@ -37,21 +37,23 @@ def kube_namespace(provider: Provider) -> str:
 def put_provider(conn: Conn, *, ns: str, provider: Provider, replace: bool) -> dict[str, Any]:
     body = provider.to_json()
     ts = now()
-    exists = conn.execute(
-        "SELECT 1 FROM providers WHERE namespace = ? AND name = ?", (ns, provider.name)
-    ).fetchone()
-    if exists and not replace:
+    # A create is the insert itself (two creates of one name at once: one gets the 409).
+    cur = conn.execute(
+        "INSERT INTO providers (namespace, name, body, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, name) "
+        + (
+            "DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at"
+            if replace
+            else "DO NOTHING"
+        ),
+        (ns, provider.name, json.dumps(body), ts, ts),
+    )
+    if not replace and not cur.rowcount:
         raise Conflict(
             f"provider {provider.name!r} already exists in namespace {ns!r}: delete it "
             "first or PUT to replace it",
             code="provider_exists",
         )
-    conn.execute(
-        "INSERT INTO providers (namespace, name, body, created_at, updated_at) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, name) DO UPDATE SET "
-        "body = excluded.body, updated_at = excluded.updated_at",
-        (ns, provider.name, json.dumps(body), ts, ts),
-    )
     return body
 
 
@@ -101,19 +103,22 @@ def put_mode(conn: Conn, *, ns: str, mode: Mode, replace: bool) -> dict[str, Any
                 f"exist in namespace {ns!r}: create the provider first",
                 code="unknown_provider",
             )
-    exists = conn.execute("SELECT 1 FROM modes WHERE namespace = ? AND name = ?", (ns, mode.name)).fetchone()
-    if exists and not replace:
+    ts = now()
+    cur = conn.execute(
+        "INSERT INTO modes (namespace, name, provider, body, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, name) "
+        + (
+            "DO UPDATE SET provider = excluded.provider, body = excluded.body, updated_at = excluded.updated_at"
+            if replace
+            else "DO NOTHING"
+        ),
+        (ns, mode.name, mode.provider, json.dumps(body), ts, ts),
+    )
+    if not replace and not cur.rowcount:
         raise Conflict(
             f"mode {mode.name!r} already exists in namespace {ns!r}: delete it first or PUT to replace it",
             code="mode_exists",
         )
-    ts = now()
-    conn.execute(
-        "INSERT INTO modes (namespace, name, provider, body, created_at, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, name) DO UPDATE SET "
-        "provider = excluded.provider, body = excluded.body, updated_at = excluded.updated_at",
-        (ns, mode.name, mode.provider, json.dumps(body), ts, ts),
-    )
     return body
 
 

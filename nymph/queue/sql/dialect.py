@@ -8,6 +8,12 @@ and by column name (like ``sqlite3.Row``). Scalar ``GREATEST(a, b)`` is register
 connections. The few statements that must differ ask :func:`is_postgres` (row locks: ``FOR
 UPDATE``, ``SKIP LOCKED``). The schema itself is per backend (:mod:`.migrations`,
 :mod:`.pg_migrations`).
+
+Locks: a SQLite write transaction holds the whole database, so the helpers below add nothing
+there. On PostgreSQL write transactions run at once (``READ COMMITTED``, see
+:mod:`nymph.queue.pgdb`), and a write that reads a row and then decides what to write locks
+what it read: :func:`for_update` (a row), :func:`lock_key` (a name no row stands for yet, as a
+daemon id or a namespace). Read transactions (``READ ONLY``) take no lock.
 """
 
 from __future__ import annotations
@@ -47,12 +53,32 @@ def is_postgres(conn: Conn) -> bool:
     return isinstance(conn, PgConn)
 
 
-def for_update(conn: Conn, *, of: str = "", skip_locked: bool = False) -> str:
-    """`` FOR UPDATE [OF x] [SKIP LOCKED]`` on PostgreSQL; empty on SQLite (a write transaction
-    there holds the whole database)."""
-    if not is_postgres(conn):
+def locks_rows(conn: Conn) -> bool:
+    """Whether this transaction must lock what it reads before writing (a PostgreSQL write)."""
+    return isinstance(conn, PgConn) and conn.writing
+
+
+def for_update(conn: Conn, *, of: str = "", skip_locked: bool = False, key: bool = True) -> str:
+    """`` FOR UPDATE [OF x] [SKIP LOCKED]`` in a PostgreSQL write transaction (``key=False``:
+    ``FOR NO KEY UPDATE``, which rows referencing the locked one may still be inserted beside);
+    empty on SQLite (a write transaction there holds the whole database) and in reads."""
+    if not locks_rows(conn):
         return ""
-    return " FOR UPDATE" + (f" OF {of}" if of else "") + (" SKIP LOCKED" if skip_locked else "")
+    mode = " FOR UPDATE" if key else " FOR NO KEY UPDATE"
+    return mode + (f" OF {of}" if of else "") + (" SKIP LOCKED" if skip_locked else "")
+
+
+#: Advisory lock classes of :func:`lock_key` (the second key is the hash of the name).
+NAMESPACE_KEYS = 0x6E796D70  # "nymp": a namespace's scheduling (claims, quota, direct launches)
+DAEMON_KEYS = 0x6E796D71  # a daemon id's sessions
+
+
+def lock_key(conn: Conn, cls: int, name: str) -> None:
+    """Hold the transaction-scoped advisory lock (``cls``, hash of ``name``) until the write
+    commits, in a PostgreSQL write transaction; nothing on SQLite. Take several in name order
+    (no deadlock)."""
+    if locks_rows(conn):
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (cls, name))
 
 
 def indexed_by(conn: Conn, index: str) -> str:
@@ -126,10 +152,12 @@ def pg_row_factory(cursor: Any) -> Any:
 
 
 class PgConn:
-    """A psycopg connection speaking the shared SQL (see the module docstring)."""
+    """A psycopg connection speaking the shared SQL (see the module docstring); ``writing``: in
+    a write transaction (which locks what it reads before writing), not a read-only one."""
 
-    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], *, writing: bool = True) -> None:
         self.raw = raw
+        self.writing = writing
 
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
         if isinstance(parameters, Mapping):

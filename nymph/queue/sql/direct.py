@@ -26,7 +26,7 @@ from nymph.launch.state import (
 )
 from nymph.protocol import LaunchAccepted, TaskKind, now
 from nymph.queue.scheduling import Candidate, Usage, charge, pick_next, quota_blocks
-from nymph.queue.sql.dialect import Conn, Row
+from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, Row, for_update, lock_key, locks_rows
 from nymph.queue.sql.launches import Guard, accept
 from nymph.queue.sql.quotas import all_quotas, get_quota
 from nymph.queue.sql.rows import fetch_instance
@@ -89,6 +89,7 @@ def record_launch(
     # Its Pod is created now, unless its namespace's quota holds it: it counts towards the
     # namespace's share and quota from its Pod's creation.
     requests = Needs.from_spec(spec.to_json()).requests
+    lock_key(conn, NAMESPACE_KEYS, ns)  # the namespace's usage, read and charged, as a claim does
     held = quota_blocks(ns, get_quota(conn, ns), usage(conn).get(ns, Usage()), requests)
     message = "" if held is None else f"held: {held}; its Pod is created when its turn comes"
     conn.execute(
@@ -114,7 +115,15 @@ def record_launch(
 def take_held(conn: Conn, *, limit: int = 50) -> list[DirectLaunch]:
     """The held direct launches whose turn has come, oldest first within each namespace and the
     namespace with the lowest share first, each now counted towards its quota (its Pod is to be
-    created by the caller)."""
+    created by the caller). On PostgreSQL the namespaces' locks are taken first (in name
+    order, as claims take them), then the launches read again."""
+    if locks_rows(conn):
+        names = conn.execute(
+            "SELECT DISTINCT namespace FROM instances WHERE state = 'queued' AND dispatch = 'direct' "
+            "AND charge IS NULL AND stop_requested_at IS NULL"
+        ).fetchall()
+        for name in sorted(str(r[0]) for r in names):
+            lock_key(conn, NAMESPACE_KEYS, name)
     rows = conn.execute(
         "SELECT instance_id, namespace, provider, launched_at, connection, pod FROM instances "
         "WHERE state = 'queued' AND dispatch = 'direct' AND charge IS NULL AND stop_requested_at IS NULL "
@@ -150,11 +159,14 @@ def take_held(conn: Conn, *, limit: int = 50) -> list[DirectLaunch]:
             break
         r = list(first.values())[chosen.seq]
         del pending[r["instance_id"]]
-        held = charge(held, chosen)
-        conn.execute(
-            "UPDATE instances SET charge = ?, message = '' WHERE instance_id = ? AND charge IS NULL",
+        cur = conn.execute(
+            "UPDATE instances SET charge = ?, message = '' WHERE instance_id = ? AND charge IS NULL "
+            "AND state = 'queued' AND stop_requested_at IS NULL",
             (charge_text(chosen.requests), r["instance_id"]),
         )
+        if not cur.rowcount:
+            continue  # stopped since it was read
+        held = charge(held, chosen)
         out.append(
             DirectLaunch(
                 accepted=LaunchAccepted(
@@ -224,7 +236,9 @@ def apply_pod(conn: Conn, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts:
     """Move a direct instance of ``ns`` along with its Pod; returns its id when it changed."""
     instance_id = str((pod.get("metadata") or {}).get("name") or "")
     row = conn.execute(
-        "SELECT namespace, dispatch, stop_requested_at FROM instances WHERE instance_id = ?", (instance_id,)
+        "SELECT namespace, dispatch, stop_requested_at FROM instances WHERE instance_id = ?"  # noqa: S608 - a constant
+        + for_update(conn, key=False),
+        (instance_id,),
     ).fetchone()
     if row is None or row["namespace"] != ns or row["dispatch"] != "direct":
         return None

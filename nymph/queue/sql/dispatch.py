@@ -47,9 +47,11 @@ _CLAIM_ONE_STATEMENT = (
     + _SELECT_CLAIMABLE.replace("t.seq, t.kind, t.spec", "t.seq")
     + ") RETURNING *"
 )
+#: Only a task still pending is leased: another write (a stop) may have settled it since the
+#: claim read it (PostgreSQL writes run at once); what was leased is read back by its seq.
 _LEASE = (
     "UPDATE tasks SET status = 'leased', lease_owner = ?, lease_expires = ?, "
-    "attempts = attempts + 1, updated_at = ? WHERE seq IN ({marks})"
+    "attempts = attempts + 1, updated_at = ? WHERE seq IN ({marks}) AND status = 'pending' RETURNING seq"
 )
 _FETCH = "SELECT * FROM tasks WHERE seq IN ({marks}) ORDER BY seq"
 
@@ -158,8 +160,9 @@ def _scheduled(
     conn: Conn, *, req: ClaimRequest, scope: str | None, now: float, limit: int, lock: bool = False
 ) -> list[schedule.Head]:
     """The launches the scheduler hands this daemon (see :mod:`nymph.queue.sql.schedule`)."""
-    if lock:
-        schedule.lock_namespaces(conn, kube_namespaces=req.namespaces, scope=scope, now=now)
+    only = (
+        schedule.lock_namespaces(conn, kube_namespaces=req.namespaces, scope=scope, now=now) if lock else None
+    )
     used = None if req.node_info is None else placement.placed_on(conn, node=req.node, now=now)
     return schedule.plan(
         conn,
@@ -169,6 +172,7 @@ def _scheduled(
         used_on_node=used,
         now=now,
         limit=limit,
+        only=only,
     )
 
 
@@ -236,15 +240,20 @@ def claim(
         room = req.capacity - len(tasks) - len(seqs)
         if room > 0:
             picked = _scheduled(conn, req=req, scope=scope, now=now, limit=room, lock=True)
-            schedule.mark_charged(conn, picked)
+            picked = schedule.mark_charged(conn, picked)
             schedule.record_recent(conn, picked, now=now)
             seqs = [*seqs, *(h.candidate.seq for h in picked)]
         if seqs:
             marks = ",".join("?" * len(seqs))
-            conn.execute(_LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs])
-            fetched = conn.execute(_FETCH.format(marks=marks), seqs).fetchall()
-            tasks = [*tasks, *(task_json(r) for r in fetched)]
-            waited = [*waited, *_waited(fetched, now)]
+            won = conn.execute(
+                _LEASE.format(marks=marks), [req.daemon_id, now + req.lease_seconds, now, *seqs]
+            )
+            ours = [int(r[0]) for r in won.fetchall()]
+            if ours:
+                marks = ",".join("?" * len(ours))
+                fetched = conn.execute(_FETCH.format(marks=marks), ours).fetchall()
+                tasks = [*tasks, *(task_json(r) for r in fetched)]
+                waited = [*waited, *_waited(fetched, now)]
     next_due = None
     elsewhere = False
     if not tasks:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from nymph.protocol import iso
 from nymph.queue.errors import NotFound
-from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.dialect import Conn, for_update
 
 #: Tables holding rows of one instance by ``instance_id``, children first. A module that adds
 #: such a table adds it here, or its rows outlive their instance.
@@ -38,7 +38,8 @@ DUE = (
 def expire(conn: Conn, *, stopped_before: float, now: float, limit: int) -> list[str]:
     """Delete at most ``limit`` instances stopped before ``stopped_before`` (oldest first), with
     their rows, leaving a tombstone of each; returns their ids."""
-    rows = conn.execute(DUE, (stopped_before, limit)).fetchall()
+    # Locked: a write of one of them that waits meanwhile finds it gone.
+    rows = conn.execute(DUE + for_update(conn), (stopped_before, limit)).fetchall()
     if not rows:
         return []
     ids = [str(r["instance_id"]) for r in rows]

@@ -59,7 +59,9 @@ def stop(
     grace: int | None,
     requester: str,
 ) -> tuple[bool, bool]:
-    """Returns (instance changed, task queued)."""
+    """Returns (instance changed, task queued). The instance's row is locked (its writes run one
+    after another); its start task is cancelled only while still pending: a claim leasing it
+    meanwhile (on any replica) wins, and the stop is ordered after that lease."""
     row = instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
     if row["state"] == InstanceState.STOPPED.value or row["stop_requested_at"] is not None:
         return False, False
@@ -71,13 +73,18 @@ def stop(
         f"WHERE instance_id = ? AND kind IN ({marks}) ORDER BY seq DESC LIMIT 1",
         (instance_id, *START_KINDS),
     ).fetchone()
-    if launch is not None and launch["status"] == "pending":
-        conn.execute(
+    status = None if launch is None else launch["status"]
+    if launch is not None and status == "pending":
+        cancelled = conn.execute(
             "UPDATE tasks SET status = 'cancelled', finished_at = ?, updated_at = ?, "
-            "error = 'stopped before it was applied' WHERE task_id = ?",
+            "error = 'stopped before it was applied' WHERE task_id = ? AND status = 'pending'",
             (ts, ts, launch["task_id"]),
-        )
-        if launch["attempts"] == 0:
+        ).rowcount
+        if not cancelled:  # leased (or settled) since it was read
+            status = conn.execute(
+                "SELECT status FROM tasks WHERE task_id = ?", (launch["task_id"],)
+            ).fetchone()[0]
+        elif launch["attempts"] == 0:
             transition(
                 conn,
                 instance_id=instance_id,
@@ -87,7 +94,7 @@ def stop(
                 message="stopped before a daemon picked up the launch",
             )
             return True, False
-    after = launch["task_id"] if launch is not None and launch["status"] == "leased" else None
+    after = launch["task_id"] if launch is not None and status == "leased" else None
     # A dockyard instance has no Pod named after it: its stop task carries the dockyard spec, so
     # the daemon renders the same objects again and deletes them.
     stop_spec = None

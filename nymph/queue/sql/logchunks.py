@@ -14,8 +14,8 @@ from nymph.launch.logcap import Dropped, Piece, keep_outside, overlap_skip, plan
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import DaemonSession
 from nymph.queue.sql import binding
-from nymph.queue.sql.dialect import Conn
-from nymph.queue.sql.rows import fetch_instance, session_may_act
+from nymph.queue.sql.dialect import Conn, for_update
+from nymph.queue.sql.rows import fetch_instance, lock_instance, session_may_act
 
 #: Rows read per :func:`read` (chunks are at most a few hundred KiB each).
 READ_ROWS = 16
@@ -69,6 +69,7 @@ def append(
 ) -> LogStatus:
     """Add ``data`` at ``offset`` (its part not yet stored), then drop the oldest middle part
     beyond ``cap``; ``final`` marks the log complete. Returns the log's status after it."""
+    lock_instance(conn, instance_id)  # the log's status is read, then written
     st = status(conn, instance_id=instance_id) or LogStatus()
     if st.complete:
         return st  # a complete log never changes (a late repeat of its last chunk)
@@ -203,10 +204,11 @@ def purge(conn: Conn, *, stopped_before: float, limit: int = 200) -> list[str]:
     ids = [
         r[0]
         for r in conn.execute(
-            "SELECT i.instance_id FROM instances i WHERE i.state = 'stopped' AND i.updated_at < ? AND ("
+            "SELECT i.instance_id FROM instances i WHERE i.state = 'stopped' AND i.updated_at < ? AND ("  # noqa: S608 - constants only
             "EXISTS (SELECT 1 FROM log_streams s WHERE s.instance_id = i.instance_id) OR "
             "EXISTS (SELECT 1 FROM instance_logs l WHERE l.instance_id = i.instance_id) OR "
-            "EXISTS (SELECT 1 FROM result_files f WHERE f.instance_id = i.instance_id)) LIMIT ?",
+            "EXISTS (SELECT 1 FROM result_files f WHERE f.instance_id = i.instance_id)) LIMIT ?"
+            + for_update(conn, of="i", key=False),
             (stopped_before, limit),
         )
     ]

@@ -193,7 +193,7 @@ def move_off(
     if launch["status"] == "leased":  # applied, completion still on its way: it is done
         conn.execute(
             "UPDATE tasks SET status = 'done', finished_at = ?, updated_at = ?, lease_expires = NULL "
-            "WHERE seq = ?",
+            "WHERE seq = ? AND status = 'leased'",
             (now, now, launch["seq"]),
         )
     stop_id = _insert(conn, launch=launch, kind="stop", spec=None, after=None, grace=0, now=now)

@@ -11,8 +11,8 @@ from nymph.protocol import ActiveJSON
 from nymph.queue.errors import NotFound
 from nymph.queue.models import DaemonSession, Report
 from nymph.queue.sql import binding, placement
-from nymph.queue.sql.dialect import Conn
-from nymph.queue.sql.rows import fetch_instance, session_filter, session_may_act
+from nymph.queue.sql.dialect import Conn, Row, for_update, locks_rows
+from nymph.queue.sql.rows import fetch_instance, lock_instance, session_filter, session_may_act
 from nymph.queue.sql.transitions import record_termination, transition
 
 
@@ -39,7 +39,7 @@ def report(
     Returns (accepted, last_seq, changed instance ids); ``last_seq`` is -1 for a new stream.
     """
     stream = stream_key(daemon_id=session.daemon_id, stream=stream)
-    row = conn.execute("SELECT last_seq FROM report_streams WHERE stream = ?", (stream,)).fetchone()
+    row = _stream_mark(conn, stream=stream, now=now)
     last = -1 if row is None else int(row[0])
     accepted = 0
     changed: set[str] = set()
@@ -104,6 +104,23 @@ def report(
     return accepted, last, changed
 
 
+def _stream_mark(conn: Conn, *, stream: str, now: float) -> Row | None:
+    """The stream's mark (None for a new stream). In a PostgreSQL write the stream's row is
+    made to exist (with no mark yet, rolled back with a refused batch) and locked, so two
+    batches of one stream, on any replicas, are applied one after the other, in order."""
+    if locks_rows(conn):
+        conn.execute(
+            "INSERT INTO report_streams (stream, last_seq, updated_at) VALUES (?, -1, ?) "
+            "ON CONFLICT (stream) DO NOTHING",
+            (stream, now),
+        )
+    row: Row | None = conn.execute(
+        "SELECT last_seq FROM report_streams WHERE stream = ?" + for_update(conn, key=False),  # noqa: S608 - a constant
+        (stream,),
+    ).fetchone()
+    return row
+
+
 def stop_reason(r: Report, *, stop_requested: bool) -> tuple[str | None, str]:
     """The reason and message a report is recorded with. A Pod found gone (``Deleted``) after the
     user asked for a stop ended on request: the daemon that deleted it may have died before it
@@ -134,6 +151,7 @@ def store_logs(
 
 def keep_log_tail(conn: Conn, *, instance_id: str, logs: str, max_bytes: int, now: float) -> None:
     """Store the last ``max_bytes`` of an instance's log (the queue's own, unscoped write)."""
+    lock_instance(conn, instance_id)
     data = logs.encode("utf-8", errors="replace")
     if len(data) > max_bytes:
         dropped = len(data) - max_bytes

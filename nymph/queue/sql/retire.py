@@ -39,8 +39,8 @@ def retire(conn: Conn, *, now: float) -> set[str]:
         message = f"gave up after {MAX_DELIVERIES} deliveries whose daemon never completed the task"
         cur = conn.execute(
             "UPDATE tasks SET status = 'failed', error = ?, finished_at = ?, updated_at = ?, "
-            "lease_owner = NULL, lease_expires = NULL WHERE seq = ? AND status = 'leased'",
-            (message, now, now, seq),
+            "lease_owner = NULL, lease_expires = NULL WHERE seq = ? AND status = 'leased' AND lease_expires <= ?",
+            (message, now, now, seq, now),
         )
         if (
             cur.rowcount

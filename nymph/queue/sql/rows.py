@@ -17,7 +17,7 @@ from nymph.protocol import (
 )
 from nymph.queue.models import DaemonSession
 from nymph.queue.sql import waiting
-from nymph.queue.sql.dialect import Conn, Row
+from nymph.queue.sql.dialect import Conn, Row, for_update, locks_rows
 
 INSTANCE_COLUMNS = (
     "instance_id, namespace, provider, kube_namespace, state, reason, message, node, "
@@ -112,11 +112,21 @@ def session_may_act(session: DaemonSession, row: Row) -> bool:
 
 
 def fetch_instance(conn: Conn, instance_id: str) -> Row | None:
+    """The instance's row; in a PostgreSQL write, locked until the commit: every write that
+    decides from an instance's row reads it here first, so the writes of one instance run one
+    after another (on any replica) while those of different instances run at once."""
     row: Row | None = conn.execute(
-        f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE instance_id = ?",  # noqa: S608
+        f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE instance_id = ?" + for_update(conn, key=False),  # noqa: S608
         (instance_id,),
     ).fetchone()
     return row
+
+
+def lock_instance(conn: Conn, instance_id: str) -> None:
+    """Lock the instance's row as :func:`fetch_instance` does, for a write that needs no more of
+    it (its log, its log tail)."""
+    if locks_rows(conn):
+        conn.execute("SELECT 1 FROM instances WHERE instance_id = ? FOR NO KEY UPDATE", (instance_id,))
 
 
 def task_json(row: Row) -> TaskJSON:

@@ -22,7 +22,7 @@ from typing import Any
 from nymph.launch.placement import Needs, NodeOffer, add, misfit
 from nymph.protocol import FINISHED_STATUSES, TaskKind
 from nymph.queue.scheduling import SLOTS, Candidate, Usage, charge, decayed, pick_next
-from nymph.queue.sql.dialect import Conn, indexed_by, is_postgres
+from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, indexed_by, lock_key, locks_rows
 from nymph.queue.sql.quotas import all_quotas
 
 #: A daemon that claimed within this many seconds counts as live (see sql.placement).
@@ -256,12 +256,16 @@ def plan(
     used_on_node: Mapping[str, Fraction] | None,
     now: float,
     limit: int,
+    only: frozenset[str] | None = None,
 ) -> list[Head]:
     """Up to ``limit`` tasks for a daemon, chosen one at a time by :func:`pick_next` among the
-    group heads its node can run (with what it picked so far placed on it)."""
+    group heads its node can run (with what it picked so far placed on it); ``only``: of these
+    namespaces alone (those :func:`lock_namespaces` locked)."""
     if limit <= 0:
         return []
     pending = heads(conn, kube_namespaces=kube_namespaces, scope=scope, now=now)
+    if only is not None:
+        pending = [h for h in pending if h.candidate.namespace in only]
     if not pending:
         return []
     have_quotas = all_quotas(conn)
@@ -302,22 +306,22 @@ def plan(
     return picked
 
 
-#: The advisory lock class of a namespace's claims on PostgreSQL ("nymp"; the key is the hash
-#: of the namespace's name).
-NAMESPACE_LOCK = 0x6E796D70
-
-
-def lock_namespaces(conn: Conn, *, kube_namespaces: Sequence[str], scope: str | None, now: float) -> None:
-    """On PostgreSQL, where replicas' claims run at once, serialise the claims that may hand out
-    launches of the same namespaces (so two never both see room under one quota), in name
-    order (no deadlock); claims of other namespaces do not wait. SQLite writes one at a time."""
-    if not is_postgres(conn):
-        return
+def lock_namespaces(
+    conn: Conn, *, kube_namespaces: Sequence[str], scope: str | None, now: float
+) -> frozenset[str] | None:
+    """In a PostgreSQL write, where replicas' claims run at once, serialise the claims that may
+    hand out launches of the same namespaces (so two never both see room under one quota), in
+    name order (no deadlock); claims of other namespaces do not wait. Returns the namespaces
+    locked: the claim plans among them alone (a namespace whose first launch was queued after
+    this read waits for the next claim). None on SQLite, whose writes run one at a time."""
+    if not locks_rows(conn):
+        return None
     names = sorted(
         {h.candidate.namespace for h in heads(conn, kube_namespaces=kube_namespaces, scope=scope, now=now)}
     )
     for name in names:
-        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (NAMESPACE_LOCK, name))
+        lock_key(conn, NAMESPACE_KEYS, name)
+    return frozenset(names)
 
 
 def recent(conn: Conn, *, now: float) -> dict[str, float]:
@@ -344,11 +348,18 @@ def record_recent(conn: Conn, picked: Sequence[Head], *, now: float) -> None:
         )
 
 
-def mark_charged(conn: Conn, picked: Sequence[Head]) -> None:
-    """Count each picked launch as running from now (until it is stopped)."""
+def mark_charged(conn: Conn, picked: Sequence[Head]) -> list[Head]:
+    """Count each picked launch as running from now (until it is stopped); returns those still
+    to hand out: a launch stopped (or asked to stop) since it was read is dropped, uncharged."""
+    out = []
     for head in picked:
         if head.instance_id and not head.candidate.charged:
-            conn.execute(
-                "UPDATE instances SET charge = ? WHERE instance_id = ? AND charge IS NULL",
+            cur = conn.execute(
+                "UPDATE instances SET charge = ? WHERE instance_id = ? AND charge IS NULL "
+                "AND state != 'stopped' AND stop_requested_at IS NULL",
                 (charge_text(head.needs.requests), head.instance_id),
             )
+            if not cur.rowcount:
+                continue
+        out.append(head)
+    return out
