@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from nymph.client import DaemonIdentity
+from nymph.client import DaemonIdentity, QueueClient
 from nymph.protocol import TaskJSON
 from nymph.queue.models import Role
 from tests.support.latency_proxy import LatencyProxy, pg_url_through, running_proxy
@@ -162,3 +162,50 @@ async def test_quotas_hold_with_two_replicas_claiming_and_launching_at_once(
     assert max(times.values()) == 1
     by_team = Counter(t["namespace"] for t in handed)
     assert by_team == {"team-a": 3, "team-b": 12}
+
+
+async def test_one_idempotency_key_sent_at_once_to_two_replicas_makes_one_launch(
+    proxied: tuple[str, LatencyProxy], tmp_path: Path
+) -> None:
+    """The same launch with one Idempotency-Key, sent 8 times at once through two replicas:
+    every answer names the same instance, and only one was made."""
+    db, proxy = proxied
+    async with replicas(tmp_path, pg_url_through(db, proxy.port), 2) as qs:
+        await add_kind(qs[0])
+        answers = await asyncio.gather(
+            *(
+                qs[k % 2].user().launch(provider="kind", mode="small", script="true", idempotency_key="once")
+                for k in range(8)
+            )
+        )
+        assert len({a["instanceId"] for a in answers}) == 1
+        assert len(await qs[1].user().list_instances(provider="kind")) == 1
+
+
+async def test_one_report_stream_sent_at_once_to_two_replicas_applies_each_seq_once(
+    proxied: tuple[str, LatencyProxy], tmp_path: Path
+) -> None:
+    """A daemon's outbox replaying one stream through two replicas at once (the same 6 reports
+    twice, three batches each): each seq counts once, so the reports are applied once and in
+    order, and the instance ends where the last one puts it."""
+    db, proxy = proxied
+    async with replicas(tmp_path, pg_url_through(db, proxy.port), 2) as qs:
+        await add_kind(qs[0])
+        iid = await _launch(qs[0])
+        ds = [q.daemon() for q in qs]
+        for d in ds:
+            d.daemon = DaemonIdentity(daemon_id="d1", node="n1", namespaces=("jobs",))
+        [task] = await ds[0].claim(daemon_id="d1", node="n1", namespaces=["jobs"], capacity=1, wait=0)
+        states = ["starting", "starting", "running", "running", "running", "stopped"]
+        reports = [{"seq": s, "instanceId": iid, "state": st, "node": "n1"} for s, st in enumerate(states, 1)]
+
+        async def replay(d: QueueClient) -> int:
+            acks = [await d.report(daemon_id="d1", stream="s", reports=reports[i : i + 2]) for i in (0, 2, 4)]
+            return sum(a["accepted"] for a in acks)
+
+        accepted = await asyncio.gather(*(replay(d) for d in ds))
+        assert sum(accepted) == len(reports)
+        got = await qs[1].user().get_instance(provider="kind", instance_id=iid)
+        assert got["state"] == "stopped"
+        assert [h["state"] for h in got["history"]] == ["queued", "starting", "running", "stopped"]
+        assert task["instanceId"] == iid
