@@ -72,6 +72,21 @@ QUICK = Params(rounds=4, seconds=4.0, warmup=1.0, workers=6, teams=3)
 _PROCS: list[subprocess.Popen[str]] = []
 
 
+def tree_cpu(root: int) -> float:
+    """CPU seconds of ``root`` and its live children (PostgreSQL's backends)."""
+    total = cpu(root).own
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == root:
+                total += cpu(int(stat.parent.name)).own
+    return total
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def _start(cmd: list[str], *, marker: str) -> tuple[subprocess.Popen[str], str]:
     """A subprocess of this benchmark and the rest of the first stdout line after ``marker``."""
     proc = subprocess.Popen(
@@ -190,7 +205,7 @@ async def concurrency(db: str, p: Params) -> dict[str, Any]:
     }
 
 
-async def throughput(db: str, count: int, p: Params, proxy_pid: int) -> dict[str, Any]:
+async def throughput(db: str, count: int, p: Params, proxy_pid: int, pg_pid: int) -> dict[str, Any]:
     """Launches POSTed, claimed and completed per second by ``p.workers`` loops over ``count``
     replicas, and each replica's CPU meanwhile."""
     async with replicas(db, count) as r:
@@ -221,11 +236,13 @@ async def throughput(db: str, count: int, p: Params, proxy_pid: int) -> dict[str
         try:
             await asyncio.sleep(p.warmup)
             before, proxy_before, t0 = r.cpu_seconds(), cpu(proxy_pid).own, time.perf_counter()
+            pg_before, load_before = tree_cpu(pg_pid), _own_cpu()
             measuring.set()
             await asyncio.sleep(p.seconds)
             stop.set()
             elapsed = time.perf_counter() - t0
             after, proxy_after = r.cpu_seconds(), cpu(proxy_pid).own
+            pg_after, load_after = tree_cpu(pg_pid), _own_cpu()
             counted = done
         finally:
             stop.set()
@@ -236,6 +253,9 @@ async def throughput(db: str, count: int, p: Params, proxy_pid: int) -> dict[str
         "seconds": round(elapsed, 1),
         "replica_cpu_pct": [round(100 * (a - b) / elapsed, 1) for a, b in zip(after, before, strict=True)],
         "proxy_cpu_pct": round(100 * (proxy_after - proxy_before) / elapsed, 1),
+        "postgres_cpu_pct": round(100 * (pg_after - pg_before) / elapsed, 1),
+        "load_cpu_pct": round(100 * (load_after - load_before) / elapsed, 1),
+        "machine_load_1m": round(os.getloadavg()[0], 1),
     }
 
 
@@ -248,9 +268,9 @@ async def run(p: Params, say: Any) -> dict[str, Any]:
         rows: dict[str, Any] = {}
         for count in (1, 3):
             say(f"pg_replicas: {count}")
-            rows[str(count)] = await throughput(
-                pg_url_through(server.fresh_database(), port), count, p, proxy_pid
-            )
+            db = pg_url_through(server.fresh_database(), port)
+            assert server.proc is not None
+            rows[str(count)] = await throughput(db, count, p, proxy_pid, server.proc.pid)
             say(f"  {rows[str(count)]}")
         out["pg_replicas"] = {
             "ratio_3_to_1": round(rows["3"]["launches_per_s"] / max(rows["1"]["launches_per_s"], 1e-9), 2),

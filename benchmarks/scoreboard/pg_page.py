@@ -45,12 +45,15 @@ def pg_writes(r: dict[str, Any]) -> str:
             "lock), spread over the replicas:"
         ),
         "",
-        "| replicas | launches/s | each replica's CPU (% of a core) | proxy CPU |",
-        "|---:|---:|---:|---:|",
+        "| replicas | launches/s | each replica's CPU (% of a core) | PostgreSQL | proxy | load generator "
+        "| machine load (1 min) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for count, row in sorted(rows.items(), key=lambda kv: int(kv[0])):
         out.append(
-            f"| {count} | {row['launches_per_s']} | {_pcts(row['replica_cpu_pct'])} | {row['proxy_cpu_pct']}% |"
+            f"| {count} | {row['launches_per_s']} | {_pcts(row['replica_cpu_pct'])} | "
+            f"{row.get('postgres_cpu_pct')}% | {row['proxy_cpu_pct']}% | {row.get('load_cpu_pct')}% | "
+            f"{row.get('machine_load_1m')} |"
         )
     out += ["", f"`pg_replicas.ratio_3_to_1` (target >= 1.5): {rep.get('ratio_3_to_1')}."]
     return "\n".join(out)
