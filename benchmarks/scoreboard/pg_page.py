@@ -40,12 +40,13 @@ def pg_writes(r: dict[str, Any]) -> str:
         f"| {c.get('rounds')} rounds | {c.get('one_post_ms')} | {c.get('burst_16_ms')} | {c.get('ratio_16_to_1')} |",
         "",
         _fill(
-            f"POST + claim (capacity 1) + complete, in {rep.get('workers')} loops, each a daemon of its "
-            f"own team ({rep.get('teams')} namespaces: claims of one namespace take that namespace's "
-            "lock), spread over the replicas:"
+            f"POST + claim (capacity 1) + complete, in {rep.get('workers')} loops spread over the "
+            f"replicas, each a daemon of one of {rep.get('teams')} teams (namespaces, each with its "
+            "own kube namespace: claims of one namespace take that namespace's lock). Launches "
+            "completed per second, and the CPU of each process meanwhile (% of one core):"
         ),
         "",
-        "| replicas | launches/s | each replica's CPU (% of a core) | PostgreSQL | proxy | load generator "
+        "| replicas | launches/s | each replica | PostgreSQL | proxy | load generator "
         "| machine load (1 min) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
