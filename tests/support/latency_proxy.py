@@ -1,10 +1,10 @@
 """A TCP proxy on loopback that delays every byte by a fixed time each way: a database one
 network round trip away (as in any cloud), in front of the tests' PostgreSQL server.
 
-Each direction of each connection is a reader, which stamps every chunk it reads with the time
-it may be delivered, and a writer, which delivers the chunks in order at those times: a chunk
-waits ``delay`` and no more, whatever is in flight behind it (the delay does not add up over a
-busy connection, as it would with a sleep per chunk in one loop).
+Each direction of each connection is a reader that sets a timer per chunk it reads, to write
+it ``delay`` later (each due after the one before, so the order is kept): a chunk waits
+``delay`` and no more, whatever is in flight behind it (the delay does not add up over a busy
+connection, as it would with a sleep per chunk in one loop).
 
 :class:`LatencyProxy` runs in the caller's event loop; :func:`running_proxy` runs one in a
 thread of its own (so the code under test and the proxy do not share a loop); ``python -m
@@ -20,7 +20,6 @@ import contextlib
 import socket
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -80,37 +79,32 @@ class LatencyProxy:
             task.add_done_callback(self._tasks.discard)
 
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        """Copy ``src`` to ``dst``, each chunk ``delay`` after it was read; the end (or a broken
+        """Copy ``src`` to ``dst``, each chunk written ``delay`` after it was read (a timer per
+        chunk, each due strictly after the one before: the order is kept); the end (or a broken
         side) closes ``dst`` once everything read before it is delivered."""
-        chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def deliver() -> None:
-            while True:
-                due, data = await chunks.get()
-                wait = due - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                if not data:
-                    return
-                dst.write(data)
-                await dst.drain()
-
-        writer = asyncio.create_task(deliver(), name="latency-proxy-deliver")
+        loop = asyncio.get_running_loop()
+        last = 0.0
         try:
             while True:
                 data = await src.read(_CHUNK)
-                chunks.put_nowait((time.monotonic() + self.delay, data))
+                last = max(loop.time() + self.delay, last + 1e-6)
                 if not data:
                     break
-            await writer
+                loop.call_at(last, _deliver, dst, data)
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await writer
+            done = loop.create_future()
+            loop.call_at(last, done.set_result, None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await done
             dst.close()
             self._writers.discard(dst)
+
+
+def _deliver(dst: asyncio.StreamWriter, data: bytes) -> None:
+    if not dst.is_closing():
+        dst.write(data)
 
 
 def _nodelay(writer: asyncio.StreamWriter) -> None:
