@@ -46,9 +46,16 @@ class GroupAcceptance:
 
 
 def _specs(
-    conn: Conn, *, ns: str, provider: Provider, items: list[dict[str, Any]], guard: launches.Guard | None
+    conn: Conn,
+    *,
+    ns: str,
+    provider: Provider,
+    items: list[dict[str, Any]],
+    guard: launches.Guard | None,
+    named: bool,
 ) -> list[LaunchSpec]:
-    """A spec per item, each built and checked (identical items once); errors name the item."""
+    """A spec per item, each built and checked (identical items once); errors name the item
+    when ``named`` (a group of ``items``, not of ``count`` copies)."""
     built: dict[str, LaunchSpec] = {}
     modes: dict[str, Any] = {}
     out = []
@@ -69,7 +76,7 @@ def _specs(
                 )
                 spec = launches.runtime_limited(conn, spec, ns=ns)
             except ServiceError as exc:
-                exc.detail = f"items[{i}]: {exc.detail}" if len(items) > 1 else exc.detail
+                exc.detail = f"items[{i}]: {exc.detail}" if named else exc.detail
                 raise
             built[digest] = spec
         out.append(spec)
@@ -123,7 +130,7 @@ def accept_group(
     specs = []
     for i, (spec, iid) in enumerate(
         zip(
-            _specs(conn, ns=ns, provider=provider, items=items, guard=guard),
+            _specs(conn, ns=ns, provider=provider, items=items, guard=guard, named="items" in body),
             _fresh_ids(conn, len(items)),
             strict=True,
         )
@@ -157,8 +164,7 @@ def accept_group(
         "VALUES (?, ?, ?, ?, ?, ?)",
         (group_id, ns, provider.name, len(specs), requester, ts),
     )
-    for spec in specs:
-        retries.remember_policy(conn, spec=spec)
+    retries.remember_policies(conn, specs=specs)
     tasks = 0
     if provider.direct:
         _record_direct(conn, ns=ns, provider=provider, specs=specs, items=items)

@@ -192,6 +192,13 @@ def after_stop(conn: Conn, *, row: Row, reason: str | None, node: str | None, no
     return new_id
 
 
+def remember_policies(conn: Conn, *, specs: list[LaunchSpec]) -> None:
+    """:func:`remember_policy` for many launches, in one bulk update."""
+    rows = [(json.dumps(s.to_json()), s.instance_id) for s in specs if s.retry is not None]
+    if rows:
+        conn.executemany("UPDATE instances SET retry = ? WHERE instance_id = ?", rows)
+
+
 def remember_policy(conn: Conn, *, spec: LaunchSpec) -> None:
     """Keep what a next attempt of this launch needs (its spec, with its policy), only for a
     launch that has a retry policy."""
