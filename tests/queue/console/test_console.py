@@ -126,6 +126,18 @@ async def test_a_team_token_sees_its_own_namespace_alone(kind: Queue, console: C
     for path in ("/console/ns/team-a/", "/console/ns/team-a/providers/kind/"):
         refused = await console.get(path)
         assert refused.status == 403 and "scoped to namespace &#39;team-b&#39;" in refused.text
+    accepted = await kind.call(
+        "POST", "/v1/namespaces/team-a/providers/kind/launch", token=a_token, json_body=LAUNCH
+    )
+    theirs = f"/console/ns/team-a/providers/kind/instances/{accepted.body['instanceId']}"
+    for path in ("", "/log?follow=true", "/instance.json?after=0&wait=5", "/results/out/x.txt"):
+        assert (await console.get(theirs + path)).status == 403, path
+    stop = await console.post(theirs + "/stop", {"csrf": (await console.get("/console/")).csrf})
+    assert stop.status == 403
+    inst = await kind.call(
+        "GET", f"/v1/namespaces/team-a/providers/kind/instances/{accepted.body['instanceId']}", token=a_token
+    )
+    assert inst.body["state"] == "queued"
     admin = Console(kind)
     try:
         await admin.sign_in(kind.admin_token)
