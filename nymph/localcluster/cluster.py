@@ -38,10 +38,10 @@ from nymph.kube.binaries import kubectl_path
 from nymph.localcluster import flags
 from nymph.localcluster.assets import find_assets
 from nymph.localcluster.certs import PKI, make_pki
+from nymph.localcluster.clusterdns import ClusterDNS, endpoints_lookup
 from nymph.localcluster.flags import KWOK_NODE_ANNOTATION
 from nymph.localcluster.kubeconfig import cert_kubeconfig, token_kubeconfig
-from nymph.localcluster.kuberay import FIELD_MANAGER as FM
-from nymph.localcluster.kuberay import KubeRayOperator, start_operator
+from nymph.localcluster.kuberay import KubeRayOperator, start_for
 from nymph.localcluster.procs import Proc, free_port, port_free, spawn, stop_all
 from nymph.localcluster.realnode import NodeImage, RealNode, real_node_support
 
@@ -87,6 +87,9 @@ class LocalCluster:
     #: Pods each kwok node admits at once (a kubelet's default is 110; a benchmark's burst of
     #: short jobs needs more, or it measures the node's Pod slots instead of dispatch).
     kwok_max_pods: int = 110
+    #: a cluster DNS for the real node's Pods (:mod:`nymph.localcluster.clusterdns`)
+    cluster_dns: bool = False
+    dns: ClusterDNS | None = None
     procs: list[Proc] = field(default_factory=list)
     server: str = ""
     kubeconfig: Path = field(init=False)
@@ -207,6 +210,9 @@ class LocalCluster:
         self._say("starting kube-scheduler")
         self._spawn("kube-scheduler", flags.scheduler(assets, kubeconfig=kc, port=free_port()))
         if self.real:
+            if self.cluster_dns:
+                self.dns = ClusterDNS(listen=self.api_host, lookup=endpoints_lookup(self.api)).start()
+                self.real.kubelet_settings = {**self.real.kubelet_settings, **self.dns.kubelet_settings()}
             self.real.start(server=self.server, pki=pki, deadline=deadline)
         if self.node_kind == "kwok" or self.node_names:
             self._say("starting kwok")
@@ -224,6 +230,8 @@ class LocalCluster:
             self.real.stop_processes()
         procs, self.procs = self.procs, []
         stop_all(procs)
+        if self.dns is not None:
+            self.dns.stop()
         if self.real is not None:
             self.leftovers = self.real.stop()
         with contextlib.suppress(Exception):
@@ -232,19 +240,8 @@ class LocalCluster:
     def start_kuberay(self, *, binary: Path, crds: Path, timeout: float = 120.0) -> KubeRayOperator:
         """Apply the KubeRay CRDs and start its operator as one of this cluster's processes
         (stopped first by :meth:`stop`); see :mod:`nymph.localcluster.kuberay`."""
-
         self._say("starting the KubeRay operator")
-        op = start_operator(
-            binary=binary,
-            crds=crds,
-            kubeconfig=self.kubeconfig,
-            logdir=self.workdir,
-            apply=lambda f: self.kubectl("apply", "--server-side", f"--field-manager={FM}", "-f", str(f)),
-            get_crd=lambda name: self.api(
-                "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-            ),
-            timeout=timeout,
-        )
+        op = start_for(self, binary=binary, crds=crds, timeout=timeout)
         self.procs.append(op.proc)
         return op
 

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from nymph.errors import NymphError
 from nymph.localcluster.procs import Proc, free_port, spawn, stop_all
@@ -124,3 +125,29 @@ def start_operator(
         stop_all([op.proc], grace=2.0)
         raise
     return op
+
+
+class _Cluster(Protocol):
+    kubeconfig: Path
+    workdir: Path
+
+    def kubectl(self, *args: str) -> object: ...
+
+    def api(self, method: str, path: str) -> object: ...
+
+
+def start_for(cluster: _Cluster, *, binary: Path, crds: Path, timeout: float = 120.0) -> KubeRayOperator:
+    """:func:`start_operator` for a local cluster (its admin kubeconfig, kubectl and API)."""
+    return start_operator(
+        binary=binary,
+        crds=crds,
+        kubeconfig=cluster.kubeconfig,
+        logdir=cluster.workdir,
+        apply=lambda f: cluster.kubectl(
+            "apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", str(f)
+        ),
+        get_crd=lambda name: cluster.api(
+            "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+        ),
+        timeout=timeout,
+    )

@@ -7,8 +7,10 @@ host's pip (``pip install --target``, the host's Python being the image's 3.11 o
 glibc) into ``/usr/local/lib/python3.11/dist-packages``. Console scripts (``ray``, ...) go to
 ``/usr/local/bin`` with their shebang pointed at ``/usr/bin/python3``. The libraries no local
 test runs (``ray/{rllib,tune,train,serve,data,llm}`` and the Java jars) are left out, so the
-image is a few hundred MiB rather than a gigabyte. The cache key names the Ray version and the
-wheel list, so changing either builds a new image.
+image is a few hundred MiB rather than a gigabyte. Ray's usage reports are off
+(``RAY_USAGE_STATS_ENABLED=0``): nothing a head runs here tries to leave the machine. The cache
+key names the Ray version, the wheel list and the environment, so changing any builds a new
+image.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ WHEELS = (
     "pydantic==2.14.4",
     "requests==2.34.2",
 )
+#: no usage report to the Ray project (nothing leaves this machine), unbuffered driver output
+ENV = ("RAY_USAGE_STATS_ENABLED=0", "PYTHONUNBUFFERED=1")
 STRIPPED = ("rllib", "tune", "train", "serve", "data", "llm", "jars")
 SITE = "usr/local/lib/python3.11/dist-packages"
 KEEP = 2  # Ray images of older recipes kept
@@ -111,11 +115,11 @@ def ensure_ray_image(*, root: Path | None = None, mirror: str | None = None) -> 
         if not (rootfs / "usr" / "local" / "bin" / "ray").is_file():
             raise ImageBuildError("the Ray wheels installed no ray console script")
         progress(f"left out {freed >> 20} MiB of Ray libraries; writing {RAY_IMAGE}")
-        config = ImageConfig(cmd=("/bin/bash",), env=(*BASE_ENV, "PYTHONUNBUFFERED=1"))
+        config = ImageConfig(cmd=("/bin/bash",), env=(*BASE_ENV, *ENV))
         write_oci_archive(rootfs=rootfs, archive=tmp / ARCHIVE, name=RAY_IMAGE, config=config)
         progress(f"built {RAY_IMAGE} in {time.monotonic() - started:.0f} s")
 
-    key = recipe_key("ray", PYTHON_SUITE, *DEBIAN_PACKAGES, *WHEELS, *STRIPPED, SITE)
+    key = recipe_key("ray", PYTHON_SUITE, *DEBIAN_PACKAGES, *WHEELS, *STRIPPED, SITE, *ENV)
     archive = cached_archive(key, build, root=root)
     prune("ray", keep=KEEP, root=root)
     return LocalImage(RAY_IMAGE, archive)

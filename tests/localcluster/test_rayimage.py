@@ -39,3 +39,4 @@ def test_the_recipe_pins_ray_and_every_wheel() -> None:
     assert all("==" in w for w in rayimage.WHEELS)
     assert f"ray=={rayimage.RAY_VERSION}" in rayimage.WHEELS
     assert rayimage.RAY_IMAGE.endswith(f":{rayimage.RAY_VERSION}")
+    assert "RAY_USAGE_STATS_ENABLED=0" in rayimage.ENV  # a head never reports to the Ray project

@@ -84,7 +84,7 @@ def real_node_assets() -> Path:
 def real_kube(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, real_node_assets: Path
 ) -> Iterator[LocalCluster]:
-    from tests.support.kuberay_fixtures import real_kube_images
+    from tests.support.kuberay_fixtures import real_kube_images, session_needs_ray
 
     cluster = LocalCluster(
         tmp_path_factory.mktemp("real-cluster"),
@@ -92,6 +92,7 @@ def real_kube(
         node="real",
         node_names=(DEFAULT_NODE,),
         images=real_kube_images(request.session),
+        cluster_dns=session_needs_ray(request.session),
     )
     cluster.start()
     try:

@@ -8,7 +8,8 @@ be reconciled.
   server-side first), stopped at the end of the session or with the cluster. A session that
   collects a test using it starts ``real_kube`` with the Ray image among the node's images
   (``real_kube_images``), so the node's seed holds it and a warm run imports nothing; its
-  build starts in the background once collection is done.
+  build starts in the background once collection is done. That ``real_kube`` also runs the
+  local cluster DNS (:mod:`nymph.localcluster.clusterdns`), so Ray workers find their head.
 """
 
 from __future__ import annotations
