@@ -146,6 +146,16 @@ async def stop(request: web.Request) -> web.Response:
     return see_other(f"/console/ns/{m['ns']}/providers/{m['name']}/instances/{m['id']}")
 
 
+@routes.get(INSTANCE + "/log.txt", name="log-file")
+async def log_file(request: web.Request) -> web.StreamResponse:
+    """The whole log stored so far, as text (the API's own answer to ``Accept: text/plain``)."""
+    plain = request.clone(
+        headers={**request.headers, "Accept": "text/plain"},
+        rel_url=request.rel_url.with_query({"follow": "false"}),
+    )
+    return await output_routes.get_logs(plain)
+
+
 # The API's own handlers (they read the same match_info names), behind the console's cookie.
 routes.get(INSTANCE + "/log", name="log-text")(output_routes.get_logs)
 routes.get(INSTANCE + "/instance.json", name="instance-json")(user_routes.get_instance)

@@ -29,6 +29,8 @@ INSTANCE = NS + "/providers/{name}/instances/{id}"
 STATES = tuple(s.value for s in InstanceState)
 #: Instances shown per page unless ``limit`` says otherwise.
 PAGE_SIZE = 50
+#: The end of a log an instance's page shows (the whole log downloads from its log link).
+LOG_SHOWN = 256 * 1024
 #: States whose log may still grow (the page follows it).
 LIVE = frozenset({"queued", "starting", "running", "stopping", "unknown"})
 
@@ -120,12 +122,16 @@ async def instance(request: web.Request) -> web.Response:
     m = request.match_info
     store = request.config_dict[STORE]
     inst = await store.get_instance(ns=m["ns"], provider=m["name"], instance_id=m["id"])
-    stored, tail = await store.output.read_all(ns=m["ns"], provider=m["name"], instance_id=m["id"], since=0)
+    status = await store.output.status(instance_id=m["id"])
+    since = max(0, (status.total if status is not None else 0) - LOG_SHOWN)
+    stored, tail = await store.output.read_all(
+        ns=m["ns"], provider=m["name"], instance_id=m["id"], since=since
+    )
     if stored is not None and (stored.status.total > 0 or tail is None):
         log_text, offset = stored.data.decode("utf-8", errors="replace"), stored.next_offset
     else:
-        log_text = tail or ""
-        offset = len(log_text.encode("utf-8"))
+        log_text, since = (tail or "")[-LOG_SHOWN:], 0
+        offset = len((tail or "").encode("utf-8"))
     results = await store.output.results(ns=m["ns"], provider=m["name"], instance_id=m["id"])
     pod = await store.db.read(lambda c: podview.pod_of(c, instance_id=m["id"]))
     return page(
@@ -138,6 +144,7 @@ async def instance(request: web.Request) -> web.Response:
         live=inst["state"] in LIVE,
         log_text=log_text,
         log_offset=offset,
+        log_skipped=since,
         results=results,
         pod_yaml=None if pod is None else yaml.safe_dump(pod, sort_keys=False, width=100),
     )

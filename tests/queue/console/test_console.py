@@ -227,6 +227,9 @@ async def test_tags_script_log_and_results_are_shown_as_text(kind: Queue, consol
         and log.text.startswith(XSS)
         and log.headers["Content-Type"].startswith("text/plain")
     )
+    whole = await console.get(instance + "/log.txt")
+    assert whole.status == 200 and whole.text == f"{XSS}\nline two\n" and whole.headers[CSP]
+    assert whole.headers["Content-Type"].startswith("text/plain")
     listing = await console.get(PROVIDER)
     assert iid in listing.text and XSS not in listing.text
 
@@ -283,3 +286,22 @@ async def test_the_token_is_never_logged_or_shown(
     for token in (wrong, kind.user_token):
         assert token not in seen and token[4:20] not in seen
     assert csrf not in repr(captured)
+
+
+@pytest.mark.sqlite_only
+async def test_a_long_log_shows_its_end(kind: Queue, console: Console) -> None:
+    """An instance's page shows the last 256 KiB of a longer log, says how much it leaves out,
+    and links the whole log as text."""
+    await console.sign_in(kind.user_token)
+    csrf = (await console.get(PROVIDER)).csrf
+    instance = (await console.post(PROVIDER + "launch", {"csrf": csrf, **LAUNCH})).headers["Location"]
+    iid = instance.rsplit("/", 1)[1]
+    assert await apply(kind.daemon()) == [iid]
+    log = b"FIRST LINE\n" + b"x" * 99 + b"\n" + b"".join(b"line %06d\n" % i for i in range(30_000))
+    await ship_output(kind, iid, log=log)
+    page = await console.get(instance)
+    skipped = len(log) - 256 * 1024
+    assert f"its first {skipped} bytes are not shown here" in page.text
+    assert "FIRST LINE" not in page.text and "line 029999" in page.text
+    whole = await console.get(instance + "/log.txt")
+    assert whole.text.encode() == log
