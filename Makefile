@@ -92,7 +92,7 @@ bench: install envtest ## the benchmark scoreboard: prints a table, writes bench
 	$(BIN)/python benchmarks/daemon_bench.py --markdown bench-results.json > docs/performance.md
 	$(BIN)/python benchmarks/queue_bench.py --backend both
 	$(BIN)/python benchmarks/group_bench.py --write bench-results.json
-	NYMPH_REPLICA_LAUNCHES=1000 $(BIN)/pytest -q -s -p no:cacheprovider tests/queue/test_replicas.py -k killed
+	NYMPH_REPLICA_LAUNCHES=1000 NYMPH_PG_DELAY_MS=1 $(BIN)/pytest -q -s -p no:cacheprovider tests/queue/test_replicas.py -k killed
 
 # --- for users with Docker (not runnable on machines without a Docker engine) --------------
 image: ## build the nymph image

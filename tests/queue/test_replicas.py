@@ -27,11 +27,14 @@ import pytest
 from nymph.client import DaemonIdentity, QueueClient
 from nymph.client.errors import QueueConflict, QueueError, QueueNotInstanceDaemon
 from tests.support.hygiene_plugin import stop_process, track
+from tests.support.latency_proxy import pg_url_through, running_proxy
 from tests.support.pg_server import PgServer
 
 pytestmark = pytest.mark.slow
 #: 200 in the suite; `make bench` runs the kill test with 1,000 (NYMPH_REPLICA_LAUNCHES).
 LAUNCHES = int(os.environ.get("NYMPH_REPLICA_LAUNCHES", "200"))
+#: The delay each way between the replicas and the database (ms; 0: none, the suite's default).
+DELAY_MS = float(os.environ.get("NYMPH_PG_DELAY_MS", "0"))
 DAEMONS = 6
 #: Long enough that no lease runs out while a daemon works on a loaded machine; a claim whose
 #: answer was lost with its replica is handed out again after it.
@@ -98,18 +101,26 @@ class Cluster:
 
 @pytest.fixture
 def cluster(pg_server: PgServer, tmp_path: Path) -> Iterator[Cluster]:
+    """Replicas on a fresh database; with ``NYMPH_PG_DELAY_MS`` (``make bench`` sets 1) they reach
+    it through the latency proxy, a database one round trip away."""
     db = pg_server.fresh_database()
-    c = Cluster(
-        db=db,
-        tmp=tmp_path,
-        user_token="nyq_" + secrets.token_urlsafe(24),
-        daemon_token="nyq_" + secrets.token_urlsafe(24),
-    )
-    try:
-        yield c
-    finally:
-        c.stop_all()
-        pg_server.drop_database(db)
+    with contextlib.ExitStack() as stack:
+        url = db
+        if DELAY_MS > 0:
+            socket = str(pg_server.socket_dir / f".s.PGSQL.{pg_server.port}")
+            proxy = stack.enter_context(running_proxy(target_unix=socket, delay=DELAY_MS / 1000))
+            url = pg_url_through(db, proxy.port)
+        c = Cluster(
+            db=url,
+            tmp=tmp_path,
+            user_token="nyq_" + secrets.token_urlsafe(24),
+            daemon_token="nyq_" + secrets.token_urlsafe(24),
+        )
+        try:
+            yield c
+        finally:
+            c.stop_all()
+            pg_server.drop_database(db)
 
 
 @asynccontextmanager
