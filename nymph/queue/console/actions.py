@@ -41,7 +41,13 @@ async def _form(request: web.Request, *, expected: str) -> dict[str, str]:
     data = await request.post()
     if not security.csrf_matches(expected=expected, sent=data.get(security.CSRF_FIELD)):
         raise Forbidden("this form's CSRF token is missing or stale: reload the page", code="csrf")
-    return {k: v for k, v in data.items() if isinstance(v, str)}
+    fields: dict[str, str] = {}
+    for key, value in data.items():
+        if isinstance(value, str):
+            fields[key] = value
+        elif isinstance(value, web.FileField) and value.filename:  # a script given as a file
+            fields[key] = value.file.read().decode("utf-8", errors="replace")
+    return fields
 
 
 def sign_in_page(request: web.Request, *, error: str | None = None, status: int = 200) -> web.Response:
@@ -118,6 +124,8 @@ async def launch(request: web.Request) -> web.Response:
     m = request.match_info
     data = await _form(request, expected=request[CSRF])
     form = {k: data.get(k, "") for k in FIELDS}
+    if data.get("script_file"):
+        form["script"] = data["script_file"]
     try:
         tags = parse_tags(form["tags"])
     except ValueError as exc:

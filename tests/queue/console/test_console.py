@@ -10,6 +10,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 import structlog
 
@@ -305,3 +306,18 @@ async def test_a_long_log_shows_its_end(kind: Queue, console: Console) -> None:
     assert "FIRST LINE" not in page.text and "line 029999" in page.text
     whole = await console.get(instance + "/log.txt")
     assert whole.text.encode() == log
+
+
+async def test_a_script_can_be_a_file(kind: Queue, console: Console) -> None:
+    """The launch form takes the script as an uploaded file (multipart), with its CSRF token."""
+    await console.sign_in(kind.user_token)
+    csrf = (await console.get(PROVIDER)).csrf
+    form = aiohttp.FormData()
+    for key, value in (("csrf", csrf), ("mode", "small"), ("script", ""), ("tags", "from=file")):
+        form.add_field(key, value)
+    form.add_field("script_file", b"print('from a file')\n", filename="job.py", content_type="text/x-python")
+    async with console.http.post(kind.url + PROVIDER + "launch", data=form, allow_redirects=False) as r:
+        assert r.status == 303, await r.text()
+        instance = r.headers["Location"]
+    page = await console.get(instance)
+    assert "print(&#39;&#39;from a file" in page.text and "from: file" in page.text
