@@ -74,6 +74,8 @@ def test_stopping_after_stopped_is_not_reported() -> None:
 
 
 def test_a_pod_the_cluster_deleted_says_which_controller_and_why() -> None:
+    """The Pod GC removing a Pod whose node is gone is NodeLost, with the controller's words; a
+    DisruptionTarget condition no longer true is a plain deletion."""
     cond = {
         "type": "DisruptionTarget",
         "status": "True",
@@ -81,7 +83,7 @@ def test_a_pod_the_cluster_deleted_says_which_controller_and_why() -> None:
         "message": "PodGC: node no longer exists",
     }
     d = decide_event("DELETED", pod("Pending", conditions=[cond]), Track(namespace="jobs"))
-    assert d.report is not None and d.report.reason is Reason.DELETED
+    assert d.report is not None and d.report.reason is Reason.NODE_LOST
     assert d.report.message == "the cluster deleted the Pod (DeletionByPodGC: PodGC: node no longer exists)"
     old = {**cond, "status": "False"}
     d = decide_event("DELETED", pod("Pending", conditions=[old]), Track(namespace="jobs"))
