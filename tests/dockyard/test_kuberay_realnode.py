@@ -322,3 +322,53 @@ async def test_launch_dockyard_reports_the_rayjobs_end_and_stop_tears_down(
         for d in ran.kube.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments")["items"]
     }
     assert "bad-sbx" not in pools, pools
+
+
+def test_cluster_up_then_run_attached_through_the_jobs_api_then_down(
+    ran: Ran, nymph: Callable[..., tuple[int, str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``cluster up`` waits until the operator reports the RayCluster ready, its worker joined to
+    the head (whose Service name the local cluster DNS resolves); ``run`` in attach
+    mode submits the entrypoint to its head through the Jobs REST API (over a port-forward) and
+    follows the job to its end, and ``job logs`` shows its output; ``cluster down`` removes the
+    cluster, its Pods and the pool."""
+    kube, node = ran.kube, ran.kube.real_node
+    assert node is not None
+    _free_the_cpus(ran)
+    ns = new_namespace(kube)
+    work = tmp_path_factory.mktemp("dockyard-up")
+    spec = infra(node)
+    spec["launch"] = {"mode": "bringup"}
+    spec["sandbox"]["replicas"] = 1
+    spec["kuberay"]["name"] = "up"
+    trainer = spec["kuberay"]["spec"]["workerGroupSpecs"][0]
+    trainer["replicas"] = 1
+    trainer["rayStartParams"] = {"num-cpus": "1", "object-store-memory": "100000000"}
+    (work / "recipe.yaml").write_text("grpo: {max_num_steps: 1}\n")
+    (work / "infra.yaml").write_text(yaml.safe_dump(spec))
+    args = [str(work / "recipe.yaml"), "--infra", str(work / "infra.yaml"), f"infra.namespace={ns}"]
+    try:
+        code, out, err = nymph("dockyard", "cluster", "up", *args, "--timeout", "400")
+        assert code == 0, out + err
+        assert out.rstrip().endswith(f"RayCluster up is ready in {ns}"), out
+        assert "workers=1/1" in out  # the worker found its head through the cluster DNS
+
+        attach = [*args, "infra.launch.mode=attach", "infra.launch.attach=up"]
+        entry = f"infra.launch.entrypoint=python -c \"print('{MARKER}-attached')\""
+        code, out, err = nymph(
+            "dockyard", "run", *attach, entry, "--mode", "interactive", "--code-source", "image",
+            "--code-path", "/tmp", "--run-id", "attached-1", "--timeout", "300",
+        )  # fmt: skip
+        assert code == 0, out + err
+        assert "Ray job attached-1: SUCCEEDED" in out, out
+        code, out, err = nymph("dockyard", "job", "logs", "attached-1", *attach)
+        assert code == 0, err
+        assert f"{MARKER}-attached" in out
+
+        code, out, err = nymph("dockyard", "cluster", "down", *args, "--timeout", "180")
+        assert code == 0, out + err
+        assert "raycluster.ray.io/up: deleted" in out
+        pods = kube.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        assert [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")] == []
+    finally:
+        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

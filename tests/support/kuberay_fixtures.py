@@ -6,9 +6,10 @@ be reconciled.
   or fail under ``NYMPH_E2E=require``.
 * ``kuberay_operator`` (session): the operator started beside ``real_kube`` (its CRDs applied
   server-side first), stopped at the end of the session or with the cluster. A session that
-  collects a test using it starts ``real_kube`` with the Ray image among the node's images
-  (``real_kube_images``), so the node's seed holds it and a warm run imports nothing; its
-  build starts in the background once collection is done. That ``real_kube`` also runs the
+  collects a test using it builds the Ray image in the background from the end of collection
+  on, and starts ``real_kube`` with it among the node's images when it is built by then
+  (``real_kube_images``: always on a warm cache, so the node's seed holds it and nothing is
+  imported), else imports it when the operator starts. That ``real_kube`` also runs the
   local cluster DNS (:mod:`nymph.localcluster.clusterdns`), so Ray workers find their head.
 """
 
@@ -31,6 +32,7 @@ from nymph.localcluster.realnode import NodeImage, default_images
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TOOLS = REPO / "tests" / "envtest" / "build-tools.sh"
 OPERATOR_FIXTURE = "kuberay_operator"
+WARM_WAIT_SECONDS = 15.0
 
 
 def session_needs_ray(session: pytest.Session) -> bool:
@@ -61,14 +63,34 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def real_kube_images(session: pytest.Session) -> list[NodeImage]:
-    """The real node's images: pause and python, and the Ray image when the session needs it."""
+    """The real node's images: pause and python, and the Ray image when the session needs it
+    and its build is done (a warm cache: at once). A cold build still running is not waited
+    for here, under whichever test starts the node first: ``kuberay_operator`` imports the
+    image into the node once it is built."""
     images = default_images()
-    if session_needs_ray(session):
-        from nymph.localcluster.rayimage import ensure_ray_image
-
-        ray = _RAY_BUILD[0].result() if _RAY_BUILD else ensure_ray_image()
+    if session_needs_ray(session) and _RAY_BUILD:
+        concurrent.futures.wait(_RAY_BUILD, timeout=WARM_WAIT_SECONDS)  # a cache hit takes ms
+    if session_needs_ray(session) and _RAY_BUILD and _RAY_BUILD[0].done() and not _RAY_BUILD[0].exception():
+        ray = _RAY_BUILD[0].result()
         images.append(NodeImage(name=ray.name, archive=ray.oci_archive))
     return images
+
+
+def _ray_image_on(kube: LocalCluster) -> None:
+    """Import the Ray image into the running node unless it started with it."""
+    from nymph.localcluster.images import import_images
+    from nymph.localcluster.rayimage import ensure_ray_image
+
+    ray = _RAY_BUILD[0].result() if _RAY_BUILD else ensure_ray_image()
+    if ray.name in kube.node_image_names:
+        return
+    assert kube.real is not None and kube.real.layout is not None
+    import_images(
+        images=[ray],
+        ctr=kube.real.assets / "ctr",
+        address=kube.real.layout.containerd_socket,
+        snapshotter="overlayfs",
+    )
 
 
 def _skip_or_fail(message: str) -> None:
@@ -95,6 +117,7 @@ def kuberay_tools() -> Path:
 
 @pytest.fixture(scope="session")
 def kuberay_operator(real_kube: LocalCluster, kuberay_tools: Path) -> Iterator[KubeRayOperator]:
+    _ray_image_on(real_kube)
     op = real_kube.start_kuberay(binary=kuberay_tools / "kuberay-operator", crds=kuberay_tools / "crds")
     try:
         yield op
