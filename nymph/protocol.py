@@ -83,6 +83,28 @@ class InstanceJSON(TypedDict):
     retriedAs: NotRequired[str]
 
 
+class EventJSON(TypedDict):
+    """One change of an instance in its namespace's event stream: the instance right after it,
+    and what changed (``created``, ``state``, ``reason``, ``exitCode``, ``node``, ``waiting``)."""
+
+    cursor: str
+    at: str
+    namespace: str
+    providerName: str
+    instanceId: str
+    changes: list[str]
+    state: str
+    reason: str | None
+    message: str
+    exitCode: int | None
+    attempt: int | None
+    group: str | None
+    node: str | None
+    #: Why a queued launch waits when no live daemon's node can run it, and that reason's kind.
+    waiting: str | None
+    waitingKind: str | None
+
+
 class LaunchAccepted(TypedDict):
     instanceId: str
     state: str

@@ -46,6 +46,7 @@ COMMAND_AREAS = {
             "show",
             "stop",
             "logs",
+            "events",
             "quota",
             "group",
         ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nymph.cli import exitcodes, groupverbs, quota, userinstance, userresults, usersecrets
+from nymph.cli import exitcodes, groupverbs, quota, userevents, userinstance, userresults, usersecrets
 from nymph.cli.exitcodes import INTERRUPTED_EXIT, NEVER_RAN_EXIT, WAIT_TIMEOUT_EXIT
 from nymph.cli.lazy import handler
 from nymph.cli.output import add_output
@@ -37,6 +37,7 @@ USER_COMMANDS = (
     "show",
     "stop",
     "logs",
+    "events",
     "quota",
     "group",
 )
@@ -278,6 +279,7 @@ def register(sub: Any) -> None:
     quota.register(sub, common)
     userinstance.register(sub, common)
     groupverbs.register(sub, common)
+    userevents.register(sub, common)
     for name in USER_COMMANDS:
         exitcodes.document(sub.choices[name])
         # These commands print for the user and log nothing: no structlog set-up (a tenth of a

@@ -304,3 +304,25 @@ def why_waiting(needs: Needs, offers: Sequence[tuple[NodeOffer, Mapping[str, Fra
         )
         return f"no daemon's node has the allocatable resources for requests {wanted}"
     return "waiting for free capacity on a matching node"
+
+
+#: The kinds of :func:`why_waiting`'s reasons, by how each begins (the event stream tells a change
+#: of kind, never one of its figures).
+_WAITING_KINDS = (
+    ("no live daemon serves", "NoDaemon"),
+    ("it was Unschedulable on every", "UnschedulableEverywhere"),
+    ("no daemon's node matches", "NodeSelector"),
+    ("no daemon's node tolerates", "Taints"),
+    ("no daemon's node has the allocatable", "Resources"),
+    ("waiting for free capacity", "Capacity"),
+)
+
+
+def waiting_kind(reason: str | None) -> str | None:
+    """The kind of a reason from :func:`why_waiting` (None for none: it waits its turn)."""
+    if not reason:
+        return None
+    for start, kind in _WAITING_KINDS:
+        if reason.startswith(start):
+            return kind
+    return "Other"

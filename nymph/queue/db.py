@@ -36,6 +36,7 @@ import structlog
 
 from nymph.errors import NymphError
 from nymph.queue.dbfiles import DatabaseFileError, make_private
+from nymph.queue.sql import events
 from nymph.queue.sql.dialect import Conn, setup_sqlite
 from nymph.queue.sql.migrations import MIGRATIONS
 
@@ -55,6 +56,10 @@ DIRECT_LOCK = 0x6E796D7068_04
 class Backend(Protocol):
     """What the store needs of a database: :class:`Database` (SQLite) or
     :class:`nymph.queue.pgdb.PgDatabase` (PostgreSQL)."""
+
+    #: Called after each commit that added events, with their namespaces (the store wakes the
+    #: event followers with it).
+    events_written: Callable[[frozenset[str]], None]
 
     @property
     def describe(self) -> str: ...
@@ -159,6 +164,10 @@ def _run_group(
     return out
 
 
+def _ignore(namespaces: frozenset[str]) -> None:
+    """No one follows events yet."""
+
+
 class Database:
     """The service's connection, owned by one thread; see the module docstring."""
 
@@ -171,6 +180,7 @@ class Database:
         #: Transactions committed, and the writes they carried (group commit; for tests).
         self.commits = 0
         self.grouped_writes = 0
+        self.events_written: Callable[[frozenset[str]], None] = _ignore
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nymph-queue-db")
@@ -200,11 +210,14 @@ class Database:
         if self._executor is None or self._conn is None:
             raise DatabaseError("the queue database is not open")
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-        self._pending.append((fn, fut))
+        fut: asyncio.Future[tuple[T, frozenset[str]]] = loop.create_future()
+        self._pending.append((events.collecting(fn), fut))
         if self._drainer is None or self._drainer.done():
             self._drainer = loop.create_task(self._drain(), name="nymph-queue-db-commit")
-        return await fut
+        result, namespaces = await fut
+        if namespaces:
+            self.events_written(namespaces)
+        return result
 
     async def _drain(self) -> None:
         """Hand the queued writes to the database thread, a group at a time, until none wait."""

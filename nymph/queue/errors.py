@@ -67,6 +67,13 @@ class Conflict(ServiceError):
     default_code = "conflict"
 
 
+class Gone(ServiceError):
+    """What was asked for existed once and was removed (410): an event cursor older than the kept events."""
+
+    status = 410
+    default_code = "gone"
+
+
 class PayloadTooLarge(ServiceError):
     status = 413
     default_code = "too_large"

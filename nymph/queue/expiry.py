@@ -2,7 +2,8 @@
 background task) once per ``purge_interval``: instances stopped longer ago than
 ``--retention-days`` are deleted in bounded batches, each its own write transaction, with the
 rows that hang off them; their tombstones go after ``tombstone_seconds`` (see
-:mod:`nymph.queue.sql.expiry`)."""
+:mod:`nymph.queue.sql.expiry`). Events older than the retention period go in the same pass, the
+oldest first (:func:`nymph.queue.sql.events.prune`)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import structlog
 from nymph.protocol import now
 from nymph.queue.db import Backend
 from nymph.queue.models import OutputSettings
+from nymph.queue.sql import events
 from nymph.queue.sql import expiry as sql
 
 log = structlog.get_logger(__name__, component="queue.expiry")
+#: Events removed per transaction, per instance of ``expire_batch`` (an instance has a few).
+EVENTS_PER_INSTANCE = 10
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class ExpiryPass:
     instances: int = 0
     tombstones: int = 0
     more: bool = False
+    events: int = 0
 
 
 class InstanceExpiry:
@@ -62,6 +67,16 @@ class InstanceExpiry:
                 conn, expired_before=at - s.tombstone_seconds, limit=s.expire_batch
             )
         )
-        if removed or pruned:
-            log.info("expired instances removed", instances=removed, tombstones=pruned, more=more)
-        return ExpiryPass(instances=removed, tombstones=pruned, more=more)
+        gone = 0
+        for _ in range(max(1, s.expire_batches)):
+            batch = await self.db.write(
+                lambda conn: events.prune(conn, before=before, limit=s.expire_batch * EVENTS_PER_INSTANCE)
+            )
+            gone += batch
+            if batch < s.expire_batch * EVENTS_PER_INSTANCE:
+                break
+        if removed or pruned or gone:
+            log.info(
+                "expired instances removed", instances=removed, tombstones=pruned, events=gone, more=more
+            )
+        return ExpiryPass(instances=removed, tombstones=pruned, more=more, events=gone)

@@ -46,6 +46,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from nymph.queue.db import DatabaseError
 from nymph.queue.errors import Unavailable
+from nymph.queue.sql import events
 from nymph.queue.sql.dialect import PgConn, pg_row_factory
 from nymph.queue.sql.pg_migrations import PG_MIGRATIONS
 
@@ -142,6 +143,7 @@ class PgDatabase:
         self._executor: ThreadPoolExecutor | None = None
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._pending: set[Future[None]] = set()
+        self.events_written: Callable[[frozenset[str]], None] = lambda namespaces: None
 
     @property
     def describe(self) -> str:
@@ -180,7 +182,12 @@ class PgDatabase:
     async def write(self, fn: Callable[[PgConn], T]) -> T:
         """Run ``fn`` in one write transaction, again from its start when it meets another write
         (see the module doc)."""
-        return await self._run(fn, begin="BEGIN ISOLATION LEVEL READ COMMITTED", writing=True)
+        result, namespaces = await self._run(
+            events.collecting(fn), begin="BEGIN ISOLATION LEVEL READ COMMITTED", writing=True
+        )
+        if namespaces:
+            self.events_written(namespaces)
+        return result
 
     async def read(self, fn: Callable[[PgConn], T]) -> T:
         return await self._run(fn, begin="BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", writing=False)

@@ -28,6 +28,7 @@ from nymph.queue import tenancy
 from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.direct.records import DirectRecords
 from nymph.queue.errors import ServiceError
+from nymph.queue.events import EventFeed
 from nymph.queue.expiry import InstanceExpiry
 from nymph.queue.groups import GroupBook
 from nymph.queue.lists import PagedLists
@@ -49,6 +50,8 @@ from nymph.queue.sql import reports as sql_reports
 #: Broadcast key prefix (besides a bare instance id, and ``output.LOG_KEY``): new tasks, with
 #: their count, or none for "wake every claim".
 TASKS_KEY = "tasks:"
+#: Broadcast key prefix: new events in the namespace that follows it.
+EVENTS_KEY = "events:"
 
 
 def work_key(count: int | None) -> str:
@@ -67,6 +70,9 @@ class Store:
         self.tasks_changed = WorkSignal(relay=lambda count: db.broadcast(work_key(count)))
         #: Woken per instance id whenever an instance changed.
         self.instance_changed = KeyedSignal(relay=db.broadcast)
+        #: The namespaces' event streams (woken after each commit that added events).
+        self.events = EventFeed(db=db, relay=lambda ns: db.broadcast(EVENTS_KEY + ns))
+        db.events_written = self.events.written
         #: Logs and result files.
         self.output = OutputStore(db=db, settings=settings.output)
         #: The direct path's instances and Pod records.
@@ -92,7 +98,10 @@ class Store:
             # Everything (a listener that reconnected may have missed broadcasts).
             self.tasks_changed.wake_all()
             self.instance_changed.wake_all()
+            self.events.added.wake_all()
             self.output.appended.wake_all()
+        elif key.startswith(EVENTS_KEY):
+            self.events.added.wake(key.removeprefix(EVENTS_KEY))
         elif key.startswith(TASKS_KEY):
             count = key.removeprefix(TASKS_KEY)
             if count.isdigit():
@@ -108,6 +117,7 @@ class Store:
         """Release every held long-poll (shutdown)."""
         self.tasks_changed.close()
         self.instance_changed.close()
+        self.events.added.close()
         self.output.close_waiters()
 
     def _changed(self, instance_ids: Iterable[str]) -> None:

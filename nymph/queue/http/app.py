@@ -30,6 +30,7 @@ from nymph.queue.http.routes import catalog as catalog_routes
 from nymph.queue.http.routes import daemon as daemon_routes
 from nymph.queue.http.routes import dockyard as dockyard_routes
 from nymph.queue.http.routes import groups as group_routes
+from nymph.queue.http.routes import events as event_routes
 from nymph.queue.http.routes import output as output_routes
 from nymph.queue.http.routes import quota as quota_routes
 from nymph.queue.http.routes import results as result_routes
@@ -150,6 +151,7 @@ def create_app(*, db_path: Path | str, settings: QueueSettings | None = None) ->
     app.add_routes(daemon_routes.routes)
     app.add_routes(secret_routes.routes)
     app.add_routes(output_routes.routes)
+    app.add_routes(event_routes.routes)
     app.add_routes(result_routes.routes)
     app.add_routes(quota_routes.routes)
     app.add_routes(group_routes.routes)

@@ -247,6 +247,18 @@ def query_int(request: web.Request, key: str, *, minimum: int, maximum: int) -> 
     return value
 
 
+def query_flag(request: web.Request, key: str) -> bool | None:
+    """A true/false query parameter (None when absent or empty)."""
+    raw = request.query.get(key)
+    if raw is None or raw == "":
+        return None
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"query parameter {key}={raw[:40]!r} must be true or false", code="invalid_query")
+
+
 #: The longest Idempotency-Key header accepted.
 MAX_IDEMPOTENCY_KEY_LEN = 255
 

@@ -203,7 +203,7 @@ def _pod_resources(pod_text: str | None) -> Mapping[str, Any] | None:
 
 def forget(conn: Conn, *, instance_id: str) -> None:
     """The Pod could not be created: remove every trace of the launch."""
-    for table in ("idempotency_keys", "instance_logs", "instance_events", "instances"):
+    for table in ("idempotency_keys", "instance_logs", "instance_events", "events", "instances"):
         conn.execute(f"DELETE FROM {table} WHERE instance_id = ?", (instance_id,))  # noqa: S608
 
 

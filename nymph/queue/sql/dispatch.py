@@ -20,7 +20,7 @@ from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, iso
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
-from nymph.queue.sql import binding, placement, schedule
+from nymph.queue.sql import binding, events, placement, schedule
 from nymph.queue.sql.dialect import Conn, Row, for_update, indexed_by
 from nymph.queue.sql.retire import retire
 from nymph.queue.sql.rows import fetch_instance, session_may_act, task_json
@@ -337,7 +337,11 @@ def complete(
                 changed = transition(conn, instance_id=instance_id, now=now, node=session.node)
         elif kind == "stop" and instance_id and placement.is_move(conn, stop_task_id=task_id):
             # It cleared a node the launch was Unschedulable on; the launch waits for another.
-            conn.execute("UPDATE instances SET node = NULL WHERE instance_id = ?", (instance_id,))
+            cur = conn.execute(
+                "UPDATE instances SET node = NULL WHERE instance_id = ? AND node IS NOT NULL", (instance_id,)
+            )
+            if cur.rowcount:
+                events.record(conn, instance_id=instance_id, changes=[events.NODE], at=now)
         elif kind == "stop" and instance_id:
             changed = transition(
                 conn,

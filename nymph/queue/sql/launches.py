@@ -22,7 +22,7 @@ from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState
 from nymph.protocol import LaunchAccepted, TaskKind, iso, now
 from nymph.queue.errors import BadRequest, Conflict
-from nymph.queue.sql import catalog, idempotency, retries
+from nymph.queue.sql import catalog, events, idempotency, retries
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.quotas import get_quota
 from nymph.queue.sql.tasks import insert_task
@@ -285,6 +285,7 @@ def _new_instance(
         "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, NULL, '', ?)",
         (instance_id, InstanceState.QUEUED.value, ts),
     )
+    events.record(conn, instance_id=instance_id, changes=[events.CREATED, events.STATE], at=ts)
     return LaunchAccepted(
         instanceId=instance_id,
         state=InstanceState.QUEUED.value,

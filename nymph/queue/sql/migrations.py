@@ -358,4 +358,37 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX instances_by_group ON instances (group_id, group_index, attempt)
         WHERE group_id IS NOT NULL;
     """,
+    # 14: the namespace event stream (see nymph.queue.sql.events): one row per change of an
+    # instance (state, reason, exit code, attempt, group, node, the kind of its waiting reason),
+    # written in the transaction of the change; ``seq`` is the cursor. ``event_marks`` keeps the
+    # highest seq retention removed (a cursor before it is gone) and, on PostgreSQL, the counter
+    # seqs come from.
+    """
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        instance_id TEXT NOT NULL,
+        launch_group TEXT,
+        attempt INTEGER,
+        changes TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT,
+        message TEXT NOT NULL DEFAULT '',
+        exit_code INTEGER,
+        node TEXT,
+        waiting TEXT,
+        waiting_kind TEXT,
+        at REAL NOT NULL
+    );
+    CREATE INDEX events_by_namespace ON events (namespace, seq);
+    CREATE INDEX events_by_instance ON events (instance_id, seq);
+    CREATE INDEX events_by_group ON events (launch_group, seq) WHERE launch_group IS NOT NULL;
+    CREATE TABLE event_marks (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        clock INTEGER NOT NULL,
+        floor INTEGER NOT NULL
+    );
+    INSERT INTO event_marks (id, clock, floor) VALUES (1, 0, 0);
+    """,
 )

@@ -276,4 +276,35 @@ PG_MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX instances_by_group ON instances (group_id, group_index, attempt)
         WHERE group_id IS NOT NULL;
     """,
+    # 10: the namespace event stream (SQLite migration 14). ``seq`` comes from the counter in
+    # ``event_marks`` (a row lock held to commit), not from a sequence: a sequence value taken by
+    # a transaction that commits later could be smaller than one a follower has already read.
+    """
+    CREATE TABLE events (
+        seq BIGINT PRIMARY KEY,
+        namespace TEXT COLLATE "C" NOT NULL,
+        provider TEXT COLLATE "C" NOT NULL,
+        instance_id TEXT COLLATE "C" NOT NULL,
+        launch_group TEXT COLLATE "C",
+        attempt INTEGER,
+        changes TEXT COLLATE "C" NOT NULL,
+        state TEXT COLLATE "C" NOT NULL,
+        reason TEXT COLLATE "C",
+        message TEXT COLLATE "C" NOT NULL DEFAULT '',
+        exit_code INTEGER,
+        node TEXT COLLATE "C",
+        waiting TEXT COLLATE "C",
+        waiting_kind TEXT COLLATE "C",
+        at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX events_by_namespace ON events (namespace, seq);
+    CREATE INDEX events_by_instance ON events (instance_id, seq);
+    CREATE INDEX events_by_group ON events (launch_group, seq) WHERE launch_group IS NOT NULL;
+    CREATE TABLE event_marks (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        clock BIGINT NOT NULL,
+        floor BIGINT NOT NULL
+    );
+    INSERT INTO event_marks (id, clock, floor) VALUES (1, 0, 0);
+    """,
 )

@@ -9,7 +9,8 @@ import json
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from nymph.launch.placement import Needs, NodeOffer, add, misfit, why_waiting
+from nymph.launch.placement import Needs, NodeOffer, add, misfit, waiting_kind, why_waiting
+from nymph.queue.sql import events
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.tasks import insert_task
 
@@ -98,11 +99,15 @@ def _live_offers(conn: Conn, *, now: float) -> list[tuple[str, tuple[str, ...], 
 def update_waiting(conn: Conn, *, now: float) -> None:
     """Give each queued launch (the oldest ``WAITING_BATCH``) the reason no live daemon takes it,
     or clear it. A daemon that sends no offer may take anything."""
-    conn.execute(
-        "UPDATE instances SET waiting = NULL WHERE waiting IS NOT NULL AND instance_id NOT IN "
+    cleared = conn.execute(
+        "SELECT instance_id, state FROM instances WHERE waiting IS NOT NULL AND instance_id NOT IN "
         "(SELECT instance_id FROM tasks WHERE kind = 'launch' AND status = 'pending' "
         "AND instance_id IS NOT NULL)"
-    )
+    ).fetchall()
+    for r in cleared:
+        conn.execute("UPDATE instances SET waiting = NULL WHERE instance_id = ?", (r["instance_id"],))
+        if r["state"] == "queued":
+            events.record(conn, instance_id=r["instance_id"], changes=[events.WAITING], at=now)
     daemons = _live_offers(conn, now=now)
     used_by_node: dict[str, dict[str, Fraction]] = {}
     rows = conn.execute(
@@ -128,6 +133,8 @@ def update_waiting(conn: Conn, *, now: float) -> None:
         reason = None if len(offers) < len(serving) else why_waiting(_needs(r["spec"]), offers)
         if reason != r["waiting"]:
             conn.execute("UPDATE instances SET waiting = ? WHERE instance_id = ?", (reason, r["instance_id"]))
+            if waiting_kind(reason) != waiting_kind(r["waiting"]):  # never for a mere change of figures
+                events.record(conn, instance_id=r["instance_id"], changes=[events.WAITING], at=now)
 
 
 def node_info_text(offer: NodeOffer | None) -> str | None:
@@ -211,6 +218,10 @@ def move_off(
         "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, ?, ?, ?)",
         (instance["instance_id"], "queued", "Unschedulable", text, now),
     )
+    changes = events.changes_between(
+        (instance["state"], instance["reason"], instance["node"]), ("queued", "Unschedulable", node)
+    )
+    events.record(conn, instance_id=instance["instance_id"], changes=changes or [events.STATE], at=now)
     return True
 
 

@@ -1,11 +1,13 @@
 """The one place an instance's state changes: :func:`transition` (state, reason, message, node,
-with its history) and :func:`record_termination` (how its container ended)."""
+with its history) and :func:`record_termination` (how its container ended), each with its event
+in the namespace's stream (:mod:`nymph.queue.sql.events`)."""
 
 from __future__ import annotations
 
 import enum
 
-from nymph.queue.sql import retries
+from nymph.protocol import now as clock
+from nymph.queue.sql import events, retries
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.rows import fetch_instance
 
@@ -33,8 +35,9 @@ def transition(
     """Apply a change to an instance; returns True if anything changed.
 
     ``None`` (or :data:`KEEP` for ``reason``) leaves a field as it is. A change of state or reason
-    appends to the history; any change bumps ``version``. A stopped instance never changes.
-    One with a retry policy may be launched again as it stops (:mod:`nymph.queue.sql.retries`).
+    appends to the history and a change of state, reason or node to the event stream; any change
+    bumps ``version``. A stopped instance never changes. One with a retry policy may be launched
+    again as it stops (:mod:`nymph.queue.sql.retries`).
     """
     row = fetch_instance(conn, instance_id)
     if row is None or row["state"] == "stopped":
@@ -69,6 +72,11 @@ def transition(
             "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, ?, ?, ?)",
             (instance_id, new_state, new_reason, new_message, now if at is None else at),
         )
+    changes = events.changes_between(
+        (row["state"], row["reason"], row["node"]), (new_state, new_reason, new_node)
+    )
+    if changes:
+        events.record(conn, instance_id=instance_id, changes=changes, at=now)
     if new_state == "stopped" and row["has_retry"]:
         # In this same transaction: a retry is made once per attempt, whatever is redelivered.
         retries.after_stop(conn, row=row, reason=new_reason, node=new_node, now=now)
@@ -83,4 +91,7 @@ def record_termination(conn: Conn, *, instance_id: str, termination: tuple[int, 
         "version = version + 1 WHERE instance_id = ? AND exit_code IS NULL",
         (code, reason[:200], message[:4096], instance_id),
     )
-    return cur.rowcount > 0
+    if cur.rowcount <= 0:
+        return False
+    events.record(conn, instance_id=instance_id, changes=[events.EXIT], at=clock())
+    return True

@@ -21,8 +21,8 @@ import contextlib
 from aiohttp import web
 
 from nymph.protocol import now
-from nymph.queue.errors import BadRequest, Unprocessable
-from nymph.queue.http.bodies import Fields, query_int, read_object
+from nymph.queue.errors import Unprocessable
+from nymph.queue.http.bodies import Fields, query_flag, query_int, read_object
 from nymph.queue.http.caller import daemon_session
 from nymph.queue.http.keys import STORE
 from nymph.queue.http.routes.refusals import logged_refusal
@@ -35,17 +35,6 @@ NS = "/v1/namespaces/{ns}"
 _FOLLOW_TICK = 2.0
 _MAX_OFFSET = 2**62
 _MAX_CHUNK = 512 * 1024
-
-
-def _flag(request: web.Request, key: str) -> bool | None:
-    raw = request.query.get(key)
-    if raw is None or raw == "":
-        return None
-    if raw.lower() in ("true", "1", "yes"):
-        return True
-    if raw.lower() in ("false", "0", "no"):
-        return False
-    raise BadRequest(f"query parameter {key}={raw[:40]!r} must be true or false", code="invalid_query")
 
 
 def _wants_text(request: web.Request) -> bool:
@@ -69,7 +58,7 @@ def _headers(*, since: int, st: LogStatus | None, next_offset: int | None) -> di
 async def get_logs(request: web.Request) -> web.StreamResponse:
     m = request.match_info
     since = query_int(request, "since", minimum=0, maximum=_MAX_OFFSET) or 0
-    follow = _flag(request, "follow")
+    follow = query_flag(request, "follow")
     text = _wants_text(request)
     if follow or (follow is None and text):
         return await _follow(request, since=since)

@@ -1,0 +1,222 @@
+"""The namespace event stream: one row per change of an instance, written by the code that makes
+the change inside its own transaction (synchronous SQL), and read back in cursor order.
+
+An event is a snapshot of the instance right after the change (state, reason, message, exit
+code, attempt, group, node, waiting reason and its kind) with the names of what changed. Its
+``seq`` is its cursor. Cursor order is commit order on both backends, so a reader that has seen
+``seq`` N can never later find a new event at N or below (nothing is skipped on a reconnect):
+
+* SQLite has one writer at a time, and ``AUTOINCREMENT`` hands out increasing values;
+* PostgreSQL takes each seq from one counter row (``event_marks.clock``) whose row lock is held
+  until commit, so a transaction takes its first seq only after every earlier taker committed
+  (a sequence would not do: a value taken by a transaction that commits later can be smaller).
+
+Retention removes a prefix (the events older than ``--retention-days``) and raises
+``event_marks.floor`` to the last seq removed: a cursor below it is answered with 410.
+
+Which namespaces a write transaction added events to is noted per database thread
+(:func:`collecting`), so the backend can wake the followers after the commit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from nymph.launch.placement import waiting_kind
+from nymph.protocol import EventJSON, iso
+from nymph.queue.errors import BadRequest, Gone
+from nymph.queue.sql.dialect import Conn, Row, is_postgres
+
+T = TypeVar("T")
+C = TypeVar("C")
+
+#: What an event can say changed.
+CREATED, STATE, REASON, EXIT, NODE, WAITING = "created", "state", "reason", "exitCode", "node", "waiting"
+#: The largest cursor accepted (a signed 64-bit integer).
+MAX_CURSOR = 2**63 - 1
+
+_COLUMNS = (
+    "seq, namespace, provider, instance_id, launch_group, attempt, changes, state, reason, message, "
+    "exit_code, node, waiting, waiting_kind, at"
+)
+_local = threading.local()
+
+
+def collecting(fn: Callable[[C], T]) -> Callable[[C], tuple[T, frozenset[str]]]:
+    """``fn`` returning also the namespaces it added events to (run on the database thread)."""
+
+    def run(conn: C) -> tuple[T, frozenset[str]]:
+        outer = getattr(_local, "namespaces", None)
+        _local.namespaces = set()
+        try:
+            result = fn(conn)
+            return result, frozenset(_local.namespaces)
+        finally:
+            if outer is not None:
+                outer.update(_local.namespaces)
+            _local.namespaces = outer
+
+    return run
+
+
+def _next_seq(conn: Conn) -> int | None:
+    """The seq of a new event on PostgreSQL (see the module docstring); None on SQLite."""
+    if not is_postgres(conn):
+        return None
+    row = conn.execute("UPDATE event_marks SET clock = clock + 1 WHERE id = 1 RETURNING clock").fetchone()
+    return int(row[0])
+
+
+def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -> None:
+    """Append the event of ``changes`` to ``instance_id`` (read as it is now, after them)."""
+    row = conn.execute(
+        "SELECT namespace, provider, state, reason, message, exit_code, node, waiting "
+        "FROM instances WHERE instance_id = ?",
+        (instance_id,),
+    ).fetchone()
+    if row is None or not changes:
+        return
+    waiting = row["waiting"] if row["state"] == "queued" else None
+    conn.execute(
+        f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+        (
+            _next_seq(conn),
+            row["namespace"],
+            row["provider"],
+            instance_id,
+            ",".join(changes),
+            row["state"],
+            row["reason"],
+            row["message"] or "",
+            row["exit_code"],
+            row["node"],
+            waiting,
+            waiting_kind(waiting),
+            at,
+        ),
+    )
+    noted = getattr(_local, "namespaces", None)
+    if noted is not None:
+        noted.add(str(row["namespace"]))
+
+
+def changes_between(
+    before: tuple[str, str | None, str | None], after: tuple[str, str | None, str | None]
+) -> list[str]:
+    """What an event says changed from ``(state, reason, node)`` before to after."""
+    return [name for name, a, b in zip((STATE, REASON, NODE), before, after, strict=True) if a != b]
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events of a namespace: all, or those of one provider, group or instance."""
+
+    provider: str | None = None
+    group: str | None = None
+    instance: str | None = None
+
+
+@dataclass(frozen=True)
+class EventPage:
+    """Events after a cursor, oldest first, and the cursor to read on from (``next_cursor``: the
+    last one read, or when the page is not full the newest event of the whole queue, so that a
+    reader of a quiet filter does not read the same stretch again)."""
+
+    items: list[EventJSON]
+    next_cursor: int
+    full: bool
+
+
+def parse_cursor(raw: str | None, *, name: str = "after") -> int | None:
+    """A cursor from a query (``after``) or a ``Last-Event-ID``; BadRequest for anything else."""
+    if raw is None or raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > MAX_CURSOR:
+        raise BadRequest(
+            f"{name}={raw[:40]!r} is not an event cursor: give an event's cursor or a continue value",
+            code="invalid_cursor",
+        )
+    return int(raw)
+
+
+def _floor(conn: Conn) -> int:
+    row = conn.execute("SELECT floor FROM event_marks WHERE id = 1").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def event_json(r: Row) -> EventJSON:
+    return EventJSON(
+        cursor=str(r["seq"]),
+        at=iso(r["at"]),
+        namespace=r["namespace"],
+        providerName=r["provider"],
+        instanceId=r["instance_id"],
+        changes=str(r["changes"]).split(","),
+        state=r["state"],
+        reason=r["reason"],
+        message=r["message"],
+        exitCode=None if r["exit_code"] is None else int(r["exit_code"]),
+        attempt=None if r["attempt"] is None else int(r["attempt"]),
+        group=r["launch_group"],
+        node=r["node"],
+        waiting=r["waiting"],
+        waitingKind=r["waiting_kind"],
+    )
+
+
+def read(conn: Conn, *, ns: str, after: int | None, limit: int, where: EventFilter) -> EventPage:
+    """At most ``limit`` events of ``ns`` after the cursor ``after`` (None: the oldest kept);
+    Gone when events after ``after`` were removed by retention."""
+    floor = _floor(conn)
+    if after is not None and after < floor:
+        raise Gone(
+            f"events up to cursor {floor} are gone (older than the queue keeps them, --retention-days): "
+            f"cursor {after} is before them; read again without after to start at the oldest kept",
+            code="cursor_expired",
+        )
+    start = floor if after is None else after
+    sql = f"SELECT {_COLUMNS} FROM events WHERE namespace = ? AND seq > ?"  # noqa: S608
+    params: list[object] = [ns, start]
+    for column, value in (
+        ("provider", where.provider),
+        ("launch_group", where.group),
+        ("instance_id", where.instance),
+    ):
+        if value is not None:
+            sql += f" AND {column} = ?"
+            params.append(value)
+    rows = conn.execute(sql + " ORDER BY seq LIMIT ?", [*params, limit + 1]).fetchall()
+    if len(rows) > limit:
+        kept = rows[:limit]
+        return EventPage(items=[event_json(r) for r in kept], next_cursor=int(kept[-1]["seq"]), full=True)
+    newest = conn.execute("SELECT MAX(seq) FROM events").fetchone()[0]
+    return EventPage(
+        items=[event_json(r) for r in rows],
+        next_cursor=max(start, 0 if newest is None else int(newest)),
+        full=False,
+    )
+
+
+# --- retention -------------------------------------------------------------------------------
+
+
+def prune(conn: Conn, *, before: float, limit: int) -> int:
+    """Remove the oldest events up to the first one at or after ``before`` (at most ``limit``),
+    raising the floor to the last seq removed; returns how many went."""
+    rows = conn.execute("SELECT seq, at FROM events ORDER BY seq LIMIT ?", (limit,)).fetchall()
+    cut: int | None = None
+    for r in rows:
+        if float(r["at"]) >= before:
+            break
+        cut = int(r["seq"])
+    if cut is None:
+        return 0
+    cur = conn.execute("DELETE FROM events WHERE seq <= ?", (cut,))
+    conn.execute("UPDATE event_marks SET floor = GREATEST(floor, ?) WHERE id = 1", (cut,))
+    return int(cur.rowcount or 0)
