@@ -26,6 +26,14 @@ EVENTS = NS + "/events"
 HOUR = 3600.0
 
 
+@pytest.fixture
+async def q(kind: Queue) -> Queue:
+    """The queue with provider ``kind`` and a live daemon (seen by a claim before any launch), so
+    that no launch waits for want of one (which would be an event too)."""
+    assert await kind.daemon().claim(daemon_id="d1", node="n1", capacity=1, wait=0) == []
+    return kind
+
+
 async def _launch(q: Queue, provider: str = "kind") -> str:
     r = await q.call("POST", f"{NS}/providers/{provider}/launch", json_body={"mode": "small", "script": "1"})
     assert r.status == 202, r.body
@@ -54,10 +62,10 @@ async def _run_to_end(q: Queue, iid: str, *, code: int = 0) -> None:
     await d.report(daemon_id="d1", stream=f"s-{iid}", reports=reports)
 
 
-async def test_each_change_is_one_event_oldest_first(kind: Queue) -> None:
-    iid = await _launch(kind)
-    await _run_to_end(kind, iid, code=3)
-    body = await _page(kind)
+async def test_each_change_is_one_event_oldest_first(q: Queue) -> None:
+    iid = await _launch(q)
+    await _run_to_end(q, iid, code=3)
+    body = await _page(q)
     assert [_brief(e) for e in body["items"]] == [
         (iid, ["created", "state"], "queued", None, None, None),
         (iid, ["node"], "queued", None, "n1", None),
@@ -77,39 +85,39 @@ async def test_each_change_is_one_event_oldest_first(kind: Queue) -> None:
         None,
     )
     # Reading on from any cursor gives exactly what follows it; nothing after the last one.
-    rest = await _page(kind, f"?after={cursors[1]}")
+    rest = await _page(q, f"?after={cursors[1]}")
     assert [e["cursor"] for e in rest["items"]] == [str(c) for c in cursors[2:]]
-    assert (await _page(kind, f"?after={body['continue']}"))["items"] == []
+    assert (await _page(q, f"?after={body['continue']}"))["items"] == []
     # Pages of two: the same events, each once, with continue (or after) between them.
     seen, cursor = [], ""
     for _ in range(4):
-        page = await _page(kind, f"?limit=2&continue={cursor}" if cursor else "?limit=2")
+        page = await _page(q, f"?limit=2&continue={cursor}" if cursor else "?limit=2")
         seen += [e["cursor"] for e in page["items"]]
         cursor = page["continue"]
     assert seen == [str(c) for c in cursors]
     # A message alone (no state, reason, node) is no event: a second stop changes nothing.
-    await kind.user().stop(provider="kind", instance_id=iid)
-    assert (await _page(kind, f"?after={cursors[-1]}"))["items"] == []
+    await q.user().stop(provider="kind", instance_id=iid)
+    assert (await _page(q, f"?after={cursors[-1]}"))["items"] == []
 
 
-async def test_filters_and_bad_queries(kind: Queue) -> None:
+async def test_filters_and_bad_queries(q: Queue) -> None:
     other = {"name": "other", "launcher": "Kube", "dispatch": "daemon", "kwargs": {"namespace": "jobs"}}
-    assert (await kind.call("POST", NS + "/providers", json_body=other)).status == 201
-    a, b = await _launch(kind), await _launch(kind)
+    assert (await q.call("POST", NS + "/providers", json_body=other)).status == 201
+    a, b = await _launch(q), await _launch(q)
     mode2 = {"name": "tiny", "provider": "other", "fields": {"image": "busybox"}}
-    assert (await kind.call("POST", NS + "/modes", json_body=mode2)).status == 201
-    r = await kind.call("POST", NS + "/providers/other/launch", json_body={"mode": "tiny", "script": "1"})
+    assert (await q.call("POST", NS + "/modes", json_body=mode2)).status == 201
+    r = await q.call("POST", NS + "/providers/other/launch", json_body={"mode": "tiny", "script": "1"})
     c = r.body["instanceId"]
-    await kind.user().stop(provider="kind", instance_id=a)
+    await q.user().stop(provider="kind", instance_id=a)
     ids = lambda body: [e["instanceId"] for e in body["items"]]  # noqa: E731
-    assert ids(await _page(kind)) == [a, b, c, a]
-    assert ids(await _page(kind, "?provider=kind")) == [a, b, a]
-    assert ids(await _page(kind, "?provider=other")) == [c]
-    assert ids(await _page(kind, f"?instance={a}")) == [a, a]
-    assert ids(await _page(kind, f"?provider=other&instance={a}")) == []
-    none = await _page(kind, "?group=g-1")
+    assert ids(await _page(q)) == [a, b, c, a]
+    assert ids(await _page(q, "?provider=kind")) == [a, b, a]
+    assert ids(await _page(q, "?provider=other")) == [c]
+    assert ids(await _page(q, f"?instance={a}")) == [a, a]
+    assert ids(await _page(q, f"?provider=other&instance={a}")) == []
+    none = await _page(q, "?group=g-1")
     # A quiet filter still moves on: continue is the newest event of the queue.
-    assert none["items"] == [] and none["continue"] == (await _page(kind))["continue"]
+    assert none["items"] == [] and none["continue"] == (await _page(q))["continue"]
     for query, code in (
         ("?after=abc", "invalid_cursor"),
         ("?after=-1", "invalid_cursor"),
@@ -119,19 +127,19 @@ async def test_filters_and_bad_queries(kind: Queue) -> None:
         ("?follow=maybe", "invalid_query"),
         ("?after=1&continue=2", "invalid_query"),
     ):
-        assert (await _page(kind, query, status=400))["error"] == code, query
+        assert (await _page(q, query, status=400))["error"] == code, query
 
 
-async def test_the_same_authorization_as_other_namespace_routes(kind: Queue) -> None:
-    iid = await _launch(kind)
-    team = await kind.token(Role.USER, namespace="team-a")
-    assert (await kind.call("GET", EVENTS, token=None)).status == 401
-    assert (await kind.call("GET", EVENTS, token="daemon")).status == 403
-    wrong = await kind.call("GET", EVENTS, token=team)
+async def test_the_same_authorization_as_other_namespace_routes(q: Queue) -> None:
+    iid = await _launch(q)
+    team = await q.token(Role.USER, namespace="team-a")
+    assert (await q.call("GET", EVENTS, token=None)).status == 401
+    assert (await q.call("GET", EVENTS, token="daemon")).status == 403
+    wrong = await q.call("GET", EVENTS, token=team)
     assert wrong.status == 403 and wrong.body["error"] == "wrong_namespace"
-    own = await kind.call("GET", "/v1/namespaces/team-a/events", token=team)
+    own = await q.call("GET", "/v1/namespaces/team-a/events", token=team)
     assert own.status == 200 and own.body["items"] == []  # another namespace's events are not in it
-    admin = await kind.call("GET", EVENTS, token=kind.admin_token)
+    admin = await q.call("GET", EVENTS, token=q.admin_token)
     assert [e["instanceId"] for e in admin.body["items"]] == [iid]
 
 
@@ -145,19 +153,19 @@ async def _lines(resp: aiohttp.ClientResponse, count: int) -> list[dict[str, Any
     return out
 
 
-async def test_a_follower_gets_new_events_as_they_commit(kind: Queue) -> None:
-    before = await _launch(kind)
-    start = (await _page(kind))["items"][0]["cursor"]
-    headers = {"Authorization": f"Bearer {kind.user_token}"}
+async def test_a_follower_gets_new_events_as_they_commit(q: Queue) -> None:
+    before = await _launch(q)
+    start = (await _page(q))["items"][0]["cursor"]
+    headers = {"Authorization": f"Bearer {q.user_token}"}
     async with (
         aiohttp.ClientSession() as http,
-        http.get(f"{kind.url}{EVENTS}?follow=true&after={start}&provider=kind", headers=headers) as resp,
+        http.get(f"{q.url}{EVENTS}?follow=true&after={start}&provider=kind", headers=headers) as resp,
     ):
         assert resp.status == 200 and resp.content_type == "application/x-ndjson"
-        iid = await _launch(kind)
+        iid = await _launch(q)
         [created] = await _lines(resp, 1)
         assert (created["instanceId"], created["changes"]) == (iid, ["created", "state"])
-        await kind.user().stop(provider="kind", instance_id=before)
+        await q.user().stop(provider="kind", instance_id=before)
         [stopped] = await _lines(resp, 1)
         assert (stopped["instanceId"], stopped["state"], stopped["reason"]) == (before, "stopped", "Stopped")
         assert int(created["cursor"]) > int(start) and int(stopped["cursor"]) > int(created["cursor"])
@@ -181,11 +189,11 @@ async def _sse(resp: aiohttp.ClientResponse, count: int) -> list[dict[str, str]]
     return out
 
 
-async def test_server_sent_events_carry_the_cursor_and_resume_from_last_event_id(kind: Queue) -> None:
-    a, b = await _launch(kind), await _launch(kind)
-    sse = {"Authorization": f"Bearer {kind.user_token}", "Accept": "text/event-stream"}
+async def test_server_sent_events_carry_the_cursor_and_resume_from_last_event_id(q: Queue) -> None:
+    a, b = await _launch(q), await _launch(q)
+    sse = {"Authorization": f"Bearer {q.user_token}", "Accept": "text/event-stream"}
     async with aiohttp.ClientSession() as http:
-        async with http.get(kind.url + EVENTS, headers=sse) as resp:
+        async with http.get(q.url + EVENTS, headers=sse) as resp:
             assert resp.status == 200 and resp.content_type == "text/event-stream"
             assert resp.headers["Cache-Control"] == "no-cache"
             assert (await resp.content.readline()).decode() == "retry: 2000\n"
@@ -194,25 +202,27 @@ async def test_server_sent_events_carry_the_cursor_and_resume_from_last_event_id
         assert first["id"] == json.loads(first["data"])["cursor"]
         # A reconnecting EventSource sends Last-Event-ID; it wins over the URL's own after.
         resumed = {**sse, "Last-Event-ID": first["id"]}
-        async with http.get(f"{kind.url}{EVENTS}?after=0", headers=resumed) as resp:
+        async with http.get(f"{q.url}{EVENTS}?after=0", headers=resumed) as resp:
             await resp.content.readline()
             [again] = await _sse(resp, 1)
             assert again["id"] == second["id"]
-            await kind.user().stop(provider="kind", instance_id=a)
+            await q.user().stop(provider="kind", instance_id=a)
             [live] = await _sse(resp, 1)
             assert json.loads(live["data"])["state"] == "stopped" and int(live["id"]) > int(second["id"])
         bad = {**sse, "Last-Event-ID": "x1"}
-        async with http.get(kind.url + EVENTS, headers=bad) as resp:
+        async with http.get(q.url + EVENTS, headers=bad) as resp:
             assert resp.status == 400 and (await resp.json())["error"] == "invalid_cursor"
 
 
 @pytest.fixture
 async def short(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
-    """A queue keeping events an hour (its own sweeper's expiry clock held at 1970)."""
+    """A queue keeping events an hour (its own sweeper's expiry clock held at 1970), with a live
+    daemon."""
     output = OutputSettings(retention_seconds=HOUR, purge_interval=0.0, expire_batch=1, expire_batches=2)
     q, runner = await open_queue(tmp_path, dataclasses.replace(FAST, output=output), db=queue_db)
     q.store.expiry.clock = lambda: 0.0
     await add_kind(q)
+    assert await q.daemon().claim(daemon_id="d1", node="n1", capacity=1, wait=0) == []  # a live daemon
     try:
         yield q
     finally:
@@ -237,3 +247,27 @@ async def test_events_older_than_retention_go_and_a_cursor_before_them_says_so(s
     followed = await short.call("GET", f"{EVENTS}?after={cursors[1]}&follow=true")
     assert followed.status == 410 and followed.body["error"] == "cursor_expired"
     assert all(e["instanceId"] not in old for e in body["items"])
+
+
+async def test_a_waiting_reason_is_an_event_when_its_kind_changes_only(kind: Queue) -> None:
+    iid = await _launch(kind)
+    start = (await _page(kind))["items"][0]["cursor"]  # its creation (the sweeper may have run since)
+    for _ in range(3):  # no live daemon: the first sweep gives it a reason, the others the same
+        await kind.store.sweep()
+    [waiting] = (await _page(kind, f"?after={start}"))["items"]
+    assert (waiting["changes"], waiting["state"], waiting["waitingKind"]) == (
+        ["waiting"],
+        "queued",
+        "NoDaemon",
+    )
+    assert waiting["waiting"] == "no live daemon serves this kube namespace"
+    # A daemon applies it on its node: it no longer waits (one event says both).
+    assert await apply(kind.daemon(), daemon_id="d1", node="n1") == [iid]
+    await kind.store.sweep()
+    later = (await _page(kind, f"?after={waiting['cursor']}"))["items"]
+    got = [(e["changes"], e["waiting"], e["waitingKind"], e["node"]) for e in later]
+    # the sweep may find it claimed (so no longer waiting) before the daemon says it applied it
+    assert got in (
+        [(["node", "waiting"], None, None, "n1")],
+        [(["waiting"], None, None, None), (["node"], None, None, "n1")],
+    ), got

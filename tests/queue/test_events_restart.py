@@ -141,6 +141,8 @@ async def test_a_follower_sees_every_change_once_across_a_kill_9(
                 n += 1
                 await run_batch(n, tasks)
 
+        # The daemon is seen before the first launch: no launch ever waits for want of one.
+        assert await daemon.claim(daemon_id="d1", node="n1", capacity=1, wait=0) == []
         workers = [asyncio.create_task(launcher()) for _ in range(8)]
         runner = asyncio.create_task(simulated_daemon())
         await asyncio.wait_for(halfway.wait(), 120)

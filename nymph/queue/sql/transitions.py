@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 
+from nymph.launch.placement import waiting_kind
 from nymph.protocol import now as clock
 from nymph.queue.sql import events, retries
 from nymph.queue.sql.dialect import Conn
@@ -53,12 +54,14 @@ def transition(
         row["node"],
     ):
         return False
-    # A stopped instance no longer counts towards its namespace's share and quota.
+    # A stopped instance no longer counts towards its namespace's share and quota; one that left
+    # the queue (applied on a node, or no longer queued) no longer waits.
+    new_waiting = row["waiting"] if new_state == "queued" and new_node is None else None
     conn.execute(
-        "UPDATE instances SET state = ?, reason = ?, message = ?, node = ?, updated_at = ?, "
+        "UPDATE instances SET state = ?, reason = ?, message = ?, node = ?, updated_at = ?, waiting = ?, "
         "version = version + 1, charge = CASE WHEN ? = 'stopped' THEN NULL ELSE charge END "
         "WHERE instance_id = ?",
-        (new_state, new_reason, new_message, new_node, now, new_state, instance_id),
+        (new_state, new_reason, new_message, new_node, now, new_waiting, new_state, instance_id),
     )
     if new_state == "stopped":
         # Its launch ran (or never will): a start task still queued must not be handed out.
@@ -75,6 +78,8 @@ def transition(
     changes = events.changes_between(
         (row["state"], row["reason"], row["node"]), (new_state, new_reason, new_node)
     )
+    if row["state"] == "queued" and waiting_kind(row["waiting"]) != waiting_kind(new_waiting):
+        changes.append(events.WAITING)
     if changes:
         events.record(conn, instance_id=instance_id, changes=changes, at=now)
     if new_state == "stopped" and row["has_retry"]:
