@@ -15,6 +15,8 @@ pytestmark = pytest.mark.usefixtures("cli_isolated")
 
 
 async def _two_launches(served: Served) -> list[str]:
+    async with served.client(served.daemon_token) as d:  # a live daemon: no launch waits for one
+        assert await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0) == []
     async with served.client(served.user_token) as u:
         ids = [
             (await u.launch(provider="kind", mode="small", script="print(1)"))["instanceId"] for _ in range(2)

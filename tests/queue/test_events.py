@@ -79,7 +79,7 @@ async def test_each_change_is_one_event_oldest_first(q: Queue) -> None:
     first = body["items"][0]
     assert first["providerName"] == "kind" and first["namespace"] == "default"
     assert (first["attempt"], first["group"], first["waiting"], first["waitingKind"]) == (
-        None,
+        1,
         None,
         None,
         None,
@@ -115,6 +115,19 @@ async def test_filters_and_bad_queries(q: Queue) -> None:
     assert ids(await _page(q, "?provider=other")) == [c]
     assert ids(await _page(q, f"?instance={a}")) == [a, a]
     assert ids(await _page(q, f"?provider=other&instance={a}")) == []
+    r = await q.call(
+        "POST", NS + "/providers/kind/launches", json_body={"mode": "small", "script": "1", "count": 3}
+    )
+    assert r.status == 202, r.body
+    group, members = r.body["groupId"], [i["instanceId"] for i in r.body["instances"]]
+    grouped = (await _page(q, f"?group={group}"))["items"]
+    assert [(e["instanceId"], e["group"], e["attempt"], e["changes"]) for e in grouped] == [
+        (m, group, 1, ["created", "state"]) for m in members
+    ]
+    assert (await q.call("DELETE", f"{NS}/groups/{group}")).status == 204
+    stopped = (await _page(q, f"?group={group}&after={grouped[-1]['cursor']}"))["items"]
+    assert sorted(e["instanceId"] for e in stopped) == sorted(members)
+    assert {(e["state"], e["group"]) for e in stopped} == {("stopped", group)}
     none = await _page(q, "?group=g-1")
     # A quiet filter still moves on: continue is the newest event of the queue.
     assert none["items"] == [] and none["continue"] == (await _page(q))["continue"]

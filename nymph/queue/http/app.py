@@ -29,8 +29,8 @@ from nymph.queue.http.middlewares import auth_middleware, error_middleware
 from nymph.queue.http.routes import catalog as catalog_routes
 from nymph.queue.http.routes import daemon as daemon_routes
 from nymph.queue.http.routes import dockyard as dockyard_routes
-from nymph.queue.http.routes import groups as group_routes
 from nymph.queue.http.routes import events as event_routes
+from nymph.queue.http.routes import groups as group_routes
 from nymph.queue.http.routes import output as output_routes
 from nymph.queue.http.routes import quota as quota_routes
 from nymph.queue.http.routes import results as result_routes

@@ -73,7 +73,7 @@ def _next_seq(conn: Conn) -> int | None:
 def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -> None:
     """Append the event of ``changes`` to ``instance_id`` (read as it is now, after them)."""
     row = conn.execute(
-        "SELECT namespace, provider, state, reason, message, exit_code, node, waiting "
+        "SELECT namespace, provider, group_id, attempt, state, reason, message, exit_code, node, waiting "
         "FROM instances WHERE instance_id = ?",
         (instance_id,),
     ).fetchone()
@@ -81,12 +81,14 @@ def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -
         return
     waiting = row["waiting"] if row["state"] == "queued" else None
     conn.execute(
-        f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+        f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
         (
             _next_seq(conn),
             row["namespace"],
             row["provider"],
             instance_id,
+            row["group_id"],
+            row["attempt"],
             ",".join(changes),
             row["state"],
             row["reason"],
@@ -101,6 +103,32 @@ def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -
     noted = getattr(_local, "namespaces", None)
     if noted is not None:
         noted.add(str(row["namespace"]))
+
+
+def record_created(
+    conn: Conn, *, ns: str, provider: str, group: str, instance_ids: Sequence[str], at: float
+) -> None:
+    """The creation events of a launch group's new (queued) instances, in their group order."""
+    if not instance_ids:
+        return
+    seqs: list[int | None] = [None] * len(instance_ids)
+    if is_postgres(conn):
+        last = int(
+            conn.execute(
+                "UPDATE event_marks SET clock = clock + ? WHERE id = 1 RETURNING clock", (len(instance_ids),)
+            ).fetchone()[0]
+        )
+        seqs = list(range(last - len(instance_ids) + 1, last + 1))
+    conn.executemany(
+        f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1, ?, 'queued', NULL, '', NULL, NULL, NULL, NULL, ?)",  # noqa: S608
+        [
+            (seq, ns, provider, iid, group, f"{CREATED},{STATE}", at)
+            for seq, iid in zip(seqs, instance_ids, strict=True)
+        ],
+    )
+    noted = getattr(_local, "namespaces", None)
+    if noted is not None:
+        noted.add(ns)
 
 
 def changes_between(

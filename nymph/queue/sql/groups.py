@@ -24,7 +24,7 @@ from nymph.launch.spec import LaunchSpec
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import LaunchAccepted, iso
 from nymph.queue.errors import BadRequest, Conflict, NotFound, ServiceError
-from nymph.queue.sql import catalog, idempotency, instances, launches, retries
+from nymph.queue.sql import catalog, events, idempotency, instances, launches, retries
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.rows import INSTANCE_COLUMNS, fetch_instance
 from nymph.queue.sql.tasks import insert_launch_tasks
@@ -158,6 +158,14 @@ def accept_group(
     conn.executemany(
         "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, 'queued', NULL, '', ?)",
         [(s.instance_id, ts) for s in specs],
+    )
+    events.record_created(
+        conn,
+        ns=ns,
+        provider=provider.name,
+        group=group_id,
+        instance_ids=[s.instance_id for s in specs],
+        at=ts,
     )
     conn.execute(
         "INSERT INTO launch_groups (group_id, namespace, provider, total, requester, created_at) "
