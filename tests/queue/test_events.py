@@ -284,3 +284,32 @@ async def test_a_waiting_reason_is_an_event_when_its_kind_changes_only(kind: Que
         [(["node", "waiting"], None, None, "n1")],
         [(["waiting"], None, None, None), (["node"], None, None, "n1")],
     ), got
+
+
+async def test_a_retry_is_a_new_attempts_creation_right_after_the_failure(q: Queue) -> None:
+    mode = {
+        "name": "retried",
+        "provider": "kind",
+        "fields": {"image": "busybox", "retry": {"limit": 1, "on": ["Error"]}},
+    }
+    assert (await q.call("POST", NS + "/modes", json_body=mode)).status == 201
+    r = await q.call("POST", NS + "/providers/kind/launch", json_body={"mode": "retried", "script": "1"})
+    iid = r.body["instanceId"]
+    d = q.daemon()
+    assert await apply(d, daemon_id="d1", node="n1") == [iid]
+    failed = {"seq": 1, "instanceId": iid, "state": "stopped", "reason": "Error", "node": "n1"}
+    await d.report(daemon_id="d1", stream="s", reports=[failed])
+    items = (await _page(q))["items"]
+    stop, retry = items[-2:]
+    assert (stop["instanceId"], stop["state"], stop["reason"], stop["attempt"]) == (
+        iid,
+        "stopped",
+        "Error",
+        1,
+    )
+    assert retry["instanceId"] != iid and int(retry["cursor"]) > int(stop["cursor"])
+    assert (retry["changes"], retry["state"], retry["attempt"]) == (
+        ["created", "state", "attempt"],
+        "queued",
+        2,
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -39,13 +40,20 @@ def test_a_later_cursor_is_never_visible_before_an_earlier_one_commits(pg_server
         second = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
         reader = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
         with first, second, reader:
+
+            def change(what: str) -> Callable[[PgConn], tuple[None, frozenset[str]]]:
+                # as the backend runs a write: its events get their cursors as its last statement
+                return events.collecting(
+                    lambda c: events.record(c, instance_id="lakeshore-00000001", changes=[what], at=1.0)
+                )
+
             first.execute("BEGIN")
-            events.record(PgConn(first), instance_id="lakeshore-00000001", changes=["state"], at=1.0)
+            change("state")(PgConn(first))
             done = threading.Event()
 
             def later() -> None:
                 second.execute("BEGIN")
-                events.record(PgConn(second), instance_id="lakeshore-00000001", changes=["node"], at=2.0)
+                change("node")(PgConn(second))
                 second.execute("COMMIT")
                 done.set()
 

@@ -7,15 +7,18 @@ code, attempt, group, node, waiting reason and its kind) with the names of what 
 ``seq`` N can never later find a new event at N or below (nothing is skipped on a reconnect):
 
 * SQLite has one writer at a time, and ``AUTOINCREMENT`` hands out increasing values;
-* PostgreSQL takes each seq from one counter row (``event_marks.clock``) whose row lock is held
-  until commit, so a transaction takes its first seq only after every earlier taker committed
-  (a sequence would not do: a value taken by a transaction that commits later can be smaller).
+* PostgreSQL runs writes at once, so a transaction's events are written without a seq and given
+  theirs as its last statement before ``COMMIT`` (:func:`collecting`), from one counter row
+  (``event_marks.clock``) whose row lock is held until the commit: a transaction takes its seqs
+  only after every earlier taker committed, and holds the lock for no more than its commit (a
+  sequence would not do: a value taken by a transaction that commits later can be smaller).
 
 Retention removes a prefix (the events older than ``--retention-days``) and raises
 ``event_marks.floor`` to the last seq removed: a cursor below it is answered with 410.
 
-Which namespaces a write transaction added events to is noted per database thread
-(:func:`collecting`), so the backend can wake the followers after the commit.
+Which namespaces a write transaction added events to (and, on PostgreSQL, how many) is noted per
+database thread while :func:`collecting` runs it, so the backend can wake the followers after
+the commit.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ C = TypeVar("C")
 
 #: What an event can say changed.
 CREATED, STATE, REASON, EXIT, NODE, WAITING = "created", "state", "reason", "exitCode", "node", "waiting"
+ATTEMPT = "attempt"
 #: The largest cursor accepted (a signed 64-bit integer).
 MAX_CURSOR = 2**63 - 1
 
@@ -45,29 +49,49 @@ _COLUMNS = (
 _local = threading.local()
 
 
+class _Written:
+    """What one write transaction added to the stream so far."""
+
+    def __init__(self) -> None:
+        self.namespaces: set[str] = set()
+        self.count = 0
+
+
 def collecting(fn: Callable[[C], T]) -> Callable[[C], tuple[T, frozenset[str]]]:
-    """``fn`` returning also the namespaces it added events to (run on the database thread)."""
+    """``fn`` returning also the namespaces it added events to (run on the database thread); on
+    PostgreSQL its events get their seqs after ``fn`` returned, just before the commit."""
 
     def run(conn: C) -> tuple[T, frozenset[str]]:
-        outer = getattr(_local, "namespaces", None)
-        _local.namespaces = set()
+        outer: _Written | None = getattr(_local, "written", None)
+        written = _local.written = _Written() if outer is None else outer
         try:
             result = fn(conn)
-            return result, frozenset(_local.namespaces)
+            if outer is None and written.count and is_postgres(conn):  # type: ignore[arg-type]
+                _seal(conn, written.count)  # type: ignore[arg-type]
+            return result, frozenset(written.namespaces)
         finally:
-            if outer is not None:
-                outer.update(_local.namespaces)
-            _local.namespaces = outer
+            _local.written = outer
 
     return run
 
 
-def _next_seq(conn: Conn) -> int | None:
-    """The seq of a new event on PostgreSQL (see the module docstring); None on SQLite."""
-    if not is_postgres(conn):
-        return None
-    row = conn.execute("UPDATE event_marks SET clock = clock + 1 WHERE id = 1 RETURNING clock").fetchone()
-    return int(row[0])
+def _seal(conn: Conn, count: int) -> None:
+    """Give this transaction's ``count`` events (the only rows without a seq it can see: others'
+    are not committed) the next seqs, in the order they were written: one statement, so the
+    counter's lock is held for one round trip and the commit."""
+    conn.execute(
+        "WITH c AS (UPDATE event_marks SET clock = clock + ? WHERE id = 1 RETURNING clock) "
+        "UPDATE events SET seq = (SELECT clock FROM c) - ? + t.n FROM (SELECT id, row_number() "
+        "OVER (ORDER BY id) AS n FROM events WHERE seq IS NULL) t WHERE events.id = t.id",
+        (count, count),
+    )
+
+
+def _note(ns: str, count: int) -> None:
+    written: _Written | None = getattr(_local, "written", None)
+    if written is not None:
+        written.namespaces.add(ns)
+        written.count += count
 
 
 def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -> None:
@@ -83,7 +107,7 @@ def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -
     conn.execute(
         f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
         (
-            _next_seq(conn),
+            None,
             row["namespace"],
             row["provider"],
             instance_id,
@@ -100,9 +124,7 @@ def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -
             at,
         ),
     )
-    noted = getattr(_local, "namespaces", None)
-    if noted is not None:
-        noted.add(str(row["namespace"]))
+    _note(str(row["namespace"]), 1)
 
 
 def record_created(
@@ -111,24 +133,11 @@ def record_created(
     """The creation events of a launch group's new (queued) instances, in their group order."""
     if not instance_ids:
         return
-    seqs: list[int | None] = [None] * len(instance_ids)
-    if is_postgres(conn):
-        last = int(
-            conn.execute(
-                "UPDATE event_marks SET clock = clock + ? WHERE id = 1 RETURNING clock", (len(instance_ids),)
-            ).fetchone()[0]
-        )
-        seqs = list(range(last - len(instance_ids) + 1, last + 1))
     conn.executemany(
-        f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 1, ?, 'queued', NULL, '', NULL, NULL, NULL, NULL, ?)",  # noqa: S608
-        [
-            (seq, ns, provider, iid, group, f"{CREATED},{STATE}", at)
-            for seq, iid in zip(seqs, instance_ids, strict=True)
-        ],
+        f"INSERT INTO events ({_COLUMNS}) VALUES (NULL, ?, ?, ?, ?, 1, ?, 'queued', NULL, '', NULL, NULL, NULL, NULL, ?)",  # noqa: S608
+        [(ns, provider, iid, group, f"{CREATED},{STATE}", at) for iid in instance_ids],
     )
-    noted = getattr(_local, "namespaces", None)
-    if noted is not None:
-        noted.add(ns)
+    _note(ns, len(instance_ids))
 
 
 def changes_between(

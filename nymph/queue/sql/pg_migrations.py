@@ -276,12 +276,14 @@ PG_MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX instances_by_group ON instances (group_id, group_index, attempt)
         WHERE group_id IS NOT NULL;
     """,
-    # 10: the namespace event stream (SQLite migration 14). ``seq`` comes from the counter in
-    # ``event_marks`` (a row lock held to commit), not from a sequence: a sequence value taken by
-    # a transaction that commits later could be smaller than one a follower has already read.
+    # 10: the namespace event stream (SQLite migration 14). ``seq`` is given as a transaction's
+    # last statement from the counter in ``event_marks`` (a row lock held to its commit), not from
+    # a sequence: a sequence value taken by a transaction that commits later could be smaller
+    # than one a follower has already read. Until then its rows have none (only it sees them).
     """
     CREATE TABLE events (
-        seq BIGINT PRIMARY KEY,
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        seq BIGINT UNIQUE,
         namespace TEXT COLLATE "C" NOT NULL,
         provider TEXT COLLATE "C" NOT NULL,
         instance_id TEXT COLLATE "C" NOT NULL,
@@ -300,6 +302,7 @@ PG_MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_by_namespace ON events (namespace, seq);
     CREATE INDEX events_by_instance ON events (instance_id, seq);
     CREATE INDEX events_by_group ON events (launch_group, seq) WHERE launch_group IS NOT NULL;
+    CREATE INDEX events_unsealed ON events (id) WHERE seq IS NULL;
     CREATE TABLE event_marks (
         id INTEGER PRIMARY KEY CHECK (id = 1),
         clock BIGINT NOT NULL,

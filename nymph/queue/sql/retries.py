@@ -22,7 +22,7 @@ from nymph.launch import retry
 from nymph.launch.render import render_pod
 from nymph.launch.spec import LaunchSpec
 from nymph.launch.state import InstanceState
-from nymph.queue.sql import launches
+from nymph.queue.sql import events, launches
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.quotas import get_quota
 from nymph.queue.sql.tasks import insert_task
@@ -155,6 +155,7 @@ def after_stop(conn: Conn, *, row: Row, reason: str | None, node: str | None, no
         "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, 'queued', NULL, ?, ?)",
         (new_id, f"attempt {attempt + 1} of {total}, retrying {iid} ({reason}): {why}", now),
     )
+    events.record(conn, instance_id=new_id, changes=[events.CREATED, events.STATE, events.ATTEMPT], at=now)
     _note(
         conn,
         instance_id=iid,
