@@ -743,3 +743,28 @@ def test_cluster_up_waits_for_the_pool_and_the_cluster(
     assert [ln.split() for ln in out.splitlines()[1:]] == [
         [ref, "absent"] for ref in [*pool_paths(namespace), "RayCluster/grpo"]
     ]
+
+
+def test_a_rendered_resource_quota_applied_by_hand_refuses_a_pod_over_it(
+    dockyard: Run, kube: LocalCluster, namespace: str, pair: tuple[Path, Path]
+) -> None:
+    """``render`` of an infra with ``resourceQuota`` gives a ResourceQuota the API server
+    enforces once an administrator applies it: with ``pods: 1`` a second Pod is refused."""
+    code, out, err = dockyard(
+        "render",
+        *recipe_args(
+            pair, namespace, "infra.resourceQuota.enabled=true", "infra.resourceQuota.hard={pods: 1}"
+        ),
+    )
+    assert (code, err) == (0, "")
+    quota = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "ResourceQuota")
+    kube.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(quota))
+    path = f"/api/v1/namespaces/{namespace}/resourcequotas/{quota['metadata']['name']}"
+    wait_for(lambda: "hard" in (kube.api("GET", path).get("status") or {}), what="the quota's status")
+
+    def pod(name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+    kube.api("POST", f"/api/v1/namespaces/{namespace}/pods", pod("first"))
+    with pytest.raises(NymphError, match=r"HTTP 403.*exceeded quota"):
+        kube.api("POST", f"/api/v1/namespaces/{namespace}/pods", pod("second"))
