@@ -440,5 +440,9 @@ async def test_a_direct_group_is_created_retried_and_stopped_without_leaving_pod
             break
         await asyncio.sleep(0.1)
     assert kube.api("GET", f"/api/v1/namespaces/{namespace}/pods?{selector}")["items"] == []
-    group = (await q.call("GET", NS + f"/groups/{gid}")).body
+    for _ in range(100):  # the watch reports each deletion
+        group = (await q.call("GET", NS + f"/groups/{gid}")).body
+        if group["counts"] == {"stopped": 3}:
+            break
+        await asyncio.sleep(0.1)
     assert group["counts"] == {"stopped": 3} and group["reasons"] == {"Stopped": 3}
