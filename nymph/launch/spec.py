@@ -29,8 +29,14 @@ from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.launch.config import MODE_FIELDS, Mode, Provider, merged_kwargs
 from nymph.launch.durations import parse_duration
-from nymph.launch.retry import parse_policy
 from nymph.launch.runlimits import check_priority
+from nymph.launch.specids import (
+    check_depth,
+    check_group_id,
+    check_group_index,
+    check_launch_uid,
+    check_retry,
+)
 
 #: Env vars nymph sets itself; a mode or launch may not set any name of this prefix.
 RESERVED_ENV_PREFIX = "NYMPH_"
@@ -38,9 +44,6 @@ RESERVED_ENV = frozenset({"NYMPH_INSTANCE_ID", "NYMPH_WORKDIR", "NYMPH_GROUP_ID"
 #: A script travels as one argv string of ``/bin/sh -c``; Linux caps a single argument at
 #: 128 KiB (MAX_ARG_STRLEN), so scripts are capped below that with room for the wrapper.
 MAX_SCRIPT_BYTES = 120 * 1024
-#: How deeply a mode field or launch value (resources, tolerations, env, tags, ...) may nest
-#: lists and mappings; the Pod fields nymph renders need a handful of levels.
-MAX_DEPTH = 32
 _BODY_KEYS = frozenset({"script", "tags", "env", "fields", "mode", "priority"})
 _RESOURCE_KEYS = frozenset({"requests", "limits", "claims"})
 
@@ -131,68 +134,19 @@ class LaunchSpec:
                 service_account=data.get("serviceAccount"),
                 image_pull_secrets=tuple(data.get("imagePullSecrets") or ()),
                 labels=tuple((str(k), str(v)) for k, v in data.get("labels") or ()),
-                launch_uid=_check_launch_uid(data.get("launchUid")),
+                launch_uid=check_launch_uid(data.get("launchUid")),
                 priority=check_priority(data.get("priority", 0), "spec.priority"),
                 max_runtime=_check_max_runtime(data.get("maxRuntime"), "spec.maxRuntime"),
                 image_pull_timeout=_check_max_runtime(data.get("imagePullTimeout"), "spec.imagePullTimeout"),
-                group_id=_check_group_id(data.get("groupId")),
-                group_index=_check_group_index(data.get("groupIndex")),
-                retry=_check_retry(data.get("retry"), "spec.retry"),
+                group_id=check_group_id(data.get("groupId")),
+                group_index=check_group_index(data.get("groupIndex")),
+                retry=check_retry(data.get("retry"), "spec.retry"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValidationError(
                 "spec", f"malformed launch spec ({exc.__class__.__name__}: {exc})"
             ) from None
         return spec
-
-
-def check_depth(value: object, fld: str, *, limit: int = MAX_DEPTH) -> None:
-    """Refuse ``value`` if its lists and mappings nest deeper than ``limit`` (iterative, so any
-    depth is measured without recursion). A scalar has depth 0, ``[1]`` depth 1."""
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            children: Any = item.values()
-        elif isinstance(item, (list, tuple)):
-            children = item
-        else:
-            continue
-        if depth + 1 > limit:
-            raise ValidationError(fld, f"is nested deeper than {limit} levels of lists and mappings")
-        stack.extend((child, depth + 1) for child in children)
-
-
-def _check_launch_uid(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not names.is_label_value(value) or not value:
-        raise ValidationError("spec.launchUid", f"{value!r} is not a launch uid")
-    return value
-
-
-def _check_retry(value: object, fld: str) -> Mapping[str, Any] | None:
-    check_depth(value, fld, limit=4)
-    if parse_policy(value, fld) is None:
-        return None
-    assert isinstance(value, Mapping)
-    return value
-
-
-def _check_group_id(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or not names.is_label_value(value):
-        raise ValidationError("spec.groupId", f"{value!r} is not a group id")
-    return value
-
-
-def _check_group_index(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValidationError("spec.groupIndex", f"{value!r} is not a group index")
-    return value
 
 
 def _check_max_runtime(value: object, fld: str) -> int | None:
@@ -398,10 +352,10 @@ def build_launch_spec(
         service_account=None if sa in (None, "") else names.check_dns_subdomain(sa, field=sa_fld),
         image_pull_secrets=_check_pull_secrets(*pick("image_pull_secrets")),
         labels=tuple(sorted(labels.items())),
-        launch_uid=_check_launch_uid(launch_uid),
+        launch_uid=check_launch_uid(launch_uid),
         priority=0 if priority_raw is None else check_priority(priority_raw, priority_fld),
         max_runtime=_check_max_runtime(*pick("max_runtime")),
         image_pull_timeout=_check_max_runtime(*pick("image_pull_timeout")),
-        retry=_check_retry(*pick("retry")),
+        retry=check_retry(*pick("retry")),
         warnings=tuple(notes),
     )

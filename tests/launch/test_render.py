@@ -263,7 +263,7 @@ def test_command_over_one_argument_is_refused_naming_the_script() -> None:
 
 @pytest.mark.parametrize("field", ["tolerations", "resources", "node_selector", "env"])
 def test_nesting_beyond_the_limit_is_refused_naming_the_field(field: str) -> None:
-    from nymph.launch.spec import MAX_DEPTH
+    from nymph.launch.specids import MAX_DEPTH
 
     deep: Any = "x"
     for _ in range(900):

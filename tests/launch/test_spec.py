@@ -142,7 +142,7 @@ def test_malformed_spec_json_is_a_validation_error() -> None:
 
 
 def test_check_depth_counts_levels_without_recursion() -> None:
-    from nymph.launch.spec import MAX_DEPTH, check_depth
+    from nymph.launch.specids import MAX_DEPTH, check_depth
 
     check_depth("x", "f")
     value: object = "x"

@@ -13,7 +13,6 @@ and requests (see :mod:`nymph.queue.sql.placement`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from nymph.launch.state import InstanceState, Reason
@@ -21,9 +20,9 @@ from nymph.protocol import FINISHED_STATUSES, START_KINDS, CompleteAnswer, iso
 from nymph.queue.errors import Conflict, NotFound
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, LeaseSettings, RetrySettings
 from nymph.queue.sql import binding, events, placement, schedule
-from nymph.queue.sql.dialect import Conn, Row, for_update, indexed_by
+from nymph.queue.sql.dialect import Conn, for_update, indexed_by
 from nymph.queue.sql.retire import retire
-from nymph.queue.sql.rows import fetch_instance, session_may_act, task_json
+from nymph.queue.sql.rows import fetch_instance, session_may_act, task_json, waited_since_post
 from nymph.queue.sql.transitions import transition
 
 _FINISHED_SQL = ",".join(f"'{s}'" for s in FINISHED_STATUSES)
@@ -227,7 +226,7 @@ def claim(
             leased = conn.execute(stmt, [req.daemon_id, now + req.lease_seconds, now, *params, req.capacity])
             first = sorted(leased.fetchall(), key=lambda r: int(r["seq"]))
             tasks = [task_json(r) for r in first]
-            waited = _waited(first, now)
+            waited = waited_since_post(first, now)
             seqs = []
         else:
             select = _SELECT_CLAIMABLE.format(where=where, lock=lock, hint=indexed_by(conn, "tasks_plain"))
@@ -253,7 +252,7 @@ def claim(
                 marks = ",".join("?" * len(ours))
                 fetched = conn.execute(_FETCH.format(marks=marks), ours).fetchall()
                 tasks = [*tasks, *(task_json(r) for r in fetched)]
-                waited = [*waited, *_waited(fetched, now)]
+                waited = [*waited, *waited_since_post(fetched, now)]
     next_due = None
     elsewhere = False
     if not tasks:
@@ -266,11 +265,6 @@ def claim(
         work_elsewhere=elsewhere,
         waited=tuple(waited),
     )
-
-
-def _waited(rows: Sequence[Row], now: float) -> list[float]:
-    """How long each launch on its first attempt waited since its POST wrote it."""
-    return [now - float(r["created_at"]) for r in rows if r["kind"] == "launch" and int(r["attempts"]) == 1]
 
 
 def _stop_requested(conn: Conn, instance_id: str) -> bool:

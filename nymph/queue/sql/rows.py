@@ -157,3 +157,8 @@ def task_status_json(row: Row) -> TaskStatusJSON:
         error=row["error"],
         attempts=row["attempts"],
     )
+
+
+def waited_since_post(rows: Sequence[Row], now: float) -> list[float]:
+    """How long each launch row on its first attempt waited since its POST wrote it."""
+    return [now - float(r["created_at"]) for r in rows if r["kind"] == "launch" and int(r["attempts"]) == 1]
