@@ -25,6 +25,7 @@ from nymph.protocol import (
     now,
 )
 from nymph.queue import tenancy
+from nymph.queue.broadcast import EVENTS_KEY, wake_for, work_key
 from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.direct.records import DirectRecords
 from nymph.queue.errors import ServiceError
@@ -42,21 +43,10 @@ from nymph.queue.models import (
     TaskCompletion,
 )
 from nymph.queue.notify import KeyedSignal, WorkSignal
-from nymph.queue.output import LOG_KEY, OutputStore
+from nymph.queue.output import OutputStore
 from nymph.queue.quotabook import QuotaBook
 from nymph.queue.sql import catalog, completions, dispatch, instances, launches, leases
 from nymph.queue.sql import reports as sql_reports
-
-#: Broadcast key prefix (besides a bare instance id, and ``output.LOG_KEY``): new tasks, with
-#: their count, or none for "wake every claim".
-TASKS_KEY = "tasks:"
-#: Broadcast key prefix: new events in the namespace that follows it.
-EVENTS_KEY = "events:"
-
-
-def work_key(count: int | None) -> str:
-    return TASKS_KEY if count is None else f"{TASKS_KEY}{count}"
-
 
 log = structlog.get_logger(__name__, component="queue.store")
 
@@ -94,24 +84,13 @@ class Store:
 
     def woken_elsewhere(self, key: str) -> None:
         """Another replica changed something: wake the long-polls it concerns here."""
-        if not key:
-            # Everything (a listener that reconnected may have missed broadcasts).
-            self.tasks_changed.wake_all()
-            self.instance_changed.wake_all()
-            self.events.added.wake_all()
-            self.output.appended.wake_all()
-        elif key.startswith(EVENTS_KEY):
-            self.events.added.wake(key.removeprefix(EVENTS_KEY))
-        elif key.startswith(TASKS_KEY):
-            count = key.removeprefix(TASKS_KEY)
-            if count.isdigit():
-                self.tasks_changed.wake(int(count))
-            else:
-                self.tasks_changed.wake_all()
-        elif key.startswith(LOG_KEY):
-            self.output.appended.wake(key.removeprefix(LOG_KEY))
-        else:
-            self.instance_changed.wake(key)
+        wake_for(
+            key,
+            tasks=self.tasks_changed,
+            instances=self.instance_changed,
+            events=self.events.added,
+            appended=self.output.appended,
+        )
 
     def close_waiters(self) -> None:
         """Release every held long-poll (shutdown)."""
