@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from benchmarks import schedule_bench
-from benchmarks.scoreboard import page
+from benchmarks.scoreboard import load_pages
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -63,5 +63,5 @@ def test_quick_run_merges_a_scheduling_section(tmp_path: Path) -> None:
     if "skipped" not in pg:
         _backend(pg, p)
     assert "sqlite" in schedule_bench.table(figures)
-    text = page._scheduling(doc)
+    text = load_pages.scheduling(doc)
     assert "| sqlite | 100 |" in text and "| sqlite | 1,000 |" in text
