@@ -7,49 +7,23 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.hygiene_plugin import track
+from tests.support.devstay import start_dev_stay
 
 pytestmark = pytest.mark.e2e
 
 
 def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp_path: Path) -> None:
     state = tmp_path / "dev"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "nymph.cli",
-            "dev",
-            "--embedded",
-            "--node-kind",
-            "kwok",
-            "--stay",
-            "--state-dir",
-            str(state),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc, text = start_dev_stay(
+        state,
         env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
-        start_new_session=True,
+        extra=["--node-kind", "kwok"],
+        timeout=180,
     )
-    track(proc)  # killed with everything it started when the test ends, pass or fail
-    assert proc.stderr is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "Ctrl-C stops everything" in line:
-            break
-    text = "".join(seen)
     assert "stopped (Completed)" in text, text
     assert "audit chain is intact" in text, text
     env_file = state / "user.env"

@@ -10,13 +10,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.hygiene_plugin import track
+from tests.support.devstay import start_dev_stay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
@@ -82,26 +81,8 @@ def test_every_command_of_the_first_hour_does_what_the_page_says(
     real_node_assets: Path, tmp_path: Path
 ) -> None:
     state = tmp_path / "dev"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nymph.cli", "dev", "--embedded", "--stay", "--state-dir", str(state)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "KUBECONFIG": str(tmp_path / "none"), "NYMPH_NODE": "real"},
-        start_new_session=True,
-    )
-    track(proc)  # killed with everything it started when the test ends, pass or fail
-    assert proc.stderr is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if "Ctrl-C stops everything" in line:
-            break
-    said = "".join(seen)
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "none"), "NYMPH_NODE": "real"}
+    proc, said = start_dev_stay(state, env=env)
     assert "Ctrl-C stops everything" in said, said
     assert "real node: Pods run in containers" in said and "printed in its container" in said
 
