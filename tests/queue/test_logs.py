@@ -142,8 +142,11 @@ async def test_output_is_removed_after_the_retention_period(small: Queue) -> Non
     assert await small.user().get_logs(provider="kind", instance_id=other) == "kept?\n"  # still running
 
 
-async def test_the_instance_keeps_how_its_container_ended(small: Queue) -> None:
-    iid = await _launch(small)
+async def test_the_instance_keeps_how_its_container_ended(kind: Queue) -> None:
+    """A stopped instance keeps its container's exit code, termination reason and message, and a
+    later report does not change them (on a queue that keeps stopped instances: the small one
+    here expires them at once, racing the reads)."""
+    iid = await _launch(kind)
     report = {
         "seq": 1,
         "instanceId": iid,
@@ -154,8 +157,8 @@ async def test_the_instance_keeps_how_its_container_ended(small: Queue) -> None:
         "terminationReason": "Error",
         "terminationMessage": "bad input",
     }
-    await small.daemon().report(daemon_id="d1", stream="s", reports=[report])
-    inst = await small.user().get_instance(provider="kind", instance_id=iid)
+    await kind.daemon().report(daemon_id="d1", stream="s", reports=[report])
+    inst = await kind.user().get_instance(provider="kind", instance_id=iid)
     assert (inst.get("exitCode"), inst.get("terminationReason"), inst.get("terminationMessage")) == (
         3,
         "Error",
@@ -163,8 +166,8 @@ async def test_the_instance_keeps_how_its_container_ended(small: Queue) -> None:
     )
     # a later word on it does not change it
     again = {**report, "seq": 2, "exitCode": 0}
-    await small.daemon().report(daemon_id="d1", stream="s", reports=[again])
-    assert (await small.user().get_instance(provider="kind", instance_id=iid)).get("exitCode") == 3
+    await kind.daemon().report(daemon_id="d1", stream="s", reports=[again])
+    assert (await kind.user().get_instance(provider="kind", instance_id=iid)).get("exitCode") == 3
 
 
 async def test_results_over_the_cap_are_dropped_and_said(small: Queue) -> None:
