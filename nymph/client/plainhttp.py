@@ -15,7 +15,7 @@ import contextlib
 import http.client
 import json as jsonlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -100,18 +100,9 @@ def _hand_over(
         loop.call_soon_threadsafe(settle, answer, error)
 
 
-async def request(
-    method: str,
-    url: str,
-    *,
-    json: Any = None,
-    params: Mapping[str, str] | None = None,
-    headers: Mapping[str, str] | None = None,
-    timeout: float,
-    connect_timeout: float,
-) -> Answer:
-    """:func:`exchange` on a daemon thread, awaited: cancelling the await abandons the thread
-    (its socket closes when the process exits or the answer comes)."""
+async def detached(call: Callable[[], Answer]) -> Answer:
+    """``call`` (an :func:`exchange`) on a daemon thread, awaited: cancelling the await abandons
+    the thread (its socket closes when the process exits or the answer comes)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Answer] = loop.create_future()
 
@@ -126,15 +117,7 @@ async def request(
 
     def work() -> None:
         try:
-            answer = exchange(
-                method,
-                url,
-                json=json,
-                params=params,
-                headers=headers,
-                timeout=timeout,
-                connect_timeout=connect_timeout,
-            )
+            answer = call()
         except BaseException as exc:  # handed to the awaiting task, never lost on the thread
             _hand_over(loop, settle, None, exc)
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json as jsonlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from types import TracebackType
@@ -168,14 +169,17 @@ class Transport:
         where = safe_url(self.base_url)
         if self._light:
             try:
-                answer = await plainhttp.request(
-                    method,
-                    self.base_url + path,
-                    json=json,
-                    params=params,
-                    headers=hdrs,
-                    timeout=total,
-                    connect_timeout=min(self.connect_timeout, total),
+                answer = await plainhttp.detached(
+                    functools.partial(
+                        plainhttp.exchange,
+                        method,
+                        self.base_url + path,
+                        json=json,
+                        params=params,
+                        headers=hdrs,
+                        timeout=total,
+                        connect_timeout=min(self.connect_timeout, total),
+                    )
                 )
             except plainhttp.Unreachable as exc:
                 raise _unavailable(where, exc, unreachable=True, total=total) from None
