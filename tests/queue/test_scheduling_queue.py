@@ -357,3 +357,34 @@ async def test_short_launches_of_a_small_namespace_are_not_held_behind_a_large_b
         await d.report(daemon_id="d1", stream="s1", reports=[report])
     assert order[:10].count("team-b") == 5, order
     assert small <= {i["instanceId"] for i in await queue.user("team-b").list_instances(provider="kind")}
+
+
+async def _waiting_events(q: Queue, ns: str, iid: str) -> list[tuple[list[str], str | None, str | None]]:
+    r = await q.call("GET", f"/v1/namespaces/{ns}/events?instance={iid}")
+    assert r.status == 200, r.body
+    return [(e["changes"], e["waitingKind"], e["waiting"]) for e in r.body["items"]]
+
+
+async def test_the_event_stream_tells_when_a_quota_or_a_share_starts_and_stops_holding_a_launch(
+    queue: Queue,
+) -> None:
+    await _teams(queue, "team-a", "team-b")
+    assert await _claim(queue, "d1", capacity=0) == []  # a live daemon whose node runs them all
+    await _put_quota(queue, "team-a", {"maxRunning": 1})
+    first, held = await _launch(queue, "team-a"), await _launch(queue, "team-a")
+    assert [t["instanceId"] for t in await _claim(queue, "d1", capacity=1)] == [first]
+    for _ in range(2):  # the second sweep finds the same kind: nothing more to tell
+        await queue.store.sweep()
+    quota = (["waiting"], "Quota", "team-a at maxRunning 1 of 1; 1st of 1 in team-a")
+    assert await _waiting_events(queue, "team-a", held) == [(["created", "state"], None, None), quota]
+    await _put_quota(queue, "team-a", {"maxRunning": 5})  # it no longer holds: its turn again
+    await queue.store.sweep()
+    turn = (["waiting"], None, "1st of 1 in team-a")
+    # team-b (running none) is below team-a's share now: it is served first, and team-a's says so
+    other = await _launch(queue, "team-b")
+    await queue.store.sweep()
+    share = (["waiting"], "FairShare", "1st of 1 in team-a; team-b is below its share")
+    assert await _waiting_events(queue, "team-b", other) == [(["created", "state"], None, None)]
+    assert [t["instanceId"] for t in await _claim(queue, "d1", capacity=1)] == [other]
+    await queue.store.sweep()
+    assert (await _waiting_events(queue, "team-a", held))[1:] == [quota, turn, share, turn]

@@ -94,16 +94,29 @@ def _note(ns: str, count: int) -> None:
         written.count += count
 
 
-def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -> None:
-    """Append the event of ``changes`` to ``instance_id`` (read as it is now, after them)."""
+def record(
+    conn: Conn,
+    *,
+    instance_id: str,
+    changes: Sequence[str],
+    at: float,
+    standing: tuple[str, str | None] | None = None,
+) -> None:
+    """Append the event of ``changes`` to ``instance_id`` (read as it is now, after them).
+    ``standing``: the waiting reason worked out at read time and its kind (a quota, a share), for
+    a queued instance that has no stored one. The kind told is kept on the instance
+    (``waiting_told``), so that the sweeper tells only a change of it."""
     row = conn.execute(
-        "SELECT namespace, provider, group_id, attempt, state, reason, message, exit_code, node, waiting "
-        "FROM instances WHERE instance_id = ?",
+        "SELECT namespace, provider, group_id, attempt, state, reason, message, exit_code, node, waiting, "
+        "waiting_told FROM instances WHERE instance_id = ?",
         (instance_id,),
     ).fetchone()
     if row is None or not changes:
         return
     waiting = row["waiting"] if row["state"] == "queued" else None
+    kind = waiting_kind(waiting)
+    if waiting is None and standing is not None and row["state"] == "queued":
+        waiting, kind = standing
     conn.execute(
         f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
         (
@@ -120,10 +133,12 @@ def record(conn: Conn, *, instance_id: str, changes: Sequence[str], at: float) -
             row["exit_code"],
             row["node"],
             waiting,
-            waiting_kind(waiting),
+            kind,
             at,
         ),
     )
+    if row["state"] == "queued" and row["waiting_told"] != kind:
+        conn.execute("UPDATE instances SET waiting_told = ? WHERE instance_id = ?", (kind, instance_id))
     _note(str(row["namespace"]), 1)
 
 

@@ -391,4 +391,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO event_marks (id, clock, floor) VALUES (1, 0, 0);
     """,
+    # 15: the kind of waiting reason the event stream last told of a queued instance, so that the
+    # sweeper can tell when a reason worked out at read time (its quota, its namespace's share)
+    # starts or stops applying (see nymph.queue.sql.placement.update_waiting).
+    """
+    ALTER TABLE instances ADD COLUMN waiting_told TEXT;
+    """,
 )

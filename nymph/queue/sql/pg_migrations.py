@@ -310,4 +310,8 @@ PG_MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO event_marks (id, clock, floor) VALUES (1, 0, 0);
     """,
+    # 11: the kind of waiting reason the event stream last told of (SQLite migration 15).
+    """
+    ALTER TABLE instances ADD COLUMN waiting_told TEXT COLLATE "C";
+    """,
 )

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from nymph.launch.placement import Needs, NodeOffer, add, misfit, waiting_kind, why_waiting
-from nymph.queue.sql import events
+from nymph.queue.sql import events, waiting
 from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.tasks import insert_task
 
@@ -98,7 +98,9 @@ def _live_offers(conn: Conn, *, now: float) -> list[tuple[str, tuple[str, ...], 
 
 def update_waiting(conn: Conn, *, now: float) -> None:
     """Give each queued launch (the oldest ``WAITING_BATCH``) the reason no live daemon takes it,
-    or clear it. A daemon that sends no offer may take anything."""
+    or clear it; and tell the event stream when the kind of a reason worked out at read time (its
+    namespace's quota, its share) starts or stops applying to one of them. A daemon that sends
+    no offer may take anything."""
     cleared = conn.execute(
         "SELECT instance_id, state FROM instances WHERE waiting IS NOT NULL AND instance_id NOT IN "
         "(SELECT instance_id FROM tasks WHERE kind = 'launch' AND status = 'pending' "
@@ -111,12 +113,14 @@ def update_waiting(conn: Conn, *, now: float) -> None:
     daemons = _live_offers(conn, now=now)
     used_by_node: dict[str, dict[str, Fraction]] = {}
     rows = conn.execute(
-        "SELECT t.kube_namespace, t.spec, i.instance_id, i.waiting FROM tasks t "
+        "SELECT t.kube_namespace, t.spec, i.instance_id, i.namespace, i.state, i.waiting, i.waiting_told "
+        "FROM tasks t "
         "JOIN instances i ON i.instance_id = t.instance_id "
         "WHERE t.kind = 'launch' AND t.status = 'pending' AND i.state = 'queued' "
         "ORDER BY t.seq LIMIT ?",
         (WAITING_BATCH,),
     ).fetchall()
+    unplaced: list[Row] = []
     for r in rows:
         serving = [
             (node, offer)
@@ -135,6 +139,19 @@ def update_waiting(conn: Conn, *, now: float) -> None:
             conn.execute("UPDATE instances SET waiting = ? WHERE instance_id = ?", (reason, r["instance_id"]))
             if waiting_kind(reason) != waiting_kind(r["waiting"]):  # never for a mere change of figures
                 events.record(conn, instance_id=r["instance_id"], changes=[events.WAITING], at=now)
+                continue
+        if reason is None:
+            unplaced.append(r)  # not waiting for a node: its quota or share may hold it
+    told = {r["instance_id"]: r["waiting_told"] for r in rows}
+    for instance_id, now_standing in waiting.standing(conn, unplaced, now=now).items():
+        if now_standing.kind != told[instance_id]:
+            events.record(
+                conn,
+                instance_id=instance_id,
+                changes=[events.WAITING],
+                at=now,
+                standing=(now_standing.text, now_standing.kind),
+            )
 
 
 def node_info_text(offer: NodeOffer | None) -> str | None:

@@ -4,18 +4,32 @@ the caller's read): never written per launch, so a backlog of 100,000 costs a cl
 In order: no live daemon's node can run it (kept by the sweeper, see
 :mod:`nymph.queue.sql.placement`), its namespace's quota holds it (``team-a at maxRunning 50
 of 50``), or where it stands (``3rd of 40 in team-a``), with the namespaces served first
-because they are below their share (``team-b is below its share``).
+because they are below their share (``team-b is below its share``). The last two have a kind
+(:data:`QUOTA`, :data:`SHARE`) that the sweeper puts in the event stream when it changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 from nymph.queue.scheduling import Quota, Usage, ordinal, quota_blocks, weighted_share
 from nymph.queue.sql import schedule
 from nymph.queue.sql.dialect import Conn, Row, indexed_by
 from nymph.queue.sql.quotas import all_quotas
+
+#: The kinds of the reasons worked out here (None: it waits its turn).
+QUOTA, SHARE = "Quota", "FairShare"
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """Why a queued launch waits, as read now: the text and its kind."""
+
+    text: str
+    kind: str | None
+
 
 #: Above this many queued launches read at once, positions come from one ranked read of each
 #: namespace's queue instead of one count per launch.
@@ -52,24 +66,27 @@ def _below_share(
     *,
     quotas: Mapping[str, Quota],
     usage: Mapping[str, Usage],
-    totals: Mapping[str, Fraction],
+    totals: Callable[[], Mapping[str, Fraction]],
     groups: list[list[str]],
 ) -> list[str]:
     """The other namespaces with queued launches whose share is below this one's (served first).
-    ``groups``: every queued group, read once (into the empty list) when a share is above zero."""
-    mine = weighted_share(usage.get(namespace, Usage()), quotas.get(namespace, Quota()), totals)
-    if mine <= 0:
-        return []  # no share is below zero: nothing to read
+    ``groups``: every queued group, read once (into the empty list); ``totals`` is asked for only
+    when another namespace has queued launches (adding up every live daemon's offer is the costly
+    part with many daemons)."""
     if not groups:
         groups.append(schedule.groups(conn, kube_namespaces=()))
-    out = []
-    for grp in groups[0]:
-        other = grp.split("/", 2)[1]
-        if other == namespace or other in out:
-            continue
-        if weighted_share(usage.get(other, Usage()), quotas.get(other, Quota()), totals) < mine:
-            out.append(other)
-    return sorted(out)
+    others = sorted({grp.split("/", 2)[1] for grp in groups[0]} - {namespace})
+    if not others:
+        return []
+    offered = totals()
+    mine = weighted_share(usage.get(namespace, Usage()), quotas.get(namespace, Quota()), offered)
+    if mine <= 0:
+        return []  # no share is below zero
+    return [
+        other
+        for other in others
+        if weighted_share(usage.get(other, Usage()), quotas.get(other, Quota()), offered) < mine
+    ]
 
 
 def _ranks(conn: Conn, namespace: str, wanted: set[int]) -> dict[int, int]:
@@ -86,6 +103,12 @@ def _ranks(conn: Conn, namespace: str, wanted: set[int]) -> dict[int, int]:
 
 def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
     """The waiting reason of each queued instance in ``rows`` that has a launch in the queue."""
+    return {iid: s.text for iid, s in standing(conn, rows, now=now).items()}
+
+
+def standing(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, Standing]:
+    """The waiting reason and its kind of each queued instance in ``rows`` (with ``instance_id``,
+    ``namespace``, ``state`` and ``waiting``) that has a launch in the queue and no stored reason."""
     queued = [r for r in rows if r["state"] == "queued" and not r["waiting"]]
     if not queued:
         return {}
@@ -101,13 +124,19 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
         return {}
     quotas = all_quotas(conn)
     usage = schedule.usage(conn)
-    totals = schedule.totals(conn, now=now, held=usage)
+    offered: list[Mapping[str, Fraction]] = []
+
+    def totals() -> Mapping[str, Fraction]:
+        if not offered:
+            offered.append(schedule.totals(conn, now=now, held=usage))
+        return offered[0]
+
     namespaces = {r["instance_id"]: r["namespace"] for r in queued}
     sizes: dict[str, int] = {}
     ranks: dict[str, dict[int, int]] = {}
     below: dict[str, list[str]] = {}
     groups: list[list[str]] = []
-    out: dict[str, str] = {}
+    out: dict[str, Standing] = {}
     for instance_id, t in pending.items():
         ns = namespaces[instance_id]
         if ns not in sizes:
@@ -121,6 +150,7 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
             p, seq = int(t["priority"]), int(t["seq"])
             ahead = int(conn.execute(_AHEAD.format(hint=_hint(conn)), (ns, p, p, seq)).fetchone()[0])
         text = f"{ordinal(ahead + 1)} of {sizes[ns]} in {ns}"
+        kind: str | None = None
         blocked = quota_blocks(
             ns,
             quotas.get(ns, Quota()),
@@ -128,7 +158,7 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
             schedule.needs_of(conn, t["grp"], int(t["seq"])).requests,
         )
         if blocked is not None:
-            text = f"{blocked}; {text}"
+            text, kind = f"{blocked}; {text}", QUOTA
         else:
             if ns not in below:
                 below[ns] = _below_share(conn, ns, quotas=quotas, usage=usage, totals=totals, groups=groups)
@@ -136,5 +166,6 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
                 others = ", ".join(below[ns][:3]) + (" and others" if len(below[ns]) > 3 else "")
                 verb = "is" if len(below[ns]) == 1 else "are"
                 text = f"{text}; {others} {verb} below {'its' if verb == 'is' else 'their'} share"
-        out[instance_id] = text
+                kind = SHARE
+        out[instance_id] = Standing(text, kind)
     return out
