@@ -3,9 +3,11 @@
 ``NYMPH_FAULT_LAUNCHES`` launches (default 60: every fault below still meets launches in flight,
 and ``make test`` stays short; ``make faults`` runs 200) are queued at a steady pace (a few
 seconds of simulated run each, some failing, one in five stopped at a random moment) while a
-schedule of faults runs: the daemon is killed with SIGKILL at each stage of a launch, twice over, and
-restarted each time; the queue is killed and restarted once; the API server is stopped for 20 s
-once. A stage is seen from outside (the only honest view of a kill -9): a task the queue's
+schedule of faults runs: the daemon is killed with SIGKILL at each stage of a launch,
+``NYMPH_FAULT_ROUNDS`` times over (1 in ``make test``, 2 in ``make faults``), and restarted each
+time; the queue is killed and restarted once; the API server is stopped once, for
+``NYMPH_FAULT_OUTAGE`` seconds (8 in ``make test``: longer than the daemon's first backoffs and
+its watch's reconnect; 20 in ``make faults``). A stage is seen from outside (the only honest view of a kill -9): a task the queue's
 database shows leased, a new claim line in the audit log, a new workdir, a kubectl child of the
 daemon, a new apply line in the audit log, a stop task leased, a new reap line in the audit log.
 
@@ -42,10 +44,10 @@ pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow, pytest.mark
 
 LAUNCHES = int(os.environ.get("NYMPH_FAULT_LAUNCHES", "60"))
 STAGES = ("claimed", "audited", "workdir", "kubectl", "applied", "stopping", "reaping")
-ROUNDS = 2
+ROUNDS = int(os.environ.get("NYMPH_FAULT_ROUNDS", "1"))
 IN_FLIGHT = 16  # launches kept unfinished at once by the load
 STAGE_TIMEOUT = 20.0
-OUTAGE_SECONDS = 20.0
+OUTAGE_SECONDS = float(os.environ.get("NYMPH_FAULT_OUTAGE", "8"))
 FINISHED = {"stopped"}
 
 
