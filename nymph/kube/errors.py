@@ -30,6 +30,17 @@ class Conflict(KubeError):
     transient = True
 
 
+class FieldConflict(Conflict):
+    """A server-side apply refused because another field manager owns fields it sets (the
+    object exists and was written by someone else): sending it again never helps."""
+
+    transient = False
+
+
+#: How the API server words a server-side apply's field-manager conflict.
+_FIELD_CONFLICT = re.compile(r"apply failed with \d+ conflicts?", re.I)
+
+
 class Forbidden(KubeError):
     pass
 
@@ -70,6 +81,8 @@ def from_status(status: int, message: str) -> KubeError:
     cls = _STATUS_CLASSES.get(status, KubeError)
     if status == 409 and "already exists" in message.lower():
         cls = AlreadyExists
+    elif status == 409 and _FIELD_CONFLICT.search(message):
+        cls = FieldConflict
     return cls(message, status=status)
 
 
@@ -90,6 +103,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], type[KubeError]], ...] = (
     (re.compile(r"\(Unauthorized\)|must be logged in|provide credentials", re.I), Unauthorized),
     (re.compile(r"\(NotFound\)|not found", re.I), NotFound),
     (re.compile(r"\(Invalid\)|is invalid|unknown field|error validating|BadRequest", re.I), Invalid),
+    (_FIELD_CONFLICT, FieldConflict),
     (re.compile(r"\(Conflict\)|conflict", re.I), Conflict),
     (re.compile(r"\(TooManyRequests\)|too many requests|rate limit", re.I), Throttled),
     (

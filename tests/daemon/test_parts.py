@@ -278,6 +278,11 @@ def test_settings_file_unknown_key(tmp_path: Path) -> None:
         ('Error from server (AlreadyExists): pods "x" already exists', ke.AlreadyExists, False),
         ("Error from server (Conflict): Operation cannot be fulfilled", ke.Conflict, True),
         (
+            'error: Apply failed with 1 conflict: conflict with "Python-urllib" using v1: .spec.restartPolicy',
+            ke.FieldConflict,
+            False,
+        ),
+        (
             "Error from server (TooManyRequests): the server has received too many requests",
             ke.Throttled,
             True,
@@ -302,6 +307,13 @@ def test_kubectl_errors_are_classified(stderr: str, cls: type[ke.KubeError], tra
 )
 def test_api_status_classification(status: int, cls: type[ke.KubeError]) -> None:
     assert type(ke.from_status(status, "m")) is cls
+
+
+def test_a_field_managers_conflict_is_not_worth_a_retry_but_a_version_conflict_is() -> None:
+    owned = ke.from_status(409, "Apply failed with 2 conflicts: conflicts with \"kubectl\": .spec")
+    assert type(owned) is ke.FieldConflict and not owned.transient
+    stale = ke.from_status(409, "Operation cannot be fulfilled on pods: the object has been modified")
+    assert type(stale) is ke.Conflict and stale.transient
 
 
 def test_pod_node_prefers_the_affinity_pin() -> None:

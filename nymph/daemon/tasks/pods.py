@@ -28,7 +28,7 @@ from nymph.daemon.tracker import Report, pod_node
 from nymph.daemon.workdirs import WorkdirWriteError
 from nymph.errors import NymphError, ValidationError
 from nymph.kube.applier import ApplyOutcome
-from nymph.kube.errors import AlreadyExists, Conflict, Invalid, KubeError
+from nymph.kube.errors import AlreadyExists, Conflict, FieldConflict, Invalid, KubeError
 from nymph.launch.render import PodManifest, manifest_sha256, render_pod
 from nymph.launch.spec import LaunchSpec
 from nymph.launch.state import InstanceState, Reason
@@ -97,6 +97,8 @@ async def launch(ctx: TaskContext, tasks: list[CheckedTask]) -> None:
             _applied(ctx, r, outcome, adopted=True)
         elif (foreign := clash(outcome, r)) is not None:
             _clash(ctx, r, foreign)
+        elif isinstance(outcome.error, FieldConflict):
+            _clash(ctx, r, None, detail=outcome.error.message.strip().splitlines()[0])
         else:
             _failed(ctx, r, outcome.error)
 
@@ -171,13 +173,17 @@ def _prepare(ctx: TaskContext, task: TaskJSON) -> _Ready | None:
     return ready
 
 
-def _clash(ctx: TaskContext, r: _Ready, foreign: dict[str, Any]) -> None:
-    """A Pod of this name exists but is not this launch's: fail for good, touch nothing of it."""
-    theirs = pod_identity(foreign)
+def _clash(ctx: TaskContext, r: _Ready, foreign: dict[str, Any] | None, *, detail: str = "") -> None:
+    """A Pod of this name exists but is not this launch's: fail for good, touch nothing of it.
+    ``foreign``: that Pod as the watch saw it; None when only the API server's refusal of the
+    apply (another field manager owns its fields, ``detail``) tells it is there."""
+    if foreign is None:
+        why = f"another field manager owns its fields: {detail}"
+    else:
+        why = f"{ANNOTATION_LAUNCH} is {'missing' if pod_identity(foreign) is None else 'different'}"
     message = (
         f"Conflict: a Pod named {r.name} already exists in namespace {r.namespace} and was not "
-        f"created for this launch ({ANNOTATION_LAUNCH} is "
-        f"{'missing' if theirs is None else 'different'}); it is left alone"
+        f"created for this launch ({why}); it is left alone"
     )
     ctx.metrics.launches.labels("failed").inc()
     _audit(ctx, r, "apply", result="conflict", error=message)
