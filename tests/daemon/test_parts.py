@@ -310,7 +310,7 @@ def test_api_status_classification(status: int, cls: type[ke.KubeError]) -> None
 
 
 def test_a_field_managers_conflict_is_not_worth_a_retry_but_a_version_conflict_is() -> None:
-    owned = ke.from_status(409, "Apply failed with 2 conflicts: conflicts with \"kubectl\": .spec")
+    owned = ke.from_status(409, 'Apply failed with 2 conflicts: conflicts with "kubectl": .spec')
     assert type(owned) is ke.FieldConflict and not owned.transient
     stale = ke.from_status(409, "Operation cannot be fulfilled on pods: the object has been modified")
     assert type(stale) is ke.Conflict and stale.transient
