@@ -166,7 +166,8 @@ def test_render_time_errors_name_the_infra_file(
     assert err == (
         f"nymph: error: {bad}: infra.kuberay.spec.workerGroupSpecs[1]: cannot tell the fleet role "
         "of worker group 'rollout': name it trainer or inference (or trainer-*, inference-*), set "
-        "DOCKYARD_FLEET_ROLE, or tag rayStartParams.resources with dockyard_fleet_<role>\n"
+        "DOCKYARD_FLEET_ROLE, or tag rayStartParams.resources with dockyard_fleet_<role> (a plain "
+        "Ray worker group without a fleet is the only worker group, or is named workers)\n"
     )
 
 

@@ -173,7 +173,7 @@ def test_unknown_group_role_is_an_error(infra_dict: dict[str, Any]) -> None:
 
 
 def test_both_fleets_are_required(infra_dict: dict[str, Any]) -> None:
-    infra_dict["kuberay"]["spec"]["workerGroupSpecs"].pop()
+    infra_dict["kuberay"]["spec"]["workerGroupSpecs"][1]["groupName"] = "trainer-b"
     with pytest.raises(DockyardConfigError, match="no inference worker group") as info:
         render(infra_dict)
     assert info.value.path == "infra.kuberay.spec.workerGroupSpecs"

@@ -352,7 +352,7 @@ async def cluster_up(
 
 def teardown_order(manifests: list[Any]) -> list[dict[str, Any]]:
     """What ``cluster down`` deletes, last applied first: a RayJob of the cluster's name (it
-    owns a cluster of its own), the RayCluster, PDBs, then the sandbox pool."""
+    owns a cluster of its own), the RayCluster, the DRA objects, PDBs, then the sandbox pool."""
     p = planning.plan(manifests)
     out: list[dict[str, Any]] = []
     if p.ray is not None:

@@ -3,7 +3,10 @@
 Trainer and inference are two worker groups of one RayCluster. A group's role comes from
 (in agreement, or it is an error) ``DOCKYARD_FLEET_ROLE`` in its containers, a
 ``dockyard_fleet_<role>`` key in ``rayStartParams.resources``, or failing both its
-``groupName`` (``trainer``, ``inference``, or ``trainer-...`` / ``inference-...``).
+``groupName`` (``trainer``, ``inference``, or ``trainer-...`` / ``inference-...``). A group
+that says none of these is a plain Ray worker group when it is the only worker group or is
+named ``workers`` (as dockyard-k8s renders any cluster): it gets no tag and no role env, and
+the cluster then needs no trainer + inference pair. Anywhere else it is an error.
 
 ``rayStartParams`` values are strings (the CRD says so); ``resources`` is a JSON object that
 KubeRay pastes into the ``ray start`` shell command. It is written single-quoted,
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nymph.dockyard.errors import DockyardConfigError
@@ -26,6 +30,8 @@ from nymph.dockyard.render import k8s
 ROLE_ENV = "DOCKYARD_FLEET_ROLE"
 ROLES = ("trainer", "inference")
 TAG_PREFIX = "dockyard_fleet_"
+#: the name of a plain Ray worker group (no fleet role) beside others
+PLAIN_GROUP = "workers"
 _TAG = re.compile(r"^dockyard_fleet_([A-Za-z0-9_-]+)$")
 
 
@@ -67,8 +73,20 @@ def _containers(group: Mapping[str, Any]) -> list[Any]:
     return containers if isinstance(containers, list) else []
 
 
-def role_of(group: Mapping[str, Any], *, where: str) -> str:
-    """The fleet role of one worker group (see the module docstring)."""
+@dataclass(frozen=True)
+class GroupRole:
+    """The fleet role of one authored worker group, and what it was inferred from.
+
+    ``role`` is None for a plain Ray worker group (the only worker group, or one named
+    ``workers``, that says nothing of a fleet): it is rendered as authored, with no fleet tag.
+    """
+
+    group: str
+    role: str | None
+    source: str
+
+
+def _explicit_role(group: Mapping[str, Any], *, where: str) -> tuple[str, str] | None:
     found: dict[str, str] = {}
     for container in _containers(group):
         if isinstance(container, Mapping):
@@ -83,16 +101,27 @@ def role_of(group: Mapping[str, Any], *, where: str) -> str:
                 found.setdefault(match.group(1), f"resource tag {key}")
     if len(found) > 1:
         raise DockyardConfigError(f"conflicting fleet roles: {', '.join(sorted(found.values()))}", path=where)
-    if found:
-        role = next(iter(found))
+    return next(iter(found.items()), None)
+
+
+def role_of(group: Mapping[str, Any], *, where: str, plain: str | None = None) -> GroupRole:
+    """The fleet role of one worker group (see the module docstring). With ``plain`` (why the
+    group may be one) a group that says nothing of its role is a plain Ray worker group."""
+    name = str(group.get("groupName", ""))
+    explicit = _explicit_role(group, where=where)
+    if explicit is not None:
+        role, source = explicit
     else:
-        name = str(group.get("groupName", ""))
         role = next((r for r in ROLES if name == r or name.startswith(f"{r}-")), "")
+        source = "its groupName"
         if not role:
+            if plain is not None:
+                return GroupRole(group=name, role=None, source=plain)
             raise DockyardConfigError(
                 f"cannot tell the fleet role of worker group {name!r}: name it trainer or "
                 f"inference (or trainer-*, inference-*), set {ROLE_ENV}, or tag "
-                f"rayStartParams.resources with {TAG_PREFIX}<role>",
+                f"rayStartParams.resources with {TAG_PREFIX}<role> (a plain Ray worker group "
+                f"without a fleet is the only worker group, or is named {PLAIN_GROUP})",
                 path=where,
             )
     if role not in ROLES:
@@ -100,7 +129,34 @@ def role_of(group: Mapping[str, Any], *, where: str) -> str:
             f"fleet role {role!r} is not allowed in the GPU cluster (allowed: {', '.join(ROLES)})",
             path=where,
         )
-    return role
+    return GroupRole(group=name, role=role, source=source)
+
+
+def group_roles(groups: Sequence[Mapping[str, Any]], *, path: str) -> list[GroupRole]:
+    """The role of every authored worker group (``path``: the key path of the list).
+
+    The only worker group, and a group named ``workers``, may be plain Ray worker groups
+    (nothing says their role); then the cluster is rendered as authored and needs no trainer
+    and inference pair. Otherwise every group has a role and both fleets are present."""
+    single = len(groups) == 1
+    out: list[GroupRole] = []
+    for i, group in enumerate(groups):
+        plain = (
+            "the only worker group"
+            if single
+            else (f"named {PLAIN_GROUP}" if group.get("groupName") == PLAIN_GROUP else None)
+        )
+        out.append(role_of(group, where=f"{path}[{i}]", plain=plain))
+    if single or any(r.role is None for r in out):
+        return out
+    missing = [role for role in ROLES if all(r.role != role for r in out)]
+    if missing:
+        raise DockyardConfigError(
+            f"no {' and no '.join(missing)} worker group (trainer and inference are two "
+            "worker groups of the one cluster)",
+            path=path,
+        )
+    return out
 
 
 def tag_group(group: dict[str, Any], role: str, *, where: str) -> None:

@@ -8,7 +8,10 @@ Order:
    ``sandbox`` is set; the last two when enabled);
 3. the GPU cluster's PodDisruptionBudget (``kuberay.pdb.enabled``, bringup only: a RayJob's
    cluster name is chosen by KubeRay);
-4. a RayJob (``launch.mode: rayjob``), a RayCluster (``bringup``) or nothing (``attach``).
+4. the DRA objects the workers' well-known resource claims need (a ComputeDomain, a RoCE
+   ResourceClaimTemplate: :mod:`nymph.dockyard.render.dra`), rayjob and bringup only, so they
+   exist before the workers are scheduled;
+5. a RayJob (``launch.mode: rayjob``), a RayCluster (``bringup``) or nothing (``attach``).
 
 Every GPU pod gets ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0`` and, with ``sandbox.injectUrls``,
 ``DOCKYARD_SANDBOX_URLS`` (the sandbox Service DNS). The same infra always renders
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.render import governance, hardening, k8s, raycluster, sandbox
+from nymph.dockyard.render import dra, governance, hardening, k8s, raycluster, sandbox
 from nymph.dockyard.spec.enums import LaunchMode
 from nymph.dockyard.spec.schema import InfraConfig
 from nymph.launch.render import to_yaml_stream
@@ -61,6 +64,8 @@ def render_manifests(*, infra: InfraConfig, max_runtime: int | None = None) -> l
                 labels=k8s.labels(infra.labels, cluster.labels),
             )
         )
+    if mode in (LaunchMode.RAYJOB, LaunchMode.BRINGUP):
+        out.extend(dra.manifests(infra))
     if mode is LaunchMode.RAYJOB:
         out.append(raycluster.rayjob(infra, cross_env=cross_env(infra), max_runtime=max_runtime))
     elif mode is LaunchMode.BRINGUP:

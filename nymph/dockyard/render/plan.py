@@ -1,7 +1,7 @@
 """What the live commands do with a rendered manifest list (pure).
 
 * :func:`plan` splits the ordered list into what is never applied (render-only kinds), the
-  pieces applied first (the sandbox pool and any PodDisruptionBudget) and the Ray object
+  pieces applied first (the sandbox pool, any PodDisruptionBudget, the DRA objects) and the Ray object
   (a RayJob or RayCluster) applied last;
 * the names and label selectors KubeRay gives the objects it creates (head Service, head and
   worker Pods) and those of the sandbox pool.
@@ -37,7 +37,7 @@ class Plan:
     """An ordered manifest list split by what the live path does with each piece."""
 
     render_only: tuple[dict[str, Any], ...]
-    first: tuple[dict[str, Any], ...]  # the sandbox pool and PDBs, in render order
+    first: tuple[dict[str, Any], ...]  # the sandbox pool, PDBs and DRA objects, in render order
     ray: dict[str, Any] | None  # the RayJob or RayCluster, applied last
 
     @property

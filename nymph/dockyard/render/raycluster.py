@@ -1,11 +1,14 @@
-"""The GPU RayCluster (trainer + inference worker groups) as a RayJob or a RayCluster.
+"""The GPU RayCluster (trainer + inference worker groups, or one plain Ray worker group) as a
+RayJob or a RayCluster.
 
 ``infra.kuberay.spec`` is a free-form RayCluster ``.spec``. Rendering deep-copies it and:
 
+* tags each worker group with its fleet role (:mod:`nymph.dockyard.render.fleets`; a plain
+  Ray worker group gets none), fills ``minReplicas`` / ``maxReplicas`` from ``replicas`` (a
+  fixed-size gang) and turns ``rayStartParams`` values into the strings the CRD requires;
+* points the workers' well-known DRA claims at their cluster-unique templates
+  (:mod:`nymph.dockyard.render.dra`);
 * splits worker groups larger than ``kuberay.segmentSize`` into equal segments;
-* tags each worker group with its fleet role (:mod:`nymph.dockyard.render.fleets`), fills
-  ``minReplicas`` / ``maxReplicas`` from ``replicas`` (a fixed-size gang) and turns
-  ``rayStartParams`` values into the strings the CRD requires;
 * on every pod (head and workers): the infra image on the Ray container (index 0; other
   containers keep their own), pull secrets, service account, ``priorityClassName`` (an
   authored one wins), labels, ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0`` and
@@ -22,7 +25,7 @@ from typing import Any
 import yaml
 
 from nymph.dockyard.errors import DockyardConfigError
-from nymph.dockyard.render import fleets, hardening, k8s
+from nymph.dockyard.render import dra, fleets, hardening, k8s
 from nymph.dockyard.spec.enums import CheckpointsKind, HFCacheKind, SchedulerKind, WorkspaceKind
 from nymph.dockyard.spec.schema import ClusterSpec, InfraConfig
 
@@ -73,64 +76,72 @@ def _stringify_params(group: dict[str, Any], *, where: str) -> None:
             )
 
 
-def _segments(groups: list[Any], size: int | None) -> list[dict[str, Any]]:
+def _segments(group: dict[str, Any], i: int, size: int | None) -> list[dict[str, Any]]:
+    replicas = group.get("replicas")
+    if size is None or not isinstance(replicas, int) or replicas <= size:
+        return [group]
+    if replicas % size:
+        raise DockyardConfigError(
+            f"replicas {replicas} is not a multiple of kuberay.segmentSize {size}",
+            path=f"{_group_path(i)}.replicas",
+        )
+    if replicas // size > MAX_SEGMENTS:
+        raise DockyardConfigError(
+            f"replicas {replicas} in segments of kuberay.segmentSize {size} makes "
+            f"{replicas // size} worker groups; at most {MAX_SEGMENTS}",
+            path=f"{_group_path(i)}.replicas",
+        )
     out: list[dict[str, Any]] = []
-    for i, group in enumerate(groups):
-        if not isinstance(group, dict):
-            raise DockyardConfigError("expected a mapping", path=_group_path(i))
-        replicas = group.get("replicas")
-        if size is None or not isinstance(replicas, int) or replicas <= size:
-            out.append(group)
-            continue
-        if replicas % size:
-            raise DockyardConfigError(
-                f"replicas {replicas} is not a multiple of kuberay.segmentSize {size}",
-                path=f"{_group_path(i)}.replicas",
-            )
-        if replicas // size > MAX_SEGMENTS:
-            raise DockyardConfigError(
-                f"replicas {replicas} in segments of kuberay.segmentSize {size} makes "
-                f"{replicas // size} worker groups; at most {MAX_SEGMENTS}",
-                path=f"{_group_path(i)}.replicas",
-            )
-        base = str(group.get("groupName", "workers"))
-        for n in range(replicas // size):
-            segment = copy.deepcopy(group)
-            segment.update(groupName=f"{base}-segment-{n}", replicas=size, minReplicas=size, maxReplicas=size)
-            out.append(segment)
+    for n in range(replicas // size):
+        segment = copy.deepcopy(group)
+        segment.update(
+            groupName=f"{group['groupName']}-segment-{n}", replicas=size, minReplicas=size, maxReplicas=size
+        )
+        out.append(segment)
     return out
 
 
-def _worker_groups(spec: dict[str, Any], cluster: ClusterSpec) -> list[dict[str, Any]]:
+def _authored_groups(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The authored worker groups, checked (a name, a pod template, string start params)."""
     raw = spec.get("workerGroupSpecs")
     if not isinstance(raw, list) or not raw:
         raise DockyardConfigError(
-            "needs worker groups (a trainer and an inference group)", path=f"{_SPEC}.workerGroupSpecs"
+            "needs worker groups (a trainer and an inference group, or one plain Ray worker group)",
+            path=f"{_SPEC}.workerGroupSpecs",
         )
-    groups = _segments(raw, cluster.segmentSize)
-    roles: set[str] = set()
-    for i, group in enumerate(groups):
+    for i, group in enumerate(raw):
         where = _group_path(i)
+        if not isinstance(group, dict):
+            raise DockyardConfigError("expected a mapping", path=where)
         if not isinstance(group.get("groupName"), str) or not group["groupName"]:
             raise DockyardConfigError("required", path=f"{where}.groupName")
         _pod_spec(group, where=where)
         _stringify_params(group, where=where)
-        role = fleets.role_of(group, where=where)
-        fleets.tag_group(group, role, where=where)
-        roles.add(role)
+    return raw
+
+
+def group_roles(cluster: ClusterSpec) -> list[fleets.GroupRole]:
+    """The fleet role of each authored worker group of ``cluster`` and what it comes from."""
+    spec: dict[str, Any] = k8s.plain(copy.deepcopy(cluster.spec))
+    return fleets.group_roles(_authored_groups(spec), path=f"{_SPEC}.workerGroupSpecs")
+
+
+def _worker_groups(spec: dict[str, Any], cluster: ClusterSpec, infra: InfraConfig) -> list[dict[str, Any]]:
+    authored = _authored_groups(spec)
+    dra.rewrite_claims(authored, cluster=cluster.name, dra=infra.dra)
+    roles = fleets.group_roles(authored, path=f"{_SPEC}.workerGroupSpecs")
+    groups: list[dict[str, Any]] = []
+    for i, (group, found) in enumerate(zip(authored, roles, strict=True)):
+        where = _group_path(i)
+        if found.role is not None:
+            fleets.tag_group(group, found.role, where=where)
         replicas = group.get("replicas")
         if replicas is None and ("minReplicas" not in group or "maxReplicas" not in group):
-            raise DockyardConfigError("required (the number of pods of this fleet)", path=f"{where}.replicas")
+            raise DockyardConfigError("required (the number of pods of this group)", path=f"{where}.replicas")
         if replicas is not None:
             group.setdefault("minReplicas", replicas)
             group.setdefault("maxReplicas", replicas)
-    missing = [r for r in fleets.ROLES if r not in roles]
-    if missing:
-        raise DockyardConfigError(
-            f"no {' and no '.join(missing)} worker group (trainer and inference are two "
-            "worker groups of the one cluster)",
-            path=f"{_SPEC}.workerGroupSpecs",
-        )
+        groups.extend(_segments(group, i, cluster.segmentSize))
     return groups
 
 
@@ -260,7 +271,7 @@ def cluster_spec(infra: InfraConfig, *, cross_env: Mapping[str, str]) -> dict[st
         raise DockyardConfigError("required (a mapping with template)", path=f"{_SPEC}.headGroupSpec")
     _pod_spec(head, where=f"{_SPEC}.headGroupSpec")
     _stringify_params(head, where=f"{_SPEC}.headGroupSpec")
-    spec["workerGroupSpecs"] = _worker_groups(spec, cluster)
+    spec["workerGroupSpecs"] = _worker_groups(spec, cluster, infra)
     if infra.rayVersion is not None:
         spec.setdefault("rayVersion", infra.rayVersion)
     for group in [head, *spec["workerGroupSpecs"]]:

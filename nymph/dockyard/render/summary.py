@@ -6,9 +6,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nymph.dockyard.render import fleets, k8s, sandbox
+from nymph.dockyard.render import dra as draobjects
+from nymph.dockyard.render import fleets, k8s, raycluster, sandbox
 from nymph.dockyard.render.manifests import RENDER_ONLY_KINDS
-from nymph.dockyard.render.raycluster import SANDBOX_URLS_ENV
 from nymph.dockyard.spec.enums import LaunchMode
 from nymph.dockyard.spec.load import LoadedConfig
 from nymph.dockyard.spec.schema import InfraConfig, SecuritySpec
@@ -44,11 +44,45 @@ def _worker_lines(spec: Mapping[str, Any]) -> list[str]:
     out = []
     for group in spec.get("workerGroupSpecs") or []:
         containers = group["template"]["spec"]["containers"]
-        role = k8s.env_value(containers[0], fleets.ROLE_ENV) or "?"
+        role = k8s.env_value(containers[0], fleets.ROLE_ENV) or "none"
         out.append(
             f"  {group['groupName']:<20} role={role:<9} replicas={group.get('replicas', '?')} "
             f"gpus/pod={_gpus(group)}"
         )
+    return out
+
+
+def _inferred_lines(infra: InfraConfig) -> list[str]:
+    """What the render inferred: each worker group's fleet role and where it comes from, and
+    the DRA objects rendered for the workers' claims (or the claims left as authored)."""
+    assert infra.kuberay is not None
+    out = ["inferred:"]
+    roles = raycluster.group_roles(infra.kuberay)
+    for found in roles:
+        if found.role is None:
+            out.append(
+                f"  {found.group}: a plain Ray worker group ({found.source}): no "
+                f"{fleets.TAG_PREFIX}* tag, no {fleets.ROLE_ENV}"
+            )
+        else:
+            out.append(f"  {found.group}: fleet role {found.role} (from {found.source})")
+    missing = [r for r in fleets.ROLES if all(found.role != r for found in roles)]
+    if missing:
+        out.append(f"  fleets: no {' and no '.join(missing)} worker group")
+    dra = infra.dra
+    for obj in draobjects.planned(infra):
+        what = (
+            f"numNodes={dra.computeDomainNumNodes}" + (", elastic" if not dra.computeDomainNumNodes else "")
+            if obj.kind == "ComputeDomain"
+            else f"{dra.roceCount} RoCE NICs per pod"
+        )
+        out.append(
+            f"  dra: {obj.kind}/{obj.name} ({what}) for claim {obj.claim} of "
+            f"{', '.join(obj.groups)} (template name rewritten)"
+        )
+    passed = draobjects.passed_through(infra)
+    if passed:
+        out.append(f"  dra: autoCreate off: claims {', '.join(passed)} left as authored, no DRA objects")
     return out
 
 
@@ -68,7 +102,7 @@ def _hardening(sec: SecuritySpec) -> str:
 def _sandbox_lines(infra: InfraConfig) -> list[str]:
     sb = infra.sandbox
     if sb is None:
-        return [_line("sandbox", f"none (external: set {SANDBOX_URLS_ENV} in launch.env)")]
+        return [_line("sandbox", f"none (external: set {raycluster.SANDBOX_URLS_ENV} in launch.env)")]
     res = sandbox.resources(sb.resources)
     req = " ".join(f"{k}={v}" for k, v in (res.get("requests") or {}).items()) or "-"
     lim = " ".join(f"{k}={v}" for k, v in (res.get("limits") or {}).items()) or "-"
@@ -76,9 +110,9 @@ def _sandbox_lines(infra: InfraConfig) -> list[str]:
     if not sb.injectUrls:
         inject = "not injected (injectUrls: false)"
     elif infra.launch.mode is LaunchMode.ATTACH:
-        inject = f"not injected in attach mode (set {SANDBOX_URLS_ENV} in launch.env)"
+        inject = f"not injected in attach mode (set {raycluster.SANDBOX_URLS_ENV} in launch.env)"
     else:
-        inject = f"injected as {SANDBOX_URLS_ENV} into every GPU pod"
+        inject = f"injected as {raycluster.SANDBOX_URLS_ENV} into every GPU pod"
     np = sb.networkPolicy
     if not np.enabled:
         net = "off"
@@ -156,6 +190,7 @@ def summary(loaded: LoadedConfig, manifests: Sequence[k8s.Manifest]) -> str:
         )
         lines.append("worker groups:")
         lines.extend(_worker_lines(spec))
+        lines.extend(_inferred_lines(infra))
     lines.extend(_sandbox_lines(infra))
     if launch.entrypoint:
         lines.append("entrypoint:")

@@ -191,8 +191,9 @@ class LaunchSpec(Block):
 
 
 class ClusterSpec(Block):
-    """The one GPU RayCluster (trainer + inference worker groups). ``spec`` is a free-form
-    RayCluster ``.spec``; cross-cutting fields are patched into it at render time."""
+    """The one GPU RayCluster (trainer + inference worker groups, or one plain Ray worker
+    group). ``spec`` is a free-form RayCluster ``.spec``; cross-cutting fields are patched into
+    it at render time."""
 
     name: Str
     spec: _FreeForm
@@ -282,7 +283,8 @@ class LimitRangeSpec(Block):
 
 
 class DRASpec(Block):
-    """Accepted for compatibility; nymph does not render DRA objects."""
+    """The DRA objects rendered for the GPU workers' well-known resource claims
+    (:mod:`nymph.dockyard.render.dra`): ``autoCreate`` off leaves the claims as authored."""
 
     autoCreate: bool = True
     roceCount: int = 8
