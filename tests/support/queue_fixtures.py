@@ -6,7 +6,9 @@ a background thread with its own loop (for the CLI and other synchronous callers
 on a free 127.0.0.1 port and keep their state in the backend the test is parametrized with
 (``backend``): a SQLite file under ``tmp_path``, or a fresh database on the session's real
 PostgreSQL server (:mod:`tests.support.pg_server`). A test marked ``sqlite_only`` runs on SQLite
-alone (it inspects the database file itself).
+alone (it inspects the database file itself), and so do the CLI's tests (``tests/cli``): the CLI
+speaks HTTP to the queue, and what differs between the backends behind the same answers is the
+business of the queue's own tests, which run on both.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from tests.support.pg_server import PgServer, PgUnavailable, running_server
 from tests.support.queue_helpers import FAST, Queue, Served, add_kind, open_queue
 
 BACKENDS = ("sqlite", "postgresql")
+#: The test folders whose tests run on SQLite only (see the module's docstring).
+SQLITE_ONLY_FOLDERS = ("cli",)
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,7 +38,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
-        only = metafunc.definition.get_closest_marker("sqlite_only") is not None
+        folder = metafunc.definition.path.resolve().relative_to(TESTS).parts[0]
+        only = (
+            metafunc.definition.get_closest_marker("sqlite_only") is not None or folder in SQLITE_ONLY_FOLDERS
+        )
         metafunc.parametrize("backend", ["sqlite"] if only else list(BACKENDS), indirect=True)
 
 
