@@ -9,7 +9,6 @@ hardening nymph renders is what the kernel enforces.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
@@ -23,62 +22,10 @@ from nymph.cli import main
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.kuberay import KubeRayOperator
-from nymph.localcluster.rayimage import RAY_IMAGE
-from tests.support.harness import DaemonProc, QueueProc, daemon_kubeconfig, wait_state
 from tests.support.kube_fixtures import new_namespace
+from tests.support.rayinfra import MARKER, SANDBOX_UID, infra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
-
-MARKER = "dockyard-entrypoint-ok"
-SANDBOX_UID = 1000
-
-
-def infra(node: str) -> dict[str, Any]:
-    """A GPU-free infra for one small node: a head with one CPU and a 100 MB object store, no
-    workers, and a two-replica sandbox pool serving HTTP as a non-root user."""
-    pinned = {"kubernetes.io/hostname": node}
-
-    def group(name: str) -> dict[str, Any]:
-        return {"groupName": name, "replicas": 0, "template": {"spec": {"containers": [{"name": "w"}]}}}
-
-    return {
-        "image": RAY_IMAGE,
-        "placement": {"nodeSelector": pinned},
-        "launch": {"mode": "rayjob", "entrypoint": f"python -c \"print('{MARKER}')\""},
-        "sandbox": {
-            "name": "sbx",
-            "replicas": 2,
-            "security": {"runAsNonRoot": True},
-            "spec": {
-                "template": {
-                    "spec": {
-                        "nodeSelector": pinned,
-                        "securityContext": {"runAsUser": SANDBOX_UID, "runAsGroup": SANDBOX_UID},
-                        "containers": [
-                            {
-                                "name": "task-executor",
-                                "command": ["python3", "-m", "http.server", "9090"],
-                                "resources": {
-                                    "requests": {"cpu": "50m", "memory": "64Mi"},
-                                    "limits": {"cpu": "200m", "memory": "128Mi"},
-                                },
-                            }
-                        ],
-                    }
-                }
-            },
-        },
-        "kuberay": {
-            "name": "grpo",
-            "spec": {
-                "headGroupSpec": {
-                    "rayStartParams": {"num-cpus": "1", "object-store-memory": "100000000"},
-                    "template": {"spec": {"containers": [{"name": "ray-head"}]}},
-                },
-                "workerGroupSpecs": [group("trainer"), group("inference")],
-            },
-        },
-    }
 
 
 @dataclass
@@ -224,104 +171,12 @@ def test_the_sandbox_pdb_refuses_the_second_eviction(ran: Ran) -> None:
     assert "HTTP 429" in refused and "disruption budget" in refused.lower(), refused
 
 
-# --- launch-dockyard: the queue and a daemon with the project's Roles -------------------------
-
-
-@pytest.fixture(scope="module")
-def stack(ran: Ran, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[QueueProc, str]]:
-    """A queue and a daemon serving a namespace of its own, the daemon holding exactly the
-    project's Pod and dockyard Roles (so they are proven sufficient against the operator)."""
-    kube = ran.kube
-    ns = new_namespace(kube)
-    tmp = tmp_path_factory.mktemp("dockyard-daemon")
-    q = QueueProc(tmp / "queue.db")
-    q.tokens()
-    q.start()
-    d = DaemonProc(q, daemon_kubeconfig(kube, ns, tmp, dockyard=True), ns, tmp / "root")
-
-    async def provider() -> None:
-        async with q.client() as c:
-            await c.create_provider(
-                name="local", launcher="Kube", kwargs={"namespace": ns}, dispatch="daemon"
-            )
-
-    asyncio.run(provider())
-    d.start()
-    try:
-        yield q, ns
-    finally:
-        d.kill()
-        q.kill()
-        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-
-
 def _free_the_cpus(ran: Ran) -> None:
     """The first test's Ray cluster is done with: its head would only compete for the two CPUs
     with the next one's (a head that misses Ray's fixed 30 s start-up wait restarts)."""
     ran.kube.kubectl(
         "delete", "rayclusters.ray.io", "-n", ran.namespace, "--all", "--wait=false", check=False
     )
-
-
-def _daemon_infra(node: str, *, name: str, entrypoint: str) -> dict[str, Any]:
-    spec = infra(node)
-    spec["launch"]["entrypoint"] = entrypoint
-    spec["kuberay"]["name"] = name
-    spec["sandbox"]["name"] = f"{name}-sbx"
-    spec["sandbox"]["replicas"] = 1
-    return spec
-
-
-async def test_launch_dockyard_reports_the_rayjobs_end_and_stop_tears_down(
-    ran: Ran, stack: tuple[QueueProc, str]
-) -> None:
-    """Through the queue and the daemon: ``nymph stop`` of a running launch deletes its RayJob and
-    the operator then takes its Ray Pods away; a launch whose entrypoint exits 3 ends ``stopped``
-    / Error with KubeRay's message, its sandbox pool deleted."""
-    q, ns = stack
-    node = ran.kube.real_node
-    assert node is not None
-    # the module's first Ray cluster is done with: its head would only compete for the CPUs
-    ran.kube.kubectl(
-        "delete", "rayclusters.ray.io", "-n", ran.namespace, "--all", "--wait=false", check=False
-    )
-    recipe = {"grpo": {"max_num_steps": 1}}
-
-    async def launch(name: str, entrypoint: str) -> str:
-        async with q.client() as c:
-            accepted = await c.launch_dockyard(
-                provider="local", recipe=recipe, infra=_daemon_infra(node, name=name, entrypoint=entrypoint)
-            )
-        return str(accepted["instanceId"])
-
-    def ray_pods(prefix: str) -> list[str]:
-        pods = ran.kube.api("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=ray.io%2Fcluster")["items"]
-        return [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(f"{prefix}-")]
-
-    long = await launch("long", 'python -c "import time; time.sleep(600)"')
-    await wait_state(q, long, {"running"}, timeout=120)
-    deadline = time.monotonic() + 120
-    while not ray_pods("long"):  # the operator has made its Ray cluster
-        assert time.monotonic() < deadline, "no head Pod for the running launch"
-        await asyncio.sleep(0.5)
-    async with q.client() as c:
-        await c.stop(provider="local", instance_id=long)
-    assert (await wait_state(q, long, {"stopped"}, timeout=120))["reason"] == "Stopped"
-    deadline = time.monotonic() + 120
-    while ray_pods("long"):
-        assert time.monotonic() < deadline, f"the stopped launch's Ray Pods stay: {ray_pods('long')}"
-        await asyncio.sleep(0.5)
-
-    # (a RayJob that succeeds is followed to its end by the first test; its report, Completed,
-    # is the same code path as this one's)
-    bad = await launch("bad", 'python -c "import sys; sys.exit(3)"')
-    got = await wait_state(q, bad, {"stopped"}, timeout=400)
-    assert got["reason"] == "Error" and got["message"].startswith("RayJob bad failed (job FAILED): "), got
-    pools = {
-        d["metadata"]["name"]
-        for d in ran.kube.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments")["items"]
-    }
-    assert "bad-sbx" not in pools, pools
 
 
 def test_cluster_up_then_run_attached_through_the_jobs_api_then_down(

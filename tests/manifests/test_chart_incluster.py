@@ -1,7 +1,9 @@
 """The Helm chart installed INTO the local cluster's real node, in the image built here: a launch
 runs through the chart's queue and daemon to Completed; ``helm upgrade`` with a changed value
-rolls the DaemonSet while a launch runs, and that launch still reports its end; ``helm
-uninstall`` leaves nothing behind but what the chart keeps (its namespace and the queue's claim).
+rolls the DaemonSet while a launch runs, and that launch still reports its end; a dockyard launch
+goes through the in-cluster daemon to a real KubeRay operator and reports its RayJob's end;
+``helm uninstall`` leaves nothing behind but what the chart keeps (its namespace and the queue's
+claim).
 
 The values are what ``manifests/overlays/local`` changes from the base (no kube-proxy, no cluster
 DNS on this node: the queue on the host's network at the node IP). The local cluster runs no
@@ -21,7 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
+from nymph.dockyard.ownership import LAUNCH_LABEL
 from nymph.localcluster import LocalCluster
+from nymph.localcluster.kuberay import KubeRayOperator
 from tests.support.helm import CHART, Helm, template
 from tests.support.incluster import (
     QUEUE_SELECTOR,
@@ -38,6 +42,7 @@ from tests.support.incluster import (
     wait_namespace_gone,
     wait_state,
 )
+from tests.support.rayinfra import daemon_infra
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode, pytest.mark.timeout(900)]
 
@@ -196,6 +201,63 @@ async def test_an_upgrade_rolls_the_daemon_and_a_running_launch_still_reports_it
     assert ic.kube.api("GET", token_path)["metadata"]["resourceVersion"] == token_version
     after = await launch(ic, SCRIPT)
     assert (await wait_state(ic, after, {"stopped"}))["reason"] == "Completed"
+
+
+async def test_a_dockyard_launch_through_the_in_cluster_daemon_reports_its_rayjobs_end(
+    release: Release, kuberay_operator: KubeRayOperator
+) -> None:
+    """Through the chart's queue and its in-cluster daemon (holding exactly the chart's Pod and
+    dockyard Roles), against a real KubeRay operator: ``nymph stop`` of a running dockyard launch
+    deletes its RayJob and the operator takes its Ray Pods away; a launch whose entrypoint exits 3
+    ends ``stopped`` / Error with KubeRay's message, its sandbox pool deleted."""
+    ic = release.ic
+    recipe = {"grpo": {"max_num_steps": 1}}
+
+    async def launch_ray(name: str, entrypoint: str) -> str:
+        async with ic.client() as c:
+            accepted = await c.launch_dockyard(
+                provider="local", recipe=recipe, infra=daemon_infra(ic.node, name=name, entrypoint=entrypoint)
+            )
+        return str(accepted["instanceId"])
+
+    def ray_pods(prefix: str) -> list[str]:
+        pods = ic.pods(SERVED, "ray.io%2Fcluster")
+        return [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(f"{prefix}-")]
+
+    try:
+        long = await launch_ray("long", 'python -c "import time; time.sleep(600)"')
+        await wait_state(ic, long, {"running"})
+        deadline = asyncio.get_running_loop().time() + 120
+        while not ray_pods("long"):  # the operator has made its Ray cluster
+            assert asyncio.get_running_loop().time() < deadline, "no head Pod for the running launch"
+            await asyncio.sleep(0.5)
+        async with ic.client() as c:
+            await c.stop(provider="local", instance_id=long)
+        assert (await wait_state(ic, long, {"stopped"}))["reason"] == "Stopped"
+        deadline = asyncio.get_running_loop().time() + 120
+        while ray_pods("long"):
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"the stopped launch's Ray Pods stay: {ray_pods('long')}"
+            )
+            await asyncio.sleep(0.5)
+
+        bad = await launch_ray("bad", 'python -c "import sys; sys.exit(3)"')
+        got = await wait_state(ic, bad, {"stopped"}, timeout=400)
+        assert got["reason"] == "Error", ic.explain(got)
+        assert got["message"].startswith("RayJob bad failed (job FAILED): "), got
+        pools = {
+            d["metadata"]["name"]
+            for d in ic.kube.api("GET", f"/apis/apps/v1/namespaces/{SERVED}/deployments")["items"]
+        }
+        assert "bad-sbx" not in pools, pools
+        applied = {
+            r["instance"] for r in audit_records() if r["action"] == "apply" and r.get("result") == "ok"
+        }
+        assert {long, bad} <= applied, "the in-cluster daemon applied both (its audit log on the node)"
+    finally:  # what a finished RayJob keeps until KubeRay's TTL: not left for the next tests
+        ic.kube.kubectl(
+            "delete", "rayjobs.ray.io", "-n", SERVED, "-l", LAUNCH_LABEL, "--wait=false", check=False
+        )
 
 
 def existing(kube: LocalCluster, docs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
