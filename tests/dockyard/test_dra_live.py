@@ -1,7 +1,7 @@
 """The DRA render against the real local API server (Kubernetes 1.36, resource.k8s.io/v1 built
 in) with the KubeRay CRDs: the RoCE ResourceClaimTemplate and the Ray object whose workers
-claim it pass a server-side dry run, and a device count the server refuses is refused by the
-infra schema first.
+claim it pass a server-side dry run, a device count the server refuses is refused by the
+infra schema first, and the daemon's dockyard Role is enough to apply and delete them.
 
 The ComputeDomain is left out: its CRD is NVIDIA's DRA driver's, which this cluster does not
 serve (its shape is compared with dockyard-k8s's render in test_upstream_golden.py)."""
@@ -9,6 +9,7 @@ serve (its shape is compared with dockyard-k8s's render in test_upstream_golden.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,11 @@ import yaml
 from nymph.dockyard.errors import DockyardConfigError
 from nymph.dockyard.render import dra
 from nymph.dockyard.render.manifests import render_manifests
+from nymph.dockyard.render.task import DOCKYARD_ROLE_RULES, dockyard_task_manifests
 from nymph.dockyard.spec.parse import parse_infra
 from nymph.localcluster import LocalCluster
+from nymph.localcluster.cluster import kubectl_path
+from tests.support.kube_fixtures import SaKubeconfig
 
 pytestmark = pytest.mark.e2e
 
@@ -65,3 +69,57 @@ def test_a_count_the_api_server_refuses_is_refused_at_check(kube: LocalCluster, 
         with pytest.raises(DockyardConfigError) as info:
             parse_infra({"namespace": namespace, "image": "i", "dra": {"roceCount": count}})
         assert (info.value.path, info.value.message) == ("infra.dra.roceCount", "must be at least 1")
+
+
+def test_the_daemons_role_applies_and_deletes_the_dra_objects(
+    kube: LocalCluster, kuberay_crds: Path, namespace: str, sa_kubeconfig: SaKubeconfig
+) -> None:
+    """As an account holding only the dockyard Role rules, a dispatched task's objects with the
+    RoCE template are applied (twice: idempotent) and deleted; the ComputeDomain is granted
+    the same verbs (its kind is not served here, so the grant is read from the authorizer)."""
+    infra = yaml.safe_load((GOLDEN / "dra-rayjob.infra.yaml").read_text(encoding="utf-8"))
+    infra["namespace"] = namespace
+    manifests = dockyard_task_manifests(recipe={"grpo": {}}, infra=infra, overrides=[], namespace=namespace)
+    assert [m["kind"] for m in manifests].count("ComputeDomain") == 1
+    stream = yaml.safe_dump_all([m for m in manifests if m["kind"] != "ComputeDomain"], sort_keys=False)
+    restricted = sa_kubeconfig(namespace=namespace, rules=DOCKYARD_ROLE_RULES, name="dispatcher")
+
+    def as_daemon(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [kubectl_path(), f"--kubeconfig={restricted}", "-n", namespace, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    for _ in range(2):
+        applied = as_daemon("apply", "--server-side", "--field-manager=nymph", "-f", "-", stdin=stream)
+        assert applied.returncode == 0, applied.stderr
+        assert "resourceclaimtemplate.resource.k8s.io/roce-grpo serverside-applied" in applied.stdout
+    deleted = as_daemon("delete", "-f", "-", "--wait=false", stdin=stream)
+    assert deleted.returncode == 0, deleted.stderr
+    assert 'resourceclaimtemplate.resource.k8s.io "roce-grpo" deleted' in deleted.stdout
+
+    def allowed(verb: str, group: str, resource: str) -> bool:
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {
+                "resourceAttributes": {
+                    "namespace": namespace,
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                }
+            },
+        }
+        answer = as_daemon("create", "--validate=false", "-o", "json", "-f", "-", stdin=json.dumps(review))
+        assert answer.returncode == 0, answer.stderr
+        return bool(json.loads(answer.stdout)["status"].get("allowed"))
+
+    for verb in ("get", "create", "patch", "delete"):
+        assert allowed(verb, "resource.nvidia.com", "computedomains"), verb
+    assert not allowed("list", "resource.nvidia.com", "computedomains")
+    assert not allowed("create", "resource.k8s.io", "resourceclaims")

@@ -381,6 +381,8 @@ def test_role_rules_cover_exactly_the_applied_kinds_with_least_privilege() -> No
         ("policy", "poddisruptionbudgets"),
         ("ray.io", "rayjobs"),
         ("ray.io", "rayclusters"),
+        ("resource.k8s.io", "resourceclaimtemplates"),
+        ("resource.nvidia.com", "computedomains"),
     }
     for key, verbs in granted.items():
         # and list on RayJobs alone: the daemon reads which of its launches' RayJobs have ended

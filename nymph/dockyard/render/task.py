@@ -43,6 +43,8 @@ DOCKYARD_ROLE_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": list(_VERBS)},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": list(_VERBS)},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": list(_VERBS)},
+    {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"], "verbs": list(_VERBS)},
 ]
 
 
