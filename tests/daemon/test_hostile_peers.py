@@ -25,7 +25,7 @@ from tests.support.tally import TALLY
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow]
 
-WINDOW = 8.0  # seconds each misbehaviour is watched
+WINDOW = 5.0  # seconds each misbehaviour is watched
 MAX_CLAIMS_PER_SECOND = 5  # a backoff or a held long poll keeps far under this
 STALL = 30.0  # seconds without a new answer that fail the hostile-ids check
 
