@@ -17,7 +17,13 @@ from tests.support.harness import DaemonProc, QueueProc, daemon_kubeconfig, setu
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
-SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\nprint('woke up')\n"
+#: A job that would sleep a minute, and ends when told to (as PID 1 it would otherwise ignore the
+#: kubelet's SIGTERM, and the kill would wait out the Pod's 30 s grace period).
+SLEEPER = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+    "print('sleeping', flush=True)\ntime.sleep(60)\nprint('woke up')\n"
+)
 
 
 @pytest.fixture
