@@ -40,10 +40,10 @@ deps: ## the Debian packages the real node and the local images use (runc, CNI p
 	  echo "deps: not installed: no real node (Pods will be simulated by kwok)" >&2; \
 	fi
 
-envtest: ## build the local control plane (kube-apiserver, etcd, kwok) and the real node (kubelet, containerd) into ~/.cache/nymph/envtest, and helm and the KubeRay operator into ~/.cache/nymph/tools
+envtest: ## build the local control plane (kube-apiserver, etcd, kwok) and the real node (kubelet, containerd) into ~/.cache/nymph/envtest, and helm, the KubeRay operator and kube-router into ~/.cache/nymph/tools
 	@if [[ -n "$$KUBEBUILDER_ASSETS" ]] || command -v go >/dev/null; then \
 	  tests/envtest/build.sh >/dev/null; \
-	  if ! tests/envtest/build-tools.sh helm kuberay-operator >/dev/null && [[ "$$NYMPH_E2E" == "require" ]]; then exit 1; fi; \
+	  if ! tests/envtest/build-tools.sh helm kuberay-operator kube-router >/dev/null && [[ "$$NYMPH_E2E" == "require" ]]; then exit 1; fi; \
 	elif [[ "$$NYMPH_E2E" == "require" ]]; then \
 	  echo "envtest: Go is not installed and KUBEBUILDER_ASSETS is unset; cannot build the control plane" >&2; exit 1; \
 	else \

@@ -9,6 +9,8 @@
 #                                       (initdb + postgres into a temp dir; no service is used)
 #   chromium                            the browser the console's tests drive (headless, with
 #                                       Playwright given its executable_path)
+#   ipset                               the sets kube-router's firewall matches Pods by (the
+#                                       sandbox NetworkPolicy tests' policy engine)
 # Quiet and quick when everything is there; needs root otherwise. Usage: tests/envtest/deps.sh
 set -euo pipefail
 
@@ -24,6 +26,7 @@ PACKAGES=(
   libc6-dev
   postgresql
   chromium
+  ipset
 )
 
 installed() {
