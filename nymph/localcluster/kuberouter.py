@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 #: kube-router's own chain and ipset names (its netpol controller's prefixes)
 CHAIN_PREFIXES = ("KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-")
 IPSET_PREFIXES = ("KUBE-SRC-", "KUBE-DST-")
+#: the temporary set of its atomic ipset swaps (``TMP-`` and 16 base32 characters)
+TMP_IPSET = re.compile(r"TMP-[A-Z2-7]{16}")
 TOP_CHAINS = {"INPUT": "KUBE-ROUTER-INPUT", "FORWARD": "KUBE-ROUTER-FORWARD", "OUTPUT": "KUBE-ROUTER-OUTPUT"}
 BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 
@@ -46,7 +49,7 @@ class KubeRouterError(NymphError):
 def owned(name: str) -> bool:
     """Whether a chain or ipset name is one kube-router makes (IPv6 sets carry ``inet6:``)."""
     name = name.removeprefix("inet6:")
-    return name.startswith(CHAIN_PREFIXES) or name.startswith(IPSET_PREFIXES)
+    return name.startswith((*CHAIN_PREFIXES, *IPSET_PREFIXES)) or TMP_IPSET.fullmatch(name) is not None
 
 
 def router_argv(*, binary: Path, kubeconfig: Path, node: str, service_range: str) -> list[str]:

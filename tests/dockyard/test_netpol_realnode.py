@@ -101,19 +101,20 @@ class _Echo(socketserver.BaseRequestHandler):
             self.request[1].sendto(self.request[0], self.client_address)
 
 
+class _TCPServer(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True  # it closes first: its port is in TIME_WAIT for the next run
+    daemon_threads = True
+
+
 @contextlib.contextmanager
 def _serving(host: str, port: int, *, udp: bool = False) -> Iterator[int]:
     """A TCP (or UDP echo) server on ``host:port`` in a named thread, for the block."""
-    cls: type[socketserver.BaseServer] = (
-        socketserver.ThreadingUDPServer if udp else socketserver.ThreadingTCPServer
-    )
-    server = cls((host, port), _Echo)
-    thread = threading.Thread(
-        target=server.serve_forever, name=f"netpol-{'udp' if udp else 'tcp'}-{port}", daemon=True
-    )
+    server = socketserver.ThreadingUDPServer((host, port), _Echo) if udp else _TCPServer((host, port), _Echo)
+    name = f"netpol-{'udp' if udp else 'tcp'}-{port}"
+    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
     thread.start()
     try:
-        yield int(server.server_address[1])  # type: ignore[index]
+        yield int(server.server_address[1])
     finally:
         server.shutdown()
         server.server_close()
