@@ -19,6 +19,21 @@ def work_key(count: int | None) -> str:
     return TASKS_KEY if count is None else f"{TASKS_KEY}{count}"
 
 
+def coalesce(keys: list[str]) -> list[str]:
+    """The keys told while a broadcast was under way, as few that wake the same waiters: the
+    task counts added up (or "every claim" if one was), each other key once, in first order."""
+    out: dict[str, None] = {}
+    count: int | None = 0
+    for key in keys:
+        if key.startswith(TASKS_KEY) and count is not None:
+            n = key.removeprefix(TASKS_KEY)
+            count = count + int(n) if n.isdigit() else None
+        elif not key.startswith(TASKS_KEY):
+            out[key] = None
+    tasks = [work_key(count)] if count != 0 else []
+    return [*tasks, *out] if "" not in out else [""]
+
+
 def wake_for(
     key: str, *, tasks: WorkSignal, instances: KeyedSignal, events: KeyedSignal, appended: KeyedSignal
 ) -> None:

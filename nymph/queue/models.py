@@ -5,6 +5,8 @@ The wire types (task kinds, statuses, JSON shapes, time) live in :mod:`nymph.pro
 from __future__ import annotations
 
 import enum
+import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,6 +221,13 @@ class ClaimRequest:
     lease_seconds: int
     #: What the daemon's node offers; None (an older daemon, or no node): launches go unfiltered.
     node_info: NodeOffer | None = None
+
+    @functools.cached_property
+    def record(self) -> tuple[str, str, int, str | None]:
+        """The daemon as the daemons table keeps it: node, namespaces, capacity and offer as
+        text (worked out once per request: each read of the claim compares it)."""
+        offer = None if self.node_info is None else json.dumps(self.node_info.to_json(), sort_keys=True)
+        return self.node, json.dumps(list(self.namespaces)), self.capacity, offer
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,12 @@ class Ticket:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     wake: int | None = None
     done: bool = False
+    #: Still in the line (waiting to be woken, or finished and not swept out yet).
+    queued: bool = False
+
+
+#: Finished tickets a line keeps at least before sweeping them out.
+_SWEEP_AT = 64
 
 
 class WorkSignal:
@@ -68,6 +74,9 @@ class WorkSignal:
         #: ``wake_all`` are how theirs arrive here.
         self._relay = relay
         self._aside: set[Ticket] = set()  # waiters that take no work (capacity 0): only closing wakes them
+        #: Finished tickets still in the line: left there (taking one out of a line of a thousand
+        #: waiters is a scan) until they outnumber the live ones, then swept out at once.
+        self._dead = 0
         self.closed = False
 
     def ticket(self, *, in_line: bool = True) -> Ticket:
@@ -76,6 +85,7 @@ class WorkSignal:
             t.wake = 0
             t.event.set()
         elif in_line:
+            t.queued = True
             self._line.append(t)
         else:
             self._aside.add(t)
@@ -84,7 +94,10 @@ class WorkSignal:
     def _wake(self, budget: int) -> bool:
         while self._line:
             t = self._line.popleft()
-            if not t.done:
+            t.queued = False
+            if t.done:
+                self._dead -= 1
+            else:
                 t.wake = budget
                 t.event.set()
                 return True
@@ -103,7 +116,7 @@ class WorkSignal:
 
     def wake(self, count: int = 1) -> None:
         """Wake ``count`` waiters of this process only."""
-        budget = len(self._line)
+        budget = len(self)
         for _ in range(max(0, count)):
             if not self._wake(budget):
                 return
@@ -121,11 +134,15 @@ class WorkSignal:
     def finish(self, ticket: Ticket) -> int | None:
         """The waiter is done with ``ticket``: it leaves the line. Returns the wake it carries
         (None when it was not woken), which the caller passes on if it takes nothing."""
+        if ticket.done:
+            return ticket.wake
         ticket.done = True
         self._aside.discard(ticket)
-        if ticket.wake is None:
-            with contextlib.suppress(ValueError):
-                self._line.remove(ticket)
+        if ticket.queued:
+            self._dead += 1
+            if self._dead > _SWEEP_AT and 2 * self._dead > len(self._line):
+                self._line = deque(t for t in self._line if not t.done)
+                self._dead = 0
         return ticket.wake
 
     def close(self) -> None:
@@ -138,7 +155,7 @@ class WorkSignal:
         self._aside.clear()
 
     def __len__(self) -> int:
-        return len(self._line)
+        return len(self._line) - self._dead
 
 
 class KeyedSignal:

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,6 +45,7 @@ import psycopg_pool
 import structlog
 from psycopg.conninfo import conninfo_to_dict
 
+from nymph.queue.broadcast import coalesce
 from nymph.queue.db import DatabaseError
 from nymph.queue.errors import Unavailable
 from nymph.queue.sql import events
@@ -63,6 +65,8 @@ LOCK_POLL = 2.0
 UNREACHABLE = "the queue database cannot be reached right now: nothing was changed; retry shortly"
 #: How many times a write is run from its start when it meets another write (see the module doc).
 WRITE_ATTEMPTS = 6
+#: Broadcasts sent in one statement at most.
+_NOTIFY_BATCH = 100
 #: Errors that mean "another write got there first": the transaction is run again.
 _CONFLICTS = (
     psycopg.errors.SerializationFailure,
@@ -143,6 +147,10 @@ class PgDatabase:
         self._executor: ThreadPoolExecutor | None = None
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._pending: set[Future[None]] = set()
+        #: Broadcast keys not sent yet, and whether a send is under way (see :meth:`broadcast`).
+        self._outbox: list[str] = []
+        self._sending = False
+        self._outbox_lock = threading.Lock()
         self.events_written: Callable[[frozenset[str]], None] = lambda namespaces: None
 
     @property
@@ -210,8 +218,9 @@ class PgDatabase:
                         pool.check()  # a restarted server: drop every dead connection at once
                         continue
                     try:
-                        result = fn(PgConn(raw, writing=writing))
-                        raw.execute("COMMIT")
+                        conn = PgConn(raw, writing=writing)
+                        result = fn(conn)
+                        conn.commit()
                     except _CONFLICTS as exc:
                         with contextlib.suppress(psycopg.Error):
                             raw.execute("ROLLBACK")
@@ -247,18 +256,41 @@ class PgDatabase:
 
     def broadcast(self, key: str) -> None:
         """Tell the other replicas (``key``: an instance id, or empty for "tasks changed").
-        Fire and forget: a lost wake-up only delays a long-poll until its timeout."""
+        Fire and forget: a lost wake-up only delays a long-poll until its timeout. Keys told
+        while a send is under way go together in the next one (one statement, the keys
+        :func:`~nymph.queue.broadcast.coalesce`d), so a burst of writes sends a few."""
         if self._executor is None or self._pool is None:
             return
-        pool, payload = self._pool, f"{self.replica}:{key}"
-
-        def send() -> None:
-            with contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout), pool.connection() as raw:
-                raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
-
-        fut = self._executor.submit(send)
+        with self._outbox_lock:
+            self._outbox.append(key)
+            if self._sending:
+                return
+            self._sending = True
+        fut = self._executor.submit(self._send, self._pool)
         self._pending.add(fut)
         fut.add_done_callback(self._pending.discard)
+
+    def _send(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:
+        try:
+            while True:
+                with self._outbox_lock:
+                    keys, self._outbox = self._outbox, []
+                    if not keys:
+                        self._sending = False
+                        return
+                payloads = [f"{self.replica}:{key}" for key in coalesce(keys)]
+                for start in range(0, len(payloads), _NOTIFY_BATCH):
+                    batch = payloads[start : start + _NOTIFY_BATCH]
+                    sql = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(batch))
+                    with (
+                        contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout),
+                        pool.connection() as raw,
+                    ):
+                        raw.execute(sql, [v for p in batch for v in (CHANNEL, p)])
+        except BaseException:
+            with self._outbox_lock:
+                self._sending = False
+            raise
 
     async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run ``run`` only while this replica holds the session advisory lock ``key`` (wait for
@@ -342,6 +374,9 @@ def write_once(url: str, fn: Callable[[PgConn], T]) -> T:
             psycopg.connect(url, autocommit=True, row_factory=pg_row_factory, connect_timeout=10) as raw,
             raw.transaction(),
         ):
-            return fn(PgConn(raw))
+            conn = PgConn(raw)
+            result = fn(conn)
+            conn.flush()
+            return result
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"cannot open the queue database ({describe(url)}): {exc}") from None

@@ -47,14 +47,19 @@ def test_a_later_cursor_is_never_visible_before_an_earlier_one_commits(pg_server
                     lambda c: events.record(c, instance_id="lakeshore-00000001", changes=[what], at=1.0)
                 )
 
+            pf = PgConn(first)
             first.execute("BEGIN")
-            change("state")(PgConn(first))
+            change("state")(pf)
+            # The cursors are given by the last statement, sent with the COMMIT; hold the counter
+            # here as that statement does until its commit lands.
+            first.execute("SELECT clock FROM event_marks WHERE id = 1 FOR UPDATE")
             done = threading.Event()
 
             def later() -> None:
                 second.execute("BEGIN")
-                change("node")(PgConn(second))
-                second.execute("COMMIT")
+                pg = PgConn(second)
+                change("node")(pg)
+                pg.commit()
                 done.set()
 
             t = threading.Thread(target=later, name="second-writer")
@@ -62,7 +67,7 @@ def test_a_later_cursor_is_never_visible_before_an_earlier_one_commits(pg_server
             # The second writer waits for the first's cursor to commit: nothing newer is visible.
             assert not done.wait(0.5)
             assert reader.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
-            first.execute("COMMIT")
+            pf.commit()
             t.join(10)
             assert done.is_set()
             rows = reader.execute("SELECT seq, changes FROM events ORDER BY seq").fetchall()

@@ -4,10 +4,12 @@ capacity counts what the queue placed there, and a launch nobody can run says wh
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from nymph.client import QueueClient
 from nymph.protocol import TaskJSON
+from nymph.queue.sql import placement
 from tests.support.queue_helpers import Queue
 
 CLAIM = "/v1/dispatch/claim"
@@ -196,3 +198,36 @@ async def test_a_moved_launch_counts_once_where_it_went(kind: Queue) -> None:
     other = await _launch(kind, resources={"requests": {"cpu": "2"}})
     got = await _claim(kind, "d-b", "node-b", node_b)
     assert [t["instanceId"] for t in got] == [other]
+
+
+async def test_the_sweep_reads_every_node_s_placed_launches_as_each_claim_does(kind: Queue) -> None:
+    """What the sweep reads for all nodes at once is what a claim reads for its one node:
+    launches applied there and not stopped, and those leased to its daemon, a moved one not."""
+    cpu = {"resources": {"requests": {"cpu": "1"}}}
+    done_a, leased_b, stopped_a, moved = [await _launch(kind, **cpu) for _ in range(4)]
+    node_a, node_b = dict(CPU, name="node-a", allocatable={"cpu": "2"}), dict(CPU, name="node-b")
+    [ta, tb] = await _claim(kind, "d-a", "node-a", node_a, capacity=2)
+    await _daemon(kind, "d-a").complete(daemon_id="d-a", task_id=ta["taskId"], ok=True)
+    await _daemon(kind, "d-a").complete(daemon_id="d-a", task_id=tb["taskId"], ok=True)
+    report = {"seq": 1, "instanceId": tb["instanceId"], "state": "stopped", "reason": "Completed"}
+    await _daemon(kind, "d-a").report(daemon_id="d-a", stream="s", reports=[{**report, "node": "node-a"}])
+    [tc, td] = await _claim(kind, "d-b", "node-b", node_b, capacity=2)  # leased, not completed
+    await _daemon(kind, "d-b").complete(daemon_id="d-b", task_id=td["taskId"], ok=True)
+    await _unschedulable(kind, "d-b", td["instanceId"], 1)  # moved off node-b: waits for its stop
+    assert {ta["instanceId"], tb["instanceId"], tc["instanceId"], td["instanceId"]} == {
+        done_a,
+        stopped_a,
+        leased_b,
+        moved,
+    }
+
+    def read(conn: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        now = time.time()
+        each = {n: placement.placed_on(conn, node=n, now=now) for n in ("node-a", "node-b", "node-c")}
+        return each, placement.placed_by_node(conn, now=now)
+
+    each, together = await kind.store.db.read(read)
+    # node-a: the applied launch (the stopped one no longer); node-b: the leased one (the moved
+    # one counts where it goes next, not here).
+    assert each == {"node-a": {"cpu": 1}, "node-b": {"cpu": 1}, "node-c": {}}
+    assert together == {n: used for n, used in each.items() if used}

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 
+from nymph.queue.broadcast import coalesce
 from nymph.queue.db import Backend
 from nymph.queue.models import QueueSettings
 from nymph.queue.notify import WorkSignal
@@ -131,6 +132,23 @@ def test_a_wake_is_handed_on_within_its_budget_and_a_finished_waiter_leaves_the_
     assert not d.event.is_set()
 
 
+def test_a_thousand_waiters_timing_out_leave_the_line_and_a_wake_still_finds_the_live_ones() -> None:
+    """Finished waiters count no more in the line (nor in a wake's budget) and are never woken,
+    however many finish before the ones still waiting; the line does not keep them."""
+    s = WorkSignal()
+    tickets = [s.ticket() for _ in range(1000)]
+    for t in tickets[:990] + tickets[995:]:
+        assert s.finish(t) is None
+    assert len(s) == 5 and len(s._line) < 100  # swept once they outnumbered the live ones
+    s.notify(3)
+    assert [t.event.is_set() for t in tickets[990:995]] == [True, True, True, False, False]
+    assert tickets[990].wake == 5
+    assert not any(t.event.is_set() for t in tickets[:990] + tickets[995:])
+    assert s.finish(tickets[993]) is None and len(s) == 1
+    s.notify(1)
+    assert tickets[994].event.is_set() and len(s) == 0
+
+
 def test_close_wakes_everyone_in_line_and_aside_and_later_tickets_at_once() -> None:
     s = WorkSignal()
     in_line, aside = s.ticket(), s.ticket(in_line=False)
@@ -183,3 +201,18 @@ def test_broadcast_keys_wake_the_right_waiters_on_another_replica() -> None:
     b.woken_elsewhere("")  # a listener that reconnected: everything may have changed
     assert claims[3].event.is_set() and other.is_set()
     assert there.sent == []  # wake-ups from elsewhere are never sent on
+
+
+def test_keys_sent_together_wake_what_they_would_have_woken_one_by_one() -> None:
+    """Broadcast keys batched while a send was under way add their task counts up and keep every
+    other key once, so the other replica wakes the same claims and waiters as before."""
+    keys = ["tasks:2", "i-1", "events:team-a", "tasks:3", "i-1", "log:i-2", "events:team-a"]
+    assert coalesce(keys) == ["tasks:5", "i-1", "events:team-a", "log:i-2"]
+    assert coalesce(["i-1", "tasks:1", "tasks:"]) == ["tasks:", "i-1"]  # every claim: absorbs the counts
+    assert coalesce(["i-1", "", "tasks:1"]) == [""]  # everything: the others add nothing
+    assert coalesce(["i-1"]) == ["i-1"]
+    b = Store(db=cast(Backend, _FakeBackend()), settings=QueueSettings())
+    claims = [b.tasks_changed.ticket() for _ in range(6)]
+    for key in coalesce(keys):
+        b.woken_elsewhere(key)
+    assert [t.event.is_set() for t in claims] == [True] * 5 + [False]

@@ -158,21 +158,83 @@ class PgConn:
     def __init__(self, raw: psycopg.Connection[Any], *, writing: bool = True) -> None:
         self.raw = raw
         self.writing = writing
+        #: A statement the transaction runs last, sent with its COMMIT (see :meth:`commit`).
+        self._last: tuple[str, Any] | None = None
+        #: Statements whose results are not read, not sent yet (see :meth:`send`).
+        self._queued: list[tuple[str, Any]] = []
+
+    def send(self, sql: str, parameters: Any = (), /) -> None:
+        """Run ``sql``, whose result nobody reads, in the same round trip as the next statement
+        (or the ``COMMIT``): in order, so the next one sees what it wrote, and an error it
+        meets is raised by that next statement, in the same transaction."""
+        self._queued.append((sql, parameters))
+
+    def at_commit(self, sql: str, parameters: Any = (), /) -> None:
+        """Run ``sql`` as the transaction's last statement, in the same round trip as its
+        ``COMMIT``: what it locks is held for the commit alone, not for a round trip more."""
+        self._last = (sql, parameters)
+
+    def commit(self) -> None:
+        """``COMMIT``, in one round trip with the statements :meth:`send` queued and the
+        :meth:`at_commit` one."""
+        if self._last is not None:
+            self._queued.append(self._last)
+            self._last = None
+        if not self._queued:
+            self.raw.execute("COMMIT")
+            return
+        with self.raw.pipeline():
+            self._run_queued()
+            self.raw.execute("COMMIT")
+
+    def flush(self) -> None:
+        """Run what :meth:`send` and :meth:`at_commit` left, without committing (a transaction
+        committed by its caller)."""
+        if self._last is not None:
+            self._queued.append(self._last)
+            self._last = None
+        if self._queued:
+            with self.raw.pipeline():
+                self._run_queued()
+
+    def _run_queued(self) -> None:
+        queued, self._queued = self._queued, []
+        for sql, parameters in queued:
+            self.raw.execute(translate(sql), _params(parameters))
 
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
-        if isinstance(parameters, Mapping):
-            params: Any = {k: _text(v) for k, v in parameters.items()}
-        else:
-            params = [_text(v) for v in parameters]
-        cur: Cursor = self.raw.execute(translate(sql), params)
+        if not self._queued:
+            cur: Cursor = self.raw.execute(translate(sql), _params(parameters))
+            return cur
+        with self.raw.pipeline():
+            self._run_queued()
+            cur = self.raw.execute(translate(sql), _params(parameters))
         return cur
 
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> Cursor:
         """One statement over many rows (a bulk insert): psycopg pipelines them."""
+        if self._queued:
+            with self.raw.pipeline():
+                self._run_queued()
         cur = self.raw.cursor()
         cur.executemany(translate(sql), [[_text(v) for v in params] for params in seq_of_parameters])
         out: Cursor = cur
         return out
+
+
+def _params(parameters: Any) -> Any:
+    if isinstance(parameters, Mapping):
+        return {k: _text(v) for k, v in parameters.items()}
+    return [_text(v) for v in parameters]
+
+
+def send(conn: Conn, sql: str, parameters: Any = (), /) -> None:
+    """Run ``sql``, whose result the caller does not read: on PostgreSQL in the same round trip
+    as the next statement (:meth:`PgConn.send`), on SQLite at once."""
+    if isinstance(conn, PgConn):
+        conn.send(sql, parameters)
+    else:
+        conn.execute(sql, parameters)
 
 
 def _text(value: Any) -> Any:

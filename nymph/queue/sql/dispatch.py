@@ -13,6 +13,7 @@ and requests (see :mod:`nymph.queue.sql.placement`).
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from typing import Any
 
 from nymph.launch.state import InstanceState, Reason
@@ -30,8 +31,11 @@ _START_SQL = ",".join(f"'{k}'" for k in START_KINDS)
 #: When a stop task became claimable at all: its creation, or the end of the task it waits on.
 _READY_SINCE = "GREATEST(t.created_at, COALESCE(a.finished_at, t.created_at))"
 _MAX_ERROR_CHARS = 4096
-#: How stale a daemon's lastSeen may get before an idle claim refreshes it.
-_SEEN_REFRESH = 5.0
+#: How stale a daemon's lastSeen may get before an idle claim refreshes it: long enough that a
+#: thousand daemons re-polling after each long-poll's timeout (at most ``max_wait``, 60 s) read
+#: instead of writing, short enough that a polling daemon stays live (``placement.LIVE_SECONDS``,
+#: 150 s, above this plus the longest wait).
+_SEEN_REFRESH = 60.0
 _SELECT_CLAIMABLE = (
     "SELECT t.seq, t.kind, t.spec FROM tasks t{hint} "
     "LEFT JOIN instances i ON i.instance_id = t.instance_id "
@@ -97,10 +101,6 @@ def _next_due(conn: Conn, *, node: str, now: float, fallback: float) -> float | 
     return None if row[0] is None else float(row[0])
 
 
-def _seen_row(req: ClaimRequest) -> tuple[str, str, int, str | None]:
-    return (req.node, json.dumps(list(req.namespaces)), req.capacity, placement.node_info_text(req.node_info))
-
-
 def _seen_fresh(conn: Conn, *, req: ClaimRequest, now: float) -> bool:
     """Whether the daemon's record is unchanged and fresh, so a claim that finds no work need
     write nothing, and its commit costs no fsync."""
@@ -108,11 +108,7 @@ def _seen_fresh(conn: Conn, *, req: ClaimRequest, now: float) -> bool:
         "SELECT node, namespaces, capacity, node_info, last_seen FROM daemons WHERE daemon_id = ?",
         (req.daemon_id,),
     ).fetchone()
-    return (
-        row is not None
-        and (row[0], row[1], row[2], row[3]) == _seen_row(req)
-        and now - row[4] < _SEEN_REFRESH
-    )
+    return row is not None and (row[0], row[1], row[2], row[3]) == req.record and now - row[4] < _SEEN_REFRESH
 
 
 def _seen(conn: Conn, *, req: ClaimRequest, now: float) -> None:
@@ -120,7 +116,7 @@ def _seen(conn: Conn, *, req: ClaimRequest, now: float) -> None:
     wait on claims; all but one usually find nothing)."""
     if _seen_fresh(conn, req=req, now=now):
         return
-    node, namespaces, capacity, node_info = _seen_row(req)
+    node, namespaces, capacity, node_info = req.record
     conn.execute(
         "INSERT INTO daemons (daemon_id, node, namespaces, capacity, node_info, last_seen) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (daemon_id) DO UPDATE SET node = excluded.node, "
@@ -162,13 +158,17 @@ def _scheduled(
     only = (
         schedule.lock_namespaces(conn, kube_namespaces=req.namespaces, scope=scope, now=now) if lock else None
     )
-    used = None if req.node_info is None else placement.placed_on(conn, node=req.node, now=now)
+    offer = req.node_info
+
+    def used() -> dict[str, Fraction]:
+        return placement.placed_on(conn, node=req.node, now=now)
+
     return schedule.plan(
         conn,
         kube_namespaces=req.namespaces,
         scope=scope,
-        offer=req.node_info,
-        used_on_node=used,
+        offer=offer,
+        used_on_node=None if offer is None else used,
         now=now,
         limit=limit,
         only=only,

@@ -8,9 +8,9 @@ code, attempt, group, node, waiting reason and its kind) with the names of what 
 
 * SQLite has one writer at a time, and ``AUTOINCREMENT`` hands out increasing values;
 * PostgreSQL runs writes at once, so a transaction's events are written without a seq and given
-  theirs as its last statement before ``COMMIT`` (:func:`collecting`), from one counter row
-  (``event_marks.clock``) whose row lock is held until the commit: a transaction takes its seqs
-  only after every earlier taker committed, and holds the lock for no more than its commit (a
+  theirs as its last statement, sent with its ``COMMIT`` (:func:`collecting`), from one counter
+  row (``event_marks.clock``) whose row lock is held until the commit: a transaction takes its
+  seqs only after every earlier taker committed, and holds the lock for no more than its commit (a
   sequence would not do: a value taken by a transaction that commits later can be smaller).
 
 Retention removes a prefix (the events older than ``--retention-days``) and raises
@@ -31,7 +31,7 @@ from typing import TypeVar
 from nymph.launch.placement import waiting_kind
 from nymph.protocol import EventJSON, iso
 from nymph.queue.errors import BadRequest, Gone
-from nymph.queue.sql.dialect import Conn, Row, is_postgres
+from nymph.queue.sql.dialect import Conn, PgConn, Row, is_postgres, send
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -75,11 +75,11 @@ def collecting(fn: Callable[[C], T]) -> Callable[[C], tuple[T, frozenset[str]]]:
     return run
 
 
-def _seal(conn: Conn, count: int) -> None:
+def _seal(conn: PgConn, count: int) -> None:
     """Give this transaction's ``count`` events (the only rows without a seq it can see: others'
-    are not committed) the next seqs, in the order they were written: one statement, so the
-    counter's lock is held for one round trip and the commit."""
-    conn.execute(
+    are not committed) the next seqs, in the order they were written: one statement, sent with
+    the ``COMMIT`` (:meth:`PgConn.at_commit`), so the counter's lock is held for the commit."""
+    conn.at_commit(
         "WITH c AS (UPDATE event_marks SET clock = clock + ? WHERE id = 1 RETURNING clock) "
         "UPDATE events SET seq = (SELECT clock FROM c) - ? + t.n FROM (SELECT id, row_number() "
         "OVER (ORDER BY id) AS n FROM events WHERE seq IS NULL) t WHERE events.id = t.id",
@@ -117,7 +117,8 @@ def record(
     kind = waiting_kind(waiting)
     if waiting is None and standing is not None and row["state"] == "queued":
         waiting, kind = standing
-    conn.execute(
+    send(
+        conn,
         f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
         (
             None,
@@ -143,15 +144,19 @@ def record(
 
 
 def record_created(
-    conn: Conn, *, ns: str, provider: str, group: str, instance_ids: Sequence[str], at: float
+    conn: Conn, *, ns: str, provider: str, group: str | None, instance_ids: Sequence[str], at: float
 ) -> None:
-    """The creation events of a launch group's new (queued) instances, in their group order."""
+    """The creation events of new queued instances (first attempts, as inserted: no reason, node
+    or exit code yet), of a launch group in its order or of no group, written without reading
+    them back."""
     if not instance_ids:
         return
-    conn.executemany(
-        f"INSERT INTO events ({_COLUMNS}) VALUES (NULL, ?, ?, ?, ?, 1, ?, 'queued', NULL, '', NULL, NULL, NULL, NULL, ?)",  # noqa: S608
-        [(ns, provider, iid, group, f"{CREATED},{STATE}", at) for iid in instance_ids],
-    )
+    sql = f"INSERT INTO events ({_COLUMNS}) VALUES (NULL, ?, ?, ?, ?, 1, ?, 'queued', NULL, '', NULL, NULL, NULL, NULL, ?)"  # noqa: S608
+    rows = [(ns, provider, iid, group, f"{CREATED},{STATE}", at) for iid in instance_ids]
+    if len(rows) == 1:
+        send(conn, sql, rows[0])
+    else:
+        conn.executemany(sql, rows)
     _note(ns, len(instance_ids))
 
 

@@ -23,7 +23,7 @@ from nymph.launch.state import InstanceState
 from nymph.protocol import LaunchAccepted, TaskKind, iso, now
 from nymph.queue.errors import BadRequest, Conflict
 from nymph.queue.sql import catalog, events, idempotency, retries
-from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.dialect import Conn, send
 from nymph.queue.sql.quotas import get_quota
 from nymph.queue.sql.tasks import insert_task
 
@@ -281,11 +281,12 @@ def _new_instance(
             f"no free instance id after {MAX_ID_ATTEMPTS} attempts: send the launch again",
             code="instance_id_taken",
         )
-    conn.execute(
+    send(
+        conn,
         "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, NULL, '', ?)",
         (instance_id, InstanceState.QUEUED.value, ts),
     )
-    events.record(conn, instance_id=instance_id, changes=[events.CREATED, events.STATE], at=ts)
+    events.record_created(conn, ns=ns, provider=provider, group=None, instance_ids=[instance_id], at=ts)
     return LaunchAccepted(
         instanceId=instance_id,
         state=InstanceState.QUEUED.value,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -189,7 +189,9 @@ def _charge_requests(text: str | None) -> dict[str, Fraction]:
 _OFFERS: dict[str, NodeOffer | None] = {}
 
 
-def _offer(text: str | None) -> NodeOffer | None:
+def offer_of(text: str | None) -> NodeOffer | None:
+    """A daemon's offer as the daemons table keeps it, parsed (each text once: a thousand
+    daemons' offers are read again on every sweep); None when absent or unreadable."""
     if not text:
         return None
     if text not in _OFFERS:
@@ -224,7 +226,7 @@ def _allocatable(conn: Conn, *, now: float) -> dict[str, Fraction]:
     out: dict[str, Fraction] = {}
     nodes: set[str] = set()
     for node, info in rows:
-        offer = _offer(info)
+        offer = offer_of(info)
         if offer is not None and node not in nodes:
             nodes.add(node)
             out = add(out, offer.allocatable)
@@ -253,14 +255,15 @@ def plan(
     kube_namespaces: Sequence[str],
     scope: str | None,
     offer: NodeOffer | None,
-    used_on_node: Mapping[str, Fraction] | None,
+    used_on_node: Callable[[], Mapping[str, Fraction]] | None,
     now: float,
     limit: int,
     only: frozenset[str] | None = None,
 ) -> list[Head]:
     """Up to ``limit`` tasks for a daemon, chosen one at a time by :func:`pick_next` among the
-    group heads its node can run (with what it picked so far placed on it); ``only``: of these
-    namespaces alone (those :func:`lock_namespaces` locked)."""
+    group heads its node can run (with what it picked so far placed on it: ``used_on_node``,
+    read only when some head is pending); ``only``: of these namespaces alone (those
+    :func:`lock_namespaces` locked)."""
     if limit <= 0:
         return []
     pending = heads(conn, kube_namespaces=kube_namespaces, scope=scope, now=now)
@@ -275,7 +278,7 @@ def plan(
     several = len({h.candidate.namespace for h in pending}) > 1
     offered = totals(conn, now=now, held=held) if several else {}
     lately = recent(conn, now=now)
-    on_node = dict(used_on_node or {})
+    on_node = dict(used_on_node() if used_on_node is not None else {})
     picked: list[Head] = []
     while pending and len(picked) < limit:
         by_seq = {

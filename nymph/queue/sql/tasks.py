@@ -7,7 +7,7 @@ import json
 import secrets
 from typing import Any
 
-from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.dialect import Conn, send
 from nymph.queue.sql.schedule import group_of, priority_of
 
 
@@ -32,7 +32,8 @@ def insert_task(
 ) -> str:
     """Insert a pending task (``not_before``: not handed out before then, e.g. a retry's backoff)."""
     task_id = new_task_id()
-    conn.execute(
+    send(
+        conn,
         "INSERT INTO tasks (task_id, kind, status, namespace, kube_namespace, provider, "
         "instance_id, spec, requester, after_task, grace_period, created_at, updated_at, grp, priority, "
         "not_before) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
