@@ -9,6 +9,7 @@ called; nothing here renders one.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -73,6 +74,8 @@ class Store:
         self.quotas = QuotaBook(db=db)
         #: The expiry of stopped instances (run by the sweeper).
         self.expiry = InstanceExpiry(db=db, settings=settings.output)
+        #: Held by this replica's sweep: one asked for meanwhile waits for it, then runs.
+        self._sweeping = asyncio.Lock()
         #: Launch groups.
         self.groups = GroupBook(
             db=db,
@@ -372,6 +375,12 @@ class Store:
         return await self.db.read(lambda conn: sql_reports.active(conn, session=session))
 
     async def sweep(self) -> int:
+        """Settle, hand back expired leases, give waiting reasons; the count handed back. Skipped
+        while another replica sweeps; after this replica's own sweep, if one is running."""
+        async with self._sweeping:
+            return await self._sweep()
+
+    async def _sweep(self) -> int:
         ran, swept = await self.db.try_singleton(SWEEP_LOCK, lambda conn: dispatch.sweep(conn, now=now()))
         if not ran or swept is None:
             return 0  # another replica is sweeping right now
