@@ -71,6 +71,7 @@ class Params:
 
 SMOKE = Params(
     sizes=(1, 3),
+    run="1s",
     latency_n=2,
     kubectl_n=1,
     idle_warmup=1.0,

@@ -223,7 +223,14 @@ def test_cluster_up_then_run_attached_through_the_jobs_api_then_down(
         code, out, err = nymph("dockyard", "cluster", "down", *args, "--timeout", "180")
         assert code == 0, out + err
         assert "raycluster.ray.io/up: deleted" in out
-        pods = kube.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
-        assert [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")] == []
+
+        def running() -> list[str]:  # the pool's Pods go by the garbage collector, after the command
+            pods = kube.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+            return [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+        deadline = time.monotonic() + 60
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert running() == []
     finally:
         kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

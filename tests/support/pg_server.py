@@ -44,6 +44,10 @@ def find_bin() -> Path:
     )
 
 
+#: How many test databases are dropped together.
+DROP_BATCH = 20
+
+
 @dataclass
 class PgServer:
     """One running server; :meth:`fresh_database` hands out a database URL per test."""
@@ -53,6 +57,8 @@ class PgServer:
     port: int = 5432
     proc: subprocess.Popen[bytes] | None = None
     _counter: itertools.count[int] = field(default_factory=itertools.count)
+    #: Databases the tests are done with, dropped together (see :meth:`drop_database`).
+    _done: list[str] = field(default_factory=list)
 
     @property
     def data(self) -> Path:
@@ -187,9 +193,17 @@ class PgServer:
         return self.url(name)
 
     def drop_database(self, url: str) -> None:
-        name = url.split("/", 3)[3].split("?", 1)[0]
+        """Drop a test's database, with the others done with, once there are ``DROP_BATCH`` of
+        them: the first CREATE DATABASE after a DROP takes ten times as long as one after
+        another CREATE, so dropping each at once cost every test that. The server's directory
+        goes at the end of the run whatever is left."""
+        self._done.append(url.split("/", 3)[3].split("?", 1)[0])
+        if len(self._done) < DROP_BATCH:
+            return
+        done, self._done = self._done, []
         with self.admin() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for name in done:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextlib.contextmanager

@@ -260,14 +260,13 @@ class Kube:
         self, manifests: Sequence[Mapping[str, Any]], *, wait: bool, timeout: float = 120.0
     ) -> list[str]:
         """Delete the objects of ``manifests`` in the given order (absent ones are skipped);
-        returns ``kind/name`` of those deleted. ``wait``: until they are gone with what they own
-        (a foreground cascade: a Deployment goes after its ReplicaSets' Pods, so nothing of it
-        still runs when this returns)."""
+        returns ``kind/name`` of those deleted. ``wait``: until they are gone (what they own,
+        such as a Deployment's Pods, is then being deleted by the garbage collector)."""
         if not manifests:
             return []
         args = ["delete", "-f", "-", "--ignore-not-found", "-o", "name", f"--wait={str(wait).lower()}"]
         if wait:
-            args += ["--cascade=foreground", f"--timeout={int(timeout)}s"]
+            args.append(f"--timeout={int(timeout)}s")
         out = await self._run(args, stdin=to_yaml_stream([dict(m) for m in manifests]), doing="delete")
         return [line.strip() for line in out.splitlines() if line.strip()]
 
