@@ -10,6 +10,8 @@ hardening nymph renders is what the kernel enforces.
 from __future__ import annotations
 
 import contextlib
+import json
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,9 +21,11 @@ import pytest
 import yaml
 
 from nymph.cli import main
+from nymph.dockyard.render import plan
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.kuberay import KubeRayOperator
+from tests.launch.test_real_node import python_image
 from tests.support.kube_fixtures import new_namespace
 from tests.support.rayinfra import MARKER, SANDBOX_UID, infra
 
@@ -179,14 +183,41 @@ def _free_the_cpus(ran: Ran) -> None:
     )
 
 
+def _get_from_a_pod(kube: LocalCluster, ns: str, node: str, url: str) -> str:
+    """What an HTTP GET of ``url`` answers from inside a Pod on the node (its body)."""
+    name = f"probe-{secrets.token_hex(3)}"
+    fetch = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=30).read().decode())"
+    pod = {
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "get", "image": python_image(kube), "command": ["python3", "-c", fetch]}],
+        },
+    }
+    kube.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    deadline = time.monotonic() + 90
+    while (phase := kube.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")["status"].get("phase")) not in (
+        "Succeeded",
+        "Failed",
+    ):
+        assert time.monotonic() < deadline, f"the probe Pod is still {phase}"
+        time.sleep(0.5)
+    logs = kube.kubectl("logs", "-n", ns, name).stdout
+    kube.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")  # not one of the cluster's Pods
+    assert phase == "Succeeded", logs
+    return logs
+
+
 def test_cluster_up_then_run_attached_through_the_jobs_api_then_down(
     ran: Ran, nymph: Callable[..., tuple[int, str, str]], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """``cluster up`` waits until the operator reports the RayCluster ready, its worker joined to
     the head (whose Service name the local cluster DNS resolves); ``run`` in attach
     mode submits the entrypoint to its head through the Jobs REST API (over a port-forward) and
-    follows the job to its end, and ``job logs`` shows its output; ``cluster down`` removes the
-    cluster, its Pods and the pool."""
+    follows the job to its end, and ``job logs`` shows its output; from inside a Pod the
+    in-cluster endpoint nymph would use there answers for that job; ``cluster down`` removes
+    the cluster, its Pods and the pool."""
     kube, node = ran.kube, ran.kube.real_node
     assert node is not None
     _free_the_cpus(ran)
@@ -219,6 +250,12 @@ def test_cluster_up_then_run_attached_through_the_jobs_api_then_down(
         code, out, err = nymph("dockyard", "job", "logs", "attached-1", *attach)
         assert code == 0, err
         assert f"{MARKER}-attached" in out
+        # The in-cluster endpoint, which nymph uses from inside a Pod instead of a port-forward:
+        # the head Service's cluster name answers the Jobs REST API there, with that job.
+        svc = kube.api("GET", f"/api/v1/namespaces/{ns}/services/{plan.head_service_name('up')}")
+        url = plan.in_cluster_url(svc["metadata"]["name"], namespace=ns, port=plan.dashboard_port(svc))
+        job = json.loads(_get_from_a_pod(kube, ns, node, f"{url}/api/jobs/attached-1"))
+        assert (job["submission_id"], job["status"]) == ("attached-1", "SUCCEEDED"), job
 
         code, out, err = nymph("dockyard", "cluster", "down", *args, "--timeout", "180")
         assert code == 0, out + err
