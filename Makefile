@@ -56,9 +56,11 @@ images: install-demo deps ## build the local images (pause, python, ray, nymph) 
 test: install deps envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e on kwok and the real node)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-faults: install deps envtest ## the whole fault suite at full size (200 crash-matrix launches, every stage killed twice, a 20 s API server outage), open_fault checks included
+faults: install deps envtest ## the whole fault suite at full size (200 crash-matrix launches on SQLite and on PostgreSQL 1 ms away, every stage killed twice, a 20 s API server outage; 1,000 launches over 3 PostgreSQL replicas, one killed), open_fault checks included
 	NYMPH_FAULT_LAUNCHES=$${NYMPH_FAULT_LAUNCHES:-200} NYMPH_FAULT_ROUNDS=$${NYMPH_FAULT_ROUNDS:-2} \
-	NYMPH_FAULT_OUTAGE=$${NYMPH_FAULT_OUTAGE:-20} $(BIN)/pytest -q -m "faults or open_fault" $(PYTEST_ARGS)
+	NYMPH_FAULT_OUTAGE=$${NYMPH_FAULT_OUTAGE:-20} NYMPH_FAULT_BACKEND=$${NYMPH_FAULT_BACKEND:-sqlite,pg} \
+	NYMPH_REPLICA_LAUNCHES=$${NYMPH_REPLICA_LAUNCHES:-1000} NYMPH_PG_DELAY_MS=$${NYMPH_PG_DELAY_MS:-1} \
+	$(BIN)/pytest -q -m "faults or open_fault" $(PYTEST_ARGS)
 
 test-unit: install ## the quick run: every test not marked e2e (no control plane needed)
 	$(BIN)/pytest -q -m "not e2e and not open_fault" $(PYTEST_ARGS)

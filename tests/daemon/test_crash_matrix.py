@@ -11,6 +11,13 @@ its watch's reconnect; 20 in ``make faults``). A stage is seen from outside (the
 database shows leased, a new claim line in the audit log, a new workdir, a kubectl child of the
 daemon, a new apply line in the audit log, a stop task leased, a new reap line in the audit log.
 
+The queue keeps its state where ``NYMPH_FAULT_BACKEND`` says (tests/support/fault_db.py): a
+SQLite file (the default, ``make test``), or a fresh PostgreSQL database one proxied round trip
+away (``pg``: ``NYMPH_PG_DELAY_MS`` each way, default 1), or both in turn (``sqlite,pg``, ``make
+faults``). On PostgreSQL the server is also stopped and started again once mid-run (for
+``DB_OUTAGE`` seconds): meanwhile the queue must answer 503 ``database_unavailable``, and after
+it everything goes on.
+
 At the end every accepted launch must have ended, with exactly one Pod ever created (counted by
 UID with the test's own watch) unless it was stopped before its Pod existed; every instance's
 final state must match what the cluster did; every restart must have succeeded; the audit log
@@ -30,10 +37,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from nymph.client import QueueClient
 from nymph.localcluster import LocalCluster
+from tests.support.fault_db import backends, fault_db
 from tests.support.harness import pods
 from tests.support.kube_faults import PodRecord, PodWatch, start_apiserver, stop_apiserver
 from tests.support.leaks import kubeconfig_secrets, scan_files
@@ -49,6 +58,7 @@ IN_FLIGHT = 16  # launches kept unfinished at once by the load
 STAGE_TIMEOUT = 20.0
 OUTAGE_SECONDS = float(os.environ.get("NYMPH_FAULT_OUTAGE", "8"))
 FINISHED = {"stopped"}
+DB_OUTAGE = 3.0  # seconds the PostgreSQL server stays down
 
 
 @dataclass
@@ -68,6 +78,8 @@ class Run:
     stage_hits: dict[str, int] = field(default_factory=dict)
     stage_misses: dict[str, int] = field(default_factory=dict)
     daemon_died: list[str] = field(default_factory=list)
+    #: What the queue answered while its database was down, when that was not a 503.
+    db_down_answers: list[str] = field(default_factory=list)
     done_loading: bool = False
     outage: bool = False
 
@@ -223,22 +235,51 @@ class Run:
             self.daemon_died.append(f"during the API server outage: exit {s.daemon.proc.returncode}")
             await asyncio.to_thread(s.restart_daemon)
 
+    async def database_restart(self) -> None:
+        """Stop the PostgreSQL server under the running queue and daemon, check the queue
+        answers 503 meanwhile, and start it again."""
+        s = self.stack
+        await asyncio.to_thread(s.stop_database)
+        try:
+            url = f"{s.queue.url}/v1/namespaces/default/providers/local/instances"
+            headers = {"Authorization": f"Bearer {s.queue.user_token}"}
+            timeout = aiohttp.ClientTimeout(total=10)
+            try:
+                async with (
+                    aiohttp.ClientSession(timeout=timeout) as http,
+                    http.get(url, headers=headers) as resp,
+                ):
+                    body = await resp.text()
+                if resp.status != 503 or "database_unavailable" not in body:
+                    self.db_down_answers.append(f"{resp.status} {body[:200]}")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self.db_down_answers.append(f"no answer: {exc!r}")
+            await asyncio.sleep(DB_OUTAGE)
+        finally:
+            await asyncio.to_thread(s.start_database)
+
     async def faults(self) -> None:
         for rnd in range(ROUNDS):
             for stage in STAGES:
                 await self.kill_at(stage)
+                if rnd == 0 and stage == "audited" and self.stack.db.server is not None:
+                    await self.database_restart()
                 if rnd == 0 and stage == "kubectl":
                     await self.queue_crash()
                 if rnd == 0 and stage == "applied":
                     await self.apiserver_outage()
 
 
-@pytest.fixture
-def stack(kube: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[FaultStack]:
-    yield from running_stack(kube, namespace, tmp_path, extra=("--reap-after", "2"))
+@pytest.fixture(params=backends())
+def stack(
+    kube: LocalCluster, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[FaultStack]:
+    with fault_db(request.param, tmp_path, lambda: request.getfixturevalue("pg_server")) as db:
+        yield from running_stack(kube, namespace, tmp_path, db=db, extra=("--reap-after", "2"))
 
 
 async def test_crash_matrix(stack: FaultStack) -> None:
+    started, kills = time.monotonic(), TALLY.kills
     run = Run(stack=stack, rng=random.Random(int(os.environ.get("NYMPH_FAULT_SEED", "11"))))
     injector_launches = ROUNDS * (len(STAGES) - 1)
     with PodWatch(stack.kube, stack.namespace) as watch:
@@ -258,10 +299,10 @@ async def test_crash_matrix(stack: FaultStack) -> None:
         finally:
             poller.cancel()
         seen = watch.snapshot()
-    check(run, stack, seen, reconnects=watch.reconnects)
+    check(run, stack, seen, reconnects=watch.reconnects, kills=TALLY.kills - kills, started=started)
 
 
-def check(run: Run, stack: FaultStack, seen: dict, *, reconnects: int) -> None:  # type: ignore[type-arg]
+def check(run: Run, stack: FaultStack, seen: dict, *, reconnects: int, kills: int, started: float) -> None:  # type: ignore[type-arg]
     problems: list[str] = []
     lost: list[str] = []
     duplicated = sorted(name for name, rec in seen.items() if len(rec.uids) > 1)
@@ -300,18 +341,28 @@ def check(run: Run, stack: FaultStack, seen: dict, *, reconnects: int) -> None: 
         f"daemon kubeconfig credential {i}": v
         for i, v in enumerate(kubeconfig_secrets(stack.daemon.kubeconfig))
     }
-    leaks = scan_files([stack.tmp], planted, skip={stack.daemon.kubeconfig.resolve()})
+    roots = [stack.tmp, *stack.db.secret_roots()]
+    leaks = scan_files(roots, planted, skip={stack.daemon.kubeconfig.resolve()})
     TALLY.secret_leaks += len(leaks)
     TALLY.lost += len(lost)
     TALLY.duplicated += len(duplicated)
+    figure = TALLY.figure(
+        f"crash matrix on {stack.db.label}",
+        launches=len(run.accepted),
+        kills=kills,
+        lost=len(lost),
+        duplicated=len(duplicated),
+        seconds=time.monotonic() - started,
+    )
     report = (
-        f"launches {len(run.accepted)}, restarts {stack.restarts}, stage kills seen {run.stage_hits}, "
+        f"{figure}; restarts {stack.restarts}, stage kills seen {run.stage_hits}, "
         f"stage kills that did not see their stage in {STAGE_TIMEOUT:g}s {run.stage_misses}, "
         f"watch reconnects {reconnects}"
     )
     print(report)
     failures = [f"restart failed: {f}" for f in stack.failed_restarts]
     failures += [f"the daemon died {d}" for d in run.daemon_died]
+    failures += [f"with its database down the queue answered {a}" for a in run.db_down_answers]
     failures += [f"lost: {x}" for x in lost]
     failures += [f"applied twice (Pods {sorted(seen[n].uids)}): {n}" for n in duplicated]
     failures += problems

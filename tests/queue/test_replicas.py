@@ -29,9 +29,10 @@ from nymph.client.errors import QueueConflict, QueueError, QueueNotInstanceDaemo
 from tests.support.hygiene_plugin import stop_process, track
 from tests.support.latency_proxy import pg_url_through, running_proxy
 from tests.support.pg_server import PgServer
+from tests.support.tally import TALLY
 
 pytestmark = pytest.mark.slow
-#: 200 in the suite; `make bench` runs the kill test with 1,000 (NYMPH_REPLICA_LAUNCHES).
+#: 200 in the suite; `make bench` and `make faults` run the kill test with 1,000 (NYMPH_REPLICA_LAUNCHES).
 LAUNCHES = int(os.environ.get("NYMPH_REPLICA_LAUNCHES", "200"))
 #: The delay each way between the replicas and the database (ms; 0: none, the suite's default).
 DELAY_MS = float(os.environ.get("NYMPH_PG_DELAY_MS", "0"))
@@ -145,7 +146,12 @@ async def _history(c: Cluster) -> list[dict[str, Any]]:
     raise AssertionError("unreachable")
 
 
+@pytest.mark.faults
 async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(cluster: Cluster) -> None:
+    """Three replicas, six daemons, one replica killed with SIGKILL a third of the way through:
+    every launch accepted once and run once (part of the fault suite: its line in
+    fault-summary.txt)."""
+    started = time.monotonic()
     for _ in range(3):
         await asyncio.to_thread(cluster.start)
     await _setup(cluster)
@@ -233,6 +239,7 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
     async def chaos() -> None:
         await third.wait()
         cluster.kill(0)  # kill -9, mid-run
+        TALLY.kills += 1
         await asyncio.to_thread(cluster.start)
 
     workers = [asyncio.create_task(daemon(k)) for k in range(DAEMONS)]
@@ -248,14 +255,31 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
         done.set()
         outcomes = await asyncio.gather(*workers, return_exceptions=True)
     crashed = [repr(o) for o in outcomes if isinstance(o, BaseException)]
-    assert not crashed, crashed  # a fake daemon that died would leave its tasks to expire
-    assert len(set(accepted)) == LAUNCHES and len(instances) == LAUNCHES  # lost 0, duplicated 0
-    assert {i["instanceId"] for i in instances} == set(accepted)
-    assert all(i["state"] == "stopped" for i in instances), Counter(i["state"] for i in instances)
     # Once each; a task is handed out again only after its holder lost the lease (its completion
     # was refused: the lease fence), and then once more per refusal.
     again = Counter(refused)
     twice = sorted(t for t, n in delivered.items() if n > 1 + again[t])
+    ended = {i["instanceId"] for i in instances if i["state"] == "stopped"}
+    lost = len(set(accepted) - ended)
+    duplicated = (
+        len(accepted) - len(set(accepted)) + len({i["instanceId"] for i in instances} - set(accepted))
+    )
+    TALLY.launches += len(accepted)
+    TALLY.lost += lost
+    TALLY.duplicated += duplicated + len(twice)
+    delay = f" ({DELAY_MS:g} ms each way)" if DELAY_MS > 0 else ""
+    figure = TALLY.figure(
+        f"3 replicas on postgresql{delay}, one killed",
+        launches=len(accepted),
+        kills=1,
+        lost=lost,
+        duplicated=duplicated + len(twice),
+        seconds=time.monotonic() - started,
+    )
+    assert not crashed, crashed  # a fake daemon that died would leave its tasks to expire
+    assert len(set(accepted)) == LAUNCHES and len(instances) == LAUNCHES  # lost 0, duplicated 0
+    assert {i["instanceId"] for i in instances} == set(accepted)
+    assert all(i["state"] == "stopped" for i in instances), Counter(i["state"] for i in instances)
     assert len(delivered) == LAUNCHES and not twice, (
         [deliveries[t] for t in twice],
         refused,
@@ -266,9 +290,7 @@ async def test_three_replicas_lose_and_duplicate_nothing_when_one_is_killed(clus
         assert states == ["queued", "running", "stopped"], (inst["instanceId"], states)
         ats = [h["at"] for h in inst["history"]]
         assert ats == sorted(ats)
-    print(
-        f"\nreplicas: {LAUNCHES} launches over 3 replicas (one killed), {DAEMONS} daemons: lost 0, duplicated 0"
-    )
+    print(f"\nreplicas: {figure} ({DAEMONS} daemons)")
 
 
 async def test_a_long_poll_on_one_replica_wakes_for_work_posted_to_another(cluster: Cluster) -> None:
@@ -289,6 +311,7 @@ async def test_a_long_poll_on_one_replica_wakes_for_work_posted_to_another(clust
         assert time.monotonic() - posted < 2  # woken by NOTIFY, not by the 20 s wait
 
 
+@pytest.mark.faults
 async def test_a_database_restart_answers_503_meanwhile_and_loses_nothing(
     cluster: Cluster, pg_server: PgServer
 ) -> None:
@@ -301,6 +324,7 @@ async def test_a_database_restart_answers_503_meanwhile_and_loses_nothing(
             for _ in range(5)
         ]
         await asyncio.to_thread(pg_server.stop)
+        TALLY.kills += 1
         try:
             launch = f"{url}/v1/namespaces/default/providers/kind/launch"
             headers = {"Authorization": f"Bearer {cluster.user_token}"}
@@ -320,6 +344,9 @@ async def test_a_database_restart_answers_503_meanwhile_and_loses_nothing(
                 await asyncio.sleep(0.2)
         assert after is not None
         ids = {i["instanceId"] for i in await user.list_instances(provider="kind")}
+        TALLY.launches += len(before) + 1
+        TALLY.lost += len({*before, after} - ids)
+        TALLY.duplicated += len(ids - {*before, after})
         assert ids == {*before, after}
 
 

@@ -1,10 +1,12 @@
 """The fault suite's summary, as a plugin (listed in tests/conftest.py).
 
 The fault suite is every test marked ``faults`` (crash matrix, disk faults, hostile peers, bad
-input, secrets), wherever its component puts it. Each runs against the real kube-apiserver (kwok
-nodes) and/or the real queue service (a subprocess speaking HTTP, state in a SQLite file). When a
+input, secrets, a queue replica killed), wherever its component puts it. Each runs against the real kube-apiserver (kwok
+nodes) and/or the real queue service (a subprocess speaking HTTP, state in a SQLite file, or in
+PostgreSQL for the crash matrix under ``NYMPH_FAULT_BACKEND`` and the replica tests). When a
 session runs any of them, the totals they measured are written as one line to
-``fault-summary.txt`` at the repository root when the session ends; a session without them
+``fault-summary.txt`` at the repository root when the session ends, followed by a line per
+figure a test added (the crash matrix on each backend, the replica kill); a session without them
 writes nothing.
 """
 
@@ -16,7 +18,7 @@ import pytest
 
 from tests.support.tally import SUMMARY, TALLY
 
-_written: list[str] = []
+_written: list[list[str]] = []
 _started: list[str] = []
 
 
@@ -47,4 +49,7 @@ def fault_summary(request: pytest.FixtureRequest) -> Iterator[None]:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _written:
         terminalreporter.section("fault suite")
-        terminalreporter.write_line(f"{SUMMARY.name}: {_written[-1]}")
+        total, *figures = _written[-1]
+        terminalreporter.write_line(f"{SUMMARY.name}: {total}")
+        for line in figures:
+            terminalreporter.write_line(f"  {line}")

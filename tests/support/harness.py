@@ -61,12 +61,14 @@ def _popen(args: list[str], *, log: Any, env: dict[str, str] | None = None) -> s
 
 @dataclass
 class QueueProc:
-    db: Path
+    #: A SQLite file, or a PostgreSQL URL (then ``log_dir`` says where the log goes).
+    db: Path | str
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     user_token: str = ""
     daemon_token: str = ""
     extra: tuple[str, ...] = ()
+    log_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -81,7 +83,8 @@ class QueueProc:
         self.daemon_token = make("daemon")
 
     def start(self) -> QueueProc:
-        with (self.db.parent / "queue.log").open("ab") as log:
+        log_dir = self.log_dir or Path(self.db).parent
+        with (log_dir / "queue.log").open("ab") as log:
             self.proc = _popen(
                 [
                     sys.executable,

@@ -1,8 +1,10 @@
 """The real queue and daemon processes the fault tests run, killed and restarted.
 
-Built on tests/support/harness.py (the processes are tracked, so they die with the test). Every kill
-and every restart is counted in the suite's tally; a restart that does not come up healthy is
-counted as failed (and the daemon is started again so the run can go on and say so at the end).
+Built on tests/support/harness.py (the processes are tracked, so they die with the test). The
+queue's database is a SQLite file or a PostgreSQL database behind the latency proxy
+(tests/support/fault_db.py); on PostgreSQL the server is one more thing to stop and start. Every
+kill and every restart is counted in the suite's tally; a restart that does not come up healthy
+is counted as failed (and the daemon is started again so the run can go on and say so at the end).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nymph.localcluster import LocalCluster
+from tests.support.fault_db import FaultDb
 from tests.support.harness import DaemonProc, QueueProc, daemon_kubeconfig, nymph, setup_provider
 from tests.support.tally import TALLY
 
@@ -30,6 +32,7 @@ class FaultStack:
     tmp: Path
     queue: QueueProc
     daemon: DaemonProc
+    db: FaultDb
     extra: tuple[str, ...] = ()
     restarts: int = 0
     failed_restarts: list[str] = field(default_factory=list)
@@ -83,6 +86,19 @@ class FaultStack:
             TALLY.restarts_failed += 1
             self.failed_restarts.append(f"queue restart: {exc}")
 
+    def stop_database(self) -> None:
+        """Stop the PostgreSQL server under the running queue (fast shutdown)."""
+        self.db.stop_server()
+        TALLY.kills += 1
+
+    def start_database(self) -> None:
+        self.restarts += 1
+        try:
+            self.db.start_server()
+        except RuntimeError as exc:
+            TALLY.restarts_failed += 1
+            self.failed_restarts.append(f"database restart: {str(exc)[-600:]}")
+
     def daemon_log(self) -> str:
         path = self.root.parent / f"daemon-{self.root.name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -110,18 +126,9 @@ class FaultStack:
         )
 
     def leased(self, kind: str) -> set[str]:
-        """Task ids the queue's database shows leased (read-only; the queue may be down)."""
-        try:
-            con = sqlite3.connect(f"file:{self.queue.db}?mode=ro", uri=True, timeout=1)
-            try:
-                rows = con.execute(
-                    "SELECT task_id FROM tasks WHERE status = 'leased' AND kind = ?", (kind,)
-                ).fetchall()
-            finally:
-                con.close()
-        except sqlite3.Error:
-            return set()
-        return {r[0] for r in rows}
+        """Task ids the queue's database shows leased (read on the test's own connection; the
+        queue may be down)."""
+        return self.db.leased(kind)
 
     def workdirs(self) -> set[str]:
         work = self.root / "work"
@@ -150,15 +157,25 @@ class FaultStack:
         return nymph("audit", "verify", str(self.audit_log))
 
 
-def start_stack(kube: LocalCluster, namespace: str, tmp: Path, *, extra: tuple[str, ...] = ()) -> FaultStack:
-    q = QueueProc(tmp / "queue.db")
+def start_stack(
+    kube: LocalCluster,
+    namespace: str,
+    tmp: Path,
+    *,
+    db: FaultDb | None = None,
+    extra: tuple[str, ...] = (),
+) -> FaultStack:
+    """The queue (on ``db``; default a SQLite file in ``tmp``) and a daemon, with tokens and the
+    local provider."""
+    db = db or FaultDb(backend="sqlite", queue_db=tmp / "queue.db")
+    q = QueueProc(db.queue_db, log_dir=tmp)
     q.tokens()
     q.start()
     kc = daemon_kubeconfig(kube, namespace, tmp)
     asyncio.run(setup_provider(q, namespace))
     d = DaemonProc(q, kc, namespace, tmp / "root", extra=extra)
     d.start()
-    return FaultStack(kube=kube, namespace=namespace, tmp=tmp, queue=q, daemon=d, extra=extra)
+    return FaultStack(kube=kube, namespace=namespace, tmp=tmp, queue=q, daemon=d, db=db, extra=extra)
 
 
 def stop_stack(stack: FaultStack) -> None:
@@ -167,9 +184,14 @@ def stop_stack(stack: FaultStack) -> None:
 
 
 def running_stack(
-    kube: LocalCluster, namespace: str, tmp: Path, *, extra: tuple[str, ...] = ()
+    kube: LocalCluster,
+    namespace: str,
+    tmp: Path,
+    *,
+    db: FaultDb | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[FaultStack]:
-    s = start_stack(kube, namespace, tmp, extra=extra)
+    s = start_stack(kube, namespace, tmp, db=db, extra=extra)
     try:
         yield s
     finally:
