@@ -36,7 +36,7 @@ def backends() -> list[str]:
     unknown = [n for n in names if n not in ALIASES]
     if unknown:
         raise ValueError(f"NYMPH_FAULT_BACKEND: unknown {unknown} (sqlite, pg)")
-    return list(dict.fromkeys(ALIASES[n] for n in names if n))
+    return list(dict.fromkeys(ALIASES[n] for n in names if n)) or ["sqlite"]
 
 
 def delay_ms() -> float:
@@ -139,6 +139,7 @@ def fault_db(backend: str, tmp: Path, server: Callable[[], PgServer]) -> Iterato
             yield db
     finally:
         db.close()
-        if pg.proc is None:  # the test failed while the server was down: the session needs it
-            pg.start()
+        if pg.proc is None or pg.proc.poll() is not None:  # the test failed while it was down
+            pg.stop()
+            pg.start()  # the session's other tests need it
         pg.drop_database(url)
