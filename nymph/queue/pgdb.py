@@ -200,6 +200,10 @@ class PgDatabase:
     async def read(self, fn: Callable[[PgConn], T]) -> T:
         return await self._run(fn, begin="BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", writing=False)
 
+    async def read_small(self, fn: Callable[[PgConn], T]) -> T:
+        """A read like any other: every read is a network round trip away."""
+        return await self.read(fn)
+
     async def _run(self, fn: Callable[[PgConn], T], *, begin: str, writing: bool) -> T:
         if self._executor is None or self._pool is None:
             raise DatabaseError("the queue database is not open")

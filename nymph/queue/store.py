@@ -131,7 +131,7 @@ class Store:
 
     async def get_provider_config(self, *, ns: str, name: str) -> Provider:
         """The provider as configured (NotFound when there is none)."""
-        return await self.db.read(lambda conn: catalog.get_provider(conn, ns=ns, name=name))
+        return await self.db.read_small(lambda conn: catalog.get_provider(conn, ns=ns, name=name))
 
     async def provider_kube_namespace(self, *, ns: str, name: str) -> str:
         """The kube namespace a provider launches into (checked), or NotFound / BadRequest."""
@@ -283,7 +283,7 @@ class Store:
         lease = self.settings.lease
         # Most claims find nothing (a daemon re-polling, a wake-up meant for another): answer
         # those from a read transaction; only a claim with work (or a stale record) writes.
-        idle = await self.db.read(
+        idle = await self.db.read_small(
             lambda conn: dispatch.idle_claim(conn, req=req, scope=scope, now=now(), lease=lease)
         )
         if idle is not None:

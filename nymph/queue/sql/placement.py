@@ -167,7 +167,13 @@ def update_waiting(conn: Conn, *, now: float) -> None:
         if reason is None:
             unplaced.append(r)  # not waiting for a node: its quota or share may hold it
     told = {r["instance_id"]: r["waiting_told"] for r in rows}
-    for instance_id, now_standing in waiting.standing(conn, unplaced, now=now).items():
+    kinds = waiting.standing(conn, unplaced, now=now, ranked=False)  # no ranks: hundreds at once
+    changed = [
+        r
+        for r in unplaced
+        if r["instance_id"] in kinds and kinds[r["instance_id"]].kind != told[r["instance_id"]]
+    ]
+    for instance_id, now_standing in waiting.standing(conn, changed, now=now).items():
         if now_standing.kind != told[instance_id]:
             events.record(
                 conn,

@@ -106,9 +106,11 @@ def reasons(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, str]:
     return {iid: s.text for iid, s in standing(conn, rows, now=now).items()}
 
 
-def standing(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, Standing]:
+def standing(conn: Conn, rows: Sequence[Row], *, now: float, ranked: bool = True) -> dict[str, Standing]:
     """The waiting reason and its kind of each queued instance in ``rows`` (with ``instance_id``,
-    ``namespace``, ``state`` and ``waiting``) that has a launch in the queue and no stored reason."""
+    ``namespace``, ``state`` and ``waiting``) that has a launch in the queue and no stored reason.
+    ``ranked=False``: the kinds alone (each text empty), without counting what is ahead of each
+    launch (what the sweeper needs to tell a change of kind, for hundreds of launches at once)."""
     queued = [r for r in rows if r["state"] == "queued" and not r["waiting"]]
     if not queued:
         return {}
@@ -139,24 +141,24 @@ def standing(conn: Conn, rows: Sequence[Row], *, now: float) -> dict[str, Standi
     out: dict[str, Standing] = {}
     for instance_id, t in pending.items():
         ns = namespaces[instance_id]
-        if ns not in sizes:
-            sizes[ns] = int(conn.execute(_QUEUED_IN.format(hint=_hint(conn)), (ns,)).fetchone()[0])
-        if len(pending) > _RANK_ALL:
-            if ns not in ranks:
-                wanted = {int(p["seq"]) for i, p in pending.items() if namespaces[i] == ns}
-                ranks[ns] = _ranks(conn, ns, wanted)
-            ahead = ranks[ns].get(int(t["seq"]), 0)
-        else:
-            p, seq = int(t["priority"]), int(t["seq"])
-            ahead = int(conn.execute(_AHEAD.format(hint=_hint(conn)), (ns, p, p, seq)).fetchone()[0])
-        text = f"{ordinal(ahead + 1)} of {sizes[ns]} in {ns}"
+        text = ""
+        if ranked:
+            if ns not in sizes:
+                sizes[ns] = int(conn.execute(_QUEUED_IN.format(hint=_hint(conn)), (ns,)).fetchone()[0])
+            if len(pending) > _RANK_ALL:
+                if ns not in ranks:
+                    wanted = {int(p["seq"]) for i, p in pending.items() if namespaces[i] == ns}
+                    ranks[ns] = _ranks(conn, ns, wanted)
+                ahead = ranks[ns].get(int(t["seq"]), 0)
+            else:
+                p, seq = int(t["priority"]), int(t["seq"])
+                ahead = int(conn.execute(_AHEAD.format(hint=_hint(conn)), (ns, p, p, seq)).fetchone()[0])
+            text = f"{ordinal(ahead + 1)} of {sizes[ns]} in {ns}"
         kind: str | None = None
-        blocked = quota_blocks(
-            ns,
-            quotas.get(ns, Quota()),
-            usage.get(ns, Usage()),
-            schedule.needs_of(conn, t["grp"], int(t["seq"])).requests,
-        )
+        quota = quotas.get(ns, Quota())
+        # a launch's requests matter only to a quota on resources (read once per group)
+        requests = schedule.needs_of(conn, t["grp"], int(t["seq"])).requests if quota.resources else {}
+        blocked = quota_blocks(ns, quota, usage.get(ns, Usage()), requests)
         if blocked is not None:
             text, kind = f"{blocked}; {text}", QUOTA
         else:
