@@ -6,6 +6,7 @@ tests/support/queue_fixtures.py; the fault suite's summary is tests/support/faul
 
 pytest_plugins = [
     "tests.support.kube_fixtures",
+    "tests.support.image_builds",
     "tests.support.kuberay_fixtures",
     "tests.support.queue_fixtures",
     "tests.support.fault_summary",

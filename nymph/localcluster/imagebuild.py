@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import nymph
 from nymph.localcluster.images import (
@@ -95,13 +98,18 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
             "--storage-driver",
             "vfs",
         ]
+        # buildah's own temporary files (a build's run directory, image copies) go to the scratch
+        # space too, so a stopped build leaves nothing in /var/tmp
+        (work / "tmp").mkdir()
+        env = dict(os.environ, TMPDIR=str(work / "tmp"))
         started = time.monotonic()
         progress(f"building {NYMPH_IMAGE} with buildah on {base.name} (a few minutes the first time)")
         run_step(
             ["buildah", *store, "pull", "--quiet", f"oci-archive:{base.oci_archive}"],
             what="buildah pull of the python base",
+            env=env,
         )
-        run_step(["buildah", *store, "tag", base.name, base.name], what="buildah tag")
+        run_step(["buildah", *store, "tag", base.name, base.name], what="buildah tag", env=env)
         bud = [
             "buildah",
             *store,
@@ -125,10 +133,11 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
         cert = _host_pip_cert()
         if cert is not None:
             bud += ["--volume", f"{cert}:{_CA_IN_BUILD}:ro", "--build-arg", f"PIP_CERT={_CA_IN_BUILD}"]
-        run_step([*bud, str(context)], what="buildah bud", log=work / "build.log", timeout=1800)
+        run_step([*bud, str(context)], what="buildah bud", log=work / "build.log", timeout=1800, env=env)
         run_step(
             ["buildah", *store, "push", "--quiet", NYMPH_IMAGE, f"oci-archive:{tmp / ARCHIVE}:{NYMPH_IMAGE}"],
             what="buildah push",
+            env=env,
         )
         progress(f"built {NYMPH_IMAGE} in {time.monotonic() - started:.0f} s")
 
@@ -137,19 +146,40 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
     return LocalImage(NYMPH_IMAGE, archive)
 
 
-def main() -> int:
-    """``python -m nymph.localcluster.imagebuild``: build (or find) every local image and print
-    one ``NAME ARCHIVE`` line each."""
-    from nymph.localcluster.images import ensure_images
+def _builders() -> dict[str, Callable[[], LocalImage]]:
+    from nymph.localcluster.images import ensure_pause_image
     from nymph.localcluster.rayimage import ensure_ray_image
 
+    return {
+        "pause": ensure_pause_image,
+        "python": ensure_python_image,
+        "ray": ensure_ray_image,
+        "nymph": ensure_nymph_image,
+    }
+
+
+def _stop(signum: int, _frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)  # unwinds the build: its scratch space and mounts are removed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m nymph.localcluster.imagebuild [NAME ...]``: build (or find) the local images
+    named (``pause``, ``python``, ``ray``, ``nymph``; all of them by default) and print one
+    ``NAME ARCHIVE`` line each. SIGTERM stops a build and removes what it had written."""
+    builders = _builders()
+    names = list(sys.argv[1:] if argv is None else argv) or list(builders)
+    unknown = [n for n in names if n not in builders]
+    if unknown:
+        print(f"error: no local image {' '.join(unknown)} (one of {', '.join(builders)})", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _stop)
     try:
-        images = [*ensure_images(), ensure_ray_image(), ensure_nymph_image()]
+        images = [builders[n]() for n in names]
     except ImageBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for image in images:
-        print(image.name, image.oci_archive)
+        print(image.name, image.oci_archive, flush=True)
     return 0
 
 

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,15 +176,25 @@ def prune(prefix: str, *, keep: int, root: Path | None = None) -> list[Path]:
     return removed
 
 
-def run_step(cmd: Sequence[str], *, what: str, log: Path | None = None, timeout: float = 900) -> None:
+def run_step(
+    cmd: Sequence[str],
+    *,
+    what: str,
+    log: Path | None = None,
+    timeout: float = 900,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    environ = None if env is None else dict(env)
     try:
         if log is None:
-            done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
+            done = subprocess.run(
+                list(cmd), capture_output=True, text=True, timeout=timeout, check=False, env=environ
+            )
             returncode, output = done.returncode, done.stdout + done.stderr
         else:
             with log.open("w") as out:
                 returncode = subprocess.run(
-                    list(cmd), stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False
+                    list(cmd), stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False, env=environ
                 ).returncode
             output = log.read_text(errors="replace")
     except (OSError, subprocess.TimeoutExpired) as exc:

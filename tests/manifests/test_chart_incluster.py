@@ -35,7 +35,6 @@ from tests.support.incluster import (
     InCluster,
     audit_records,
     connect,
-    import_nymph_image,
     launch,
     node_root_set_aside,
     teardown,
@@ -128,7 +127,7 @@ class Release:
 
 @pytest.fixture(scope="module")
 def release(
-    real_kube: LocalCluster, helm: Path, tmp_path_factory: pytest.TempPathFactory
+    real_kube: LocalCluster, helm: Path, nymph_image_on_node: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
     kube = real_kube
     assert kube.real_node is not None
@@ -137,7 +136,7 @@ def release(
     data.mkdir()
     os.chown(data, QUEUE_UID, QUEUE_UID)
     values = work / "local-values.yaml"
-    values.write_text(yaml.safe_dump(local_values(kube, import_nymph_image(kube))))
+    values.write_text(yaml.safe_dump(local_values(kube, nymph_image_on_node)))
     docs = template(helm, "-f", str(values))  # what the release makes, to take down on failure
     run = Helm(helm, kube.kubeconfig, work / "helm")
     wait_namespace_gone(kube)  # an earlier deployment in this session may still be going

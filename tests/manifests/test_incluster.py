@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from nymph.localcluster import LocalCluster
+from nymph.localcluster.images import LocalImage
 from tests.support.incluster import (
     NODE_ROOT,
     QUEUE_UID,
@@ -33,7 +34,6 @@ from tests.support.incluster import (
     apply,
     audit_records,
     connect,
-    import_nymph_image,
     kustomize,
     launch,
     node_root_set_aside,
@@ -99,12 +99,10 @@ def _buildah_or_skip() -> None:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_the_nymph_image_built_here_runs(tmp_path: Path) -> None:
+def test_the_nymph_image_built_here_runs(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """daemonset/Dockerfile on the local python base: nymph and kubectl run inside it."""
-    from nymph.localcluster.imagebuild import ensure_nymph_image
-
     _buildah_or_skip()
-    image = ensure_nymph_image()
+    image: LocalImage = request.getfixturevalue("nymph_image")
     store = ["--root", str(tmp_path / "s"), "--runroot", str(tmp_path / "r"), "--storage-driver", "vfs"]
 
     def buildah(*args: str) -> str:
@@ -128,11 +126,12 @@ def test_the_nymph_image_built_here_runs(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def incluster(real_kube: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InCluster]:
+def incluster(
+    real_kube: LocalCluster, nymph_image_on_node: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[InCluster]:
     kube = real_kube
     node = kube.real_node
     assert node is not None
-    import_nymph_image(kube)
     queue_data = tmp_path_factory.mktemp("queue-data")
     os.chown(queue_data, QUEUE_UID, QUEUE_UID)
     docs = render(kube, queue_data)

@@ -206,21 +206,6 @@ def connect(kube: LocalCluster, *, daemon_token: str) -> InCluster:
     return ic
 
 
-def import_nymph_image(kube: LocalCluster) -> str:
-    from nymph.localcluster.imagebuild import ensure_nymph_image
-    from nymph.localcluster.images import import_images
-
-    assert kube.real is not None and kube.real.layout is not None
-    image = ensure_nymph_image()
-    import_images(
-        images=[image],
-        ctr=kube.real.assets / "ctr",
-        address=kube.real.layout.containerd_socket,
-        snapshotter="overlayfs",
-    )
-    return image.name
-
-
 async def launch(ic: InCluster, script: str) -> str:
     async with ic.client() as c:
         return str((await c.launch(provider="local", mode="py", script=script))["instanceId"])
