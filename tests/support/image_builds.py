@@ -125,7 +125,7 @@ def started(image: str) -> BackgroundBuild | None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start each image's build (seconds to minutes) as soon as the session is known to need it."""
-    if os.geteuid() != 0:  # the builds need root: the fixtures report why
+    if os.geteuid() != 0 or session.config.option.collectonly:  # the fixtures report a missing root
         return
     for image in NEEDED_BY:
         if session_needs(session, image):
