@@ -5,11 +5,15 @@ For each daemon count, a fresh SQLite queue (``nymph queue serve``) and load-gen
 (250 daemons each, one aiohttp session per process): every daemon registers its own session
 with its own node offer, holds a claim long-poll (capacity 1,000 / daemons, so every count has
 the same total capacity), and completes and reports stopped what it claims in the background,
-as a real one would. Once every claim is parked, the queue's CPU is
-read for a few idle seconds; then launches are POSTed at a steady rate. The latency is the
-queue's own histogram (``nymph_queue_launch_claim_seconds`` from ``GET /metrics``: a launch's
+as a real one would. Each daemon holds its long-polls as long as the daemon does by default
+(``poll_wait``, 30 s), its first one for a random part of that (daemons start at different
+times), so the long-polls timing out and sent again are spread evenly, as in a cluster. Once
+every claim is parked, the queue's CPU is read for one whole hold (every long-poll times out and
+is sent again once: the idle figure); then launches are POSTed at a steady rate. The latency is
+the queue's own histogram (``nymph_queue_launch_claim_seconds`` from ``GET /metrics``: a launch's
 POST to the claim answer carrying it), so the generator's delays do not count; the queue's CPU
-(``/proc``) is divided by the launches. Writes ``daemons_1000`` into ``bench-results.json``
+(``/proc``) over the stream, the long-polls timing out meanwhile included, is divided by the
+launches. Writes ``daemons_1000`` into ``bench-results.json``
 (its other keys kept):
 
     .venv/bin/python benchmarks/daemons_bench.py [--rate 40] [--seconds 15] [--counts 1,100,1000]
@@ -23,6 +27,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import resource
 import signal
 import subprocess
@@ -41,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from benchmarks import schedule_bench  # noqa: E402
 from nymph.client import DaemonIdentity, DispatchClient  # noqa: E402
+from nymph.daemon.settings import DaemonQueueSettings  # noqa: E402
 from nymph.logsetup import configure_logging  # noqa: E402
 from nymph.queue.auth import create_token  # noqa: E402
 from nymph.queue.models import Role  # noqa: E402
@@ -48,7 +54,8 @@ from nymph.queue.models import Role  # noqa: E402
 PER_PROCESS = 250
 #: Launches all daemons together may hold at once (each daemon's claim capacity is its share).
 TOTAL_CAPACITY = 1000
-CLAIM_WAIT = 20.0
+#: The long-poll hold: the daemon's own default.
+CLAIM_WAIT = DaemonQueueSettings().poll_wait
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -82,15 +89,19 @@ async def _daemon(
     ready.set()
     seq = 0
     finishing: set[asyncio.Task[None]] = set()
+    # Daemons that started at different times: the first hold is spread over a whole one, so
+    # the long-polls that time out (and are sent again) are spread evenly over time.
+    wait = random.Random(i).uniform(1.0, CLAIM_WAIT + 1.0)
     while True:
         tasks = await client.claim(
             daemon_id=name,
             node=node,
             capacity=capacity,
-            wait=CLAIM_WAIT,
+            wait=wait,
             lease_seconds=600,
             node_info=_offer(i),
         )
+        wait = CLAIM_WAIT
         for t in tasks:
             seq += 1
             job = asyncio.create_task(_finish(client, name, node, t, seq), name=f"bench-finish-{name}-{seq}")
@@ -275,6 +286,7 @@ def summarize(rows: dict[int, dict[str, Any]], *, rate: float, seconds: float) -
         "runs": {str(n): r for n, r in sorted(rows.items())},
         "rate_per_s": rate,
         "seconds": seconds,
+        "poll_wait_s": CLAIM_WAIT,
         "cpus": os.cpu_count(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -288,7 +300,9 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-async def run(counts: list[int], *, rate: float, seconds: float, idle_s: float = 5.0) -> dict[str, Any]:
+async def run(
+    counts: list[int], *, rate: float, seconds: float, idle_s: float = CLAIM_WAIT + 2
+) -> dict[str, Any]:
     rows = {}
     for n in counts:
         rows[n] = await one_count(
@@ -311,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0, help="length of the stream (default 15)")
     parser.add_argument("--counts", default="1,100,1000", help="daemon counts (default 1,100,1000)")
     parser.add_argument(
-        "--idle-seconds", type=float, default=5.0, help="idle CPU sampled this long (default 5)"
+        "--idle-seconds",
+        type=float,
+        default=CLAIM_WAIT + 2,
+        help=f"idle CPU sampled this long (default {CLAIM_WAIT + 2:g}: every long-poll times out once)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
     parser.add_argument("--no-write", action="store_true", help="print the figures only")

@@ -9,14 +9,24 @@ a process of its own), as a database in another machine of the zone would:
 * ``pg_concurrency``: one replica. The time of one launch POST (the median of ``rounds``, one at
   a time), and of 16 POSTs of different launches sent at once (the median of ``rounds``
   bursts); ``ratio_16_to_1`` is the second over the first (target <= 2.0: with writes waiting
-  for each other 16 would take about 16 times one).
+  for each other 16 would take about 16 times one). Beside it, what else bounds a burst: the
+  replica's own CPU for one (``replica_cpu_ms_per_burst``: one Python process runs on one core
+  at a time), and, from ``pg_stat_activity`` sampled during the bursts, the share of the
+  database's busy backends that were waiting for a lock (``lock_wait_share``).
 * ``pg_replicas``: 1 replica, then 3 on one fresh database each time. ``workers`` loops, each a
   daemon of its own team (``teams`` namespaces, each with its own kube namespace; claims of one
   namespace take a lock of that namespace), each spread over the replicas: POST a launch,
   claim (capacity 1), complete what it got. Launches completed per second over ``seconds``
-  (after a warm-up), and each replica's CPU (% of one core) meanwhile; ``ratio_3_to_1`` is 3
-  replicas' rate over 1's (target >= 1.5; the replicas, PostgreSQL, the proxy and this load
-  share the machine's cores).
+  (after a warm-up), and each process's CPU (% of one core) meanwhile; ``ratio_3_to_1`` is 3
+  replicas' rate over 1's (target >= 1.5). Each replica is held to ``replica_cpu`` cores (a
+  cgroup CPU quota, :mod:`benchmarks.cpulimit`), as a replica Pod with ``resources.limits.cpu``
+  is, or one on a node of its own, and serves ``loops_per_replica`` loops (3 replicas serve three
+  times as many): what a replica adds is then a replica's worth of CPU and of load, which shows
+  whether the database lets their writes run side by side (with one global write lock, three
+  replicas would write no faster than one). The same pair runs again without limits and with
+  ``workers`` loops whatever the count (under ``unlimited``): there one replica does not fill a
+  core, and the replicas, PostgreSQL, the proxy and this load share the machine's cores, so
+  more replicas cannot add much.
 
 Merges its figures into ``bench-results.json`` under ``pg_concurrency`` and ``pg_replicas`` (the
 file's other keys are kept); ``daemon_bench.py --markdown`` shows them on docs/performance.md.
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -35,16 +46,20 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.cpulimit import CpuLimits, cpu_limits  # noqa: E402
 from benchmarks.scoreboard.procstat import cpu  # noqa: E402
 from nymph.client import DaemonIdentity, QueueClient  # noqa: E402
 from nymph.logsetup import configure_logging  # noqa: E402
@@ -63,9 +78,13 @@ class Params:
     rounds: int = 15
     seconds: float = 20.0
     warmup: float = 3.0
-    workers: int = 12
+    workers: int = 18
     teams: int = 6
     delay_ms: float = 1.0
+    #: Each replica's CPU limit in cores (a Pod's ``resources.limits.cpu``) for ``pg_replicas``,
+    #: and the loops each limited replica serves (3 replicas serve three times as many).
+    replica_cpu: float = 0.25
+    loops_per_replica: int = 6
 
 
 QUICK = Params(rounds=4, seconds=4.0, warmup=1.0, workers=6, teams=3)
@@ -140,8 +159,11 @@ class Replicas:
 
 
 @contextlib.asynccontextmanager
-async def replicas(db: str, count: int) -> AsyncIterator[Replicas]:
-    """``count`` replicas on ``db`` (a URL through the proxy) with a user and a daemon token."""
+async def replicas(
+    db: str, count: int, *, limits: CpuLimits | None = None, cores: float = 0.0
+) -> AsyncIterator[Replicas]:
+    """``count`` replicas on ``db`` (a URL through the proxy) with a user and a daemon token;
+    with ``limits``, each held to ``cores`` CPUs."""
 
     def tokens(conn: Conn) -> tuple[str, str]:
         return create_token(conn, role=Role.USER).token, create_token(conn, role=Role.DAEMON).token
@@ -156,6 +178,8 @@ async def replicas(db: str, count: int) -> AsyncIterator[Replicas]:
             )
             r.procs.append(proc)
             r.urls.append(url)
+            if limits is not None:
+                limits.limit(proc.pid, cores)
         yield r
     finally:
         for proc in r.procs:
@@ -180,7 +204,50 @@ async def _launch(user: QueueClient, team: int) -> str:
 # --- the measurements ----------------------------------------------------------------------
 
 
-async def concurrency(db: str, p: Params) -> dict[str, Any]:
+class LockSampler:
+    """Samples ``pg_stat_activity`` (on the server's own socket, not through the proxy) while
+    :attr:`on`: of the samples that found one of ``dbname``'s backends running a statement, the
+    share waiting for a lock (a write waiting for another)."""
+
+    def __init__(self, admin_url: str, dbname: str) -> None:
+        self.admin_url, self.dbname = admin_url, dbname
+        self.on = threading.Event()
+        self.stop = threading.Event()
+        self.busy = self.locked = 0
+        #: The statements that waited, by their start, and how often.
+        self.waiting: collections.Counter[str] = collections.Counter()
+        self._thread = threading.Thread(target=self._run, name="pg-bench-lock-sampler", daemon=True)
+
+    def __enter__(self) -> LockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        sql = (
+            "SELECT wait_event_type, left(query, 48) FROM pg_stat_activity WHERE datname = %s "
+            "AND state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            while not self.stop.is_set():
+                if not self.on.wait(0.05):
+                    continue
+                for kind, query in conn.execute(sql, (self.dbname,)).fetchall():
+                    self.busy += 1
+                    if kind == "Lock":
+                        self.locked += 1
+                        self.waiting[" ".join(str(query).split())] += 1
+                time.sleep(0.001)
+
+    @property
+    def share(self) -> float | None:
+        return round(self.locked / self.busy, 3) if self.busy else None
+
+
+async def concurrency(db: str, p: Params, sampler: LockSampler) -> dict[str, Any]:
     async with replicas(db, 1) as r:
         await _teams(r, 1)
         async with QueueClient(base_url=r.urls[0], token=r.user_token, timeout=60) as user:
@@ -188,27 +255,41 @@ async def concurrency(db: str, p: Params) -> dict[str, Any]:
                 await asyncio.gather(*(_launch(user, 0) for _ in range(BURST)))
             one: list[float] = []
             burst: list[float] = []
+            burst_cpu = 0.0
             for _ in range(p.rounds):
                 t0 = time.perf_counter()
                 await _launch(user, 0)
                 one.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+                c0, t0 = cpu(r.procs[0].pid).own, time.perf_counter()
+                sampler.on.set()
                 await asyncio.gather(*(_launch(user, 0) for _ in range(BURST)))
+                sampler.on.clear()
                 burst.append(time.perf_counter() - t0)
+                burst_cpu += cpu(r.procs[0].pid).own - c0
     one_ms, burst_ms = statistics.median(one) * 1000, statistics.median(burst) * 1000
     return {
         "one_post_ms": round(one_ms, 1),
         "burst_16_ms": round(burst_ms, 1),
         "ratio_16_to_1": round(burst_ms / one_ms, 2),
+        # the replica's own CPU for a burst: one Python process, so at most one core at a time
+        "replica_cpu_ms_per_burst": round(1000 * burst_cpu / p.rounds, 1),
+        # of the database's busy backends sampled during the bursts, the share waiting on a lock
+        "lock_wait_share": sampler.share,
+        "lock_samples": sampler.busy,
+        "lock_waits_by_statement": dict(sampler.waiting.most_common(3)),
         "rounds": p.rounds,
         "target": "<= 2.0",
     }
 
 
-async def throughput(db: str, count: int, p: Params, proxy_pid: int, pg_pid: int) -> dict[str, Any]:
+async def throughput(
+    db: str, count: int, p: Params, proxy_pid: int, pg_pid: int, limits: CpuLimits | None = None
+) -> dict[str, Any]:
     """Launches POSTed, claimed and completed per second by ``p.workers`` loops over ``count``
-    replicas, and each replica's CPU meanwhile."""
-    async with replicas(db, count) as r:
+    replicas (with ``limits``: each held to ``p.replica_cpu`` cores), and each process's CPU
+    meanwhile."""
+    loops = p.workers if limits is None else p.loops_per_replica * count
+    async with replicas(db, count, limits=limits, cores=p.replica_cpu) as r:
         await _teams(r, p.teams)
         done = 0
         measuring = asyncio.Event()
@@ -232,7 +313,7 @@ async def throughput(db: str, count: int, p: Params, proxy_pid: int, pg_pid: int
                         if measuring.is_set() and not stop.is_set():
                             done += 1
 
-        workers = [asyncio.create_task(worker(k), name=f"bench-worker-{k}") for k in range(p.workers)]
+        workers = [asyncio.create_task(worker(k), name=f"bench-worker-{k}") for k in range(loops)]
         try:
             await asyncio.sleep(p.warmup)
             before, proxy_before, t0 = r.cpu_seconds(), cpu(proxy_pid).own, time.perf_counter()
@@ -249,6 +330,7 @@ async def throughput(db: str, count: int, p: Params, proxy_pid: int, pg_pid: int
             await asyncio.gather(*workers, return_exceptions=True)
     return {
         "launches_per_s": round(counted / elapsed, 1),
+        "loops": loops,
         "launches": counted,
         "seconds": round(elapsed, 1),
         "replica_cpu_pct": [round(100 * (a - b) / elapsed, 1) for a, b in zip(after, before, strict=True)],
@@ -263,18 +345,38 @@ async def run(p: Params, say: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with running_server() as server, proxy(server, p) as (port, proxy_pid):
         say("pg_concurrency")
-        out["pg_concurrency"] = await concurrency(pg_url_through(server.fresh_database(), port), p)
+        raw = server.fresh_database()
+        dbname = raw.split("/", 3)[3].split("?", 1)[0]
+        with LockSampler(server.url(), dbname) as sampler:
+            out["pg_concurrency"] = await concurrency(pg_url_through(raw, port), p, sampler)
         say(f"  {out['pg_concurrency']}")
-        rows: dict[str, Any] = {}
-        for count in (1, 3):
-            say(f"pg_replicas: {count}")
-            db = pg_url_through(server.fresh_database(), port)
-            assert server.proc is not None
-            rows[str(count)] = await throughput(db, count, p, proxy_pid, server.proc.pid)
-            say(f"  {rows[str(count)]}")
+        runs: dict[str, dict[str, Any]] = {"limited": {}, "unlimited": {}}
+        with cpu_limits() as limits:
+            if limits.root is None:
+                say(f"pg_replicas: no CPU limit can be set here ({limits.reason}): unlimited only")
+            for kind in ("limited", "unlimited"):
+                if kind == "limited" and limits.root is None:
+                    continue
+                for count in (1, 3):
+                    say(f"pg_replicas: {count} ({kind})")
+                    db = pg_url_through(server.fresh_database(), port)
+                    assert server.proc is not None
+                    runs[kind][str(count)] = await throughput(
+                        db, count, p, proxy_pid, server.proc.pid, limits if kind == "limited" else None
+                    )
+                    say(f"  {runs[kind][str(count)]}")
+
+        def ratio(rows: dict[str, Any]) -> float | None:
+            if not rows:
+                return None
+            return round(rows["3"]["launches_per_s"] / max(rows["1"]["launches_per_s"], 1e-9), 2)
+
         out["pg_replicas"] = {
-            "ratio_3_to_1": round(rows["3"]["launches_per_s"] / max(rows["1"]["launches_per_s"], 1e-9), 2),
-            "replicas": rows,
+            "ratio_3_to_1": ratio(runs["limited"]),
+            "replica_cpu_limit": p.replica_cpu if runs["limited"] else None,
+            "loops_per_replica": p.loops_per_replica,
+            "replicas": runs["limited"],
+            "unlimited": {"ratio_3_to_1": ratio(runs["unlimited"]), "replicas": runs["unlimited"]},
             "workers": p.workers,
             "teams": p.teams,
             "target": ">= 1.5",

@@ -128,9 +128,13 @@ def daemons(r: dict[str, Any]) -> str:
         textwrap.fill(
             "`benchmarks/daemons_bench.py` (run by `make bench`): a fresh SQLite queue, 1, 100 and "
             "1,000 daemons long-polling it from load-generator processes (each its own session and "
-            "node offer, the same total capacity), and a steady stream of "
-            f"{d.get('rate_per_s')} launches/s for {d.get('seconds')} s. POST -> claim is the queue's "
-            "own histogram (`nymph_queue_launch_claim_seconds`), so the generator's delays do not count. "
+            "node offer, the same total capacity, each long-poll held as long as the daemon's "
+            f"default, {d.get('poll_wait_s', 30)} s, their timeouts spread evenly), and a steady stream "
+            f"of {d.get('rate_per_s')} launches/s for {d.get('seconds')} s. POST -> claim is the queue's "
+            "own histogram (`nymph_queue_launch_claim_seconds`), so the generator's delays do not count; "
+            "CPU per launch is the queue's CPU over the stream (the long-polls timing out meanwhile "
+            "included) over the launches; idle is read over one whole hold (each long-poll times out "
+            "and is sent again once). "
             f"Run of {d.get('when')}, {d.get('cpus')} CPUs shared by the queue and the generators. "
             "Targets with 1,000 daemons: p95 at most 2x one daemon's, queue CPU per launch at most "
             "1.2x, idle queue CPU under 5% of a core.",

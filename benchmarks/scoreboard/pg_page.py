@@ -38,23 +38,71 @@ def pg_writes(r: dict[str, Any]) -> str:
         "| `pg_concurrency.ratio_16_to_1` (target <= 2.0) |",
         "|---|---:|---:|---:|",
         f"| {c.get('rounds')} rounds | {c.get('one_post_ms')} | {c.get('burst_16_ms')} | {c.get('ratio_16_to_1')} |",
+    ]
+    if c.get("replica_cpu_ms_per_burst") is not None:
+        out += [
+            "",
+            _fill(
+                f"What bounds a burst: the replica's own CPU for one was {c['replica_cpu_ms_per_burst']} ms "
+                "(one Python process runs on one core at a time, so 16 POSTs take at least that), and of "
+                f"the database's busy backends sampled during the bursts ({c.get('lock_samples')} samples) "
+                f"a share of {c.get('lock_wait_share')} waited for a lock"
+                + (
+                    " (the statement that waited most: `" + max(by, key=lambda k: by[k]) + "...`)"
+                    if (by := c.get("lock_waits_by_statement"))
+                    else ""
+                )
+                + "."
+            ),
+        ]
+    limit = rep.get("replica_cpu_limit")
+    out += [
         "",
         _fill(
-            f"POST + claim (capacity 1) + complete, in {rep.get('workers')} loops spread over the "
-            f"replicas, each a daemon of one of {rep.get('teams')} teams (namespaces, each with its "
-            "own kube namespace: claims of one namespace take that namespace's lock). Launches "
-            "completed per second, and the CPU of each process meanwhile (% of one core):"
+            "POST + claim (capacity 1) + complete, in loops spread over the replicas, each a daemon "
+            f"of one of {rep.get('teams')} teams (namespaces, each with its own kube namespace: claims "
+            "of one namespace take that namespace's lock). Launches completed per second, and the "
+            "CPU of each process meanwhile (% of one core)"
+            + (
+                f", each replica held to {limit} of a core (a cgroup CPU quota, as a replica Pod's "
+                f"`resources.limits.cpu: {int(limit * 1000)}m` holds it, or a replica on a node of its "
+                f"own) and serving {rep.get('loops_per_replica')} loops: a second and third replica "
+                "add a replica's worth of CPU and of load, so the ratio shows whether their writes run "
+                "side by side (with one global write lock it would stay near 1):"
+                if limit
+                else f", {rep.get('workers')} loops:"
+            )
         ),
         "",
-        "| replicas | launches/s | each replica | PostgreSQL | proxy | load generator "
+    ]
+    out += _rows(rows)
+    out += ["", f"`pg_replicas.ratio_3_to_1` (target >= 1.5): {rep.get('ratio_3_to_1')}."]
+    free = rep.get("unlimited") or {}
+    if free.get("replicas"):
+        out += [
+            "",
+            _fill(
+                f"The same without CPU limits, {rep.get('workers')} loops whatever the count: one replica "
+                "does not fill a core, and the replicas, PostgreSQL, the proxy and the load generator "
+                "share this machine's cores, so more replicas cannot add much here (ratio "
+                f"{free.get('ratio_3_to_1')}):"
+            ),
+            "",
+            *_rows(free["replicas"]),
+        ]
+    return "\n".join(out)
+
+
+def _rows(rows: dict[str, Any]) -> list[str]:
+    out = [
+        "| replicas | loops | launches/s | each replica | PostgreSQL | proxy | load generator "
         "| machine load (1 min) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for count, row in sorted(rows.items(), key=lambda kv: int(kv[0])):
         out.append(
-            f"| {count} | {row['launches_per_s']} | {_pcts(row['replica_cpu_pct'])} | "
+            f"| {count} | {row.get('loops', '')} | {row['launches_per_s']} | {_pcts(row['replica_cpu_pct'])} | "
             f"{row.get('postgres_cpu_pct')}% | {row['proxy_cpu_pct']}% | {row.get('load_cpu_pct')}% | "
             f"{row.get('machine_load_1m')} |"
         )
-    out += ["", f"`pg_replicas.ratio_3_to_1` (target >= 1.5): {rep.get('ratio_3_to_1')}."]
-    return "\n".join(out)
+    return out

@@ -141,7 +141,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--apply-with", choices=("kubectl", "api"), help="apply path (default kubectl)")
     p.add_argument("--listen", help="health/metrics server HOST:PORT (default 127.0.0.1:9700)")
-    p.add_argument("--poll-wait", type=float, help="long-poll hold in seconds (default 30)")
+    p.add_argument(
+        "--poll-wait",
+        type=float,
+        help="long-poll hold in seconds (default 50; work that comes answers it at once)",
+    )
     p.add_argument(
         "--lease-seconds", type=int, help="task lease length (default 60); renewed every third of it"
     )
