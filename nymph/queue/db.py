@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -137,7 +138,9 @@ def migrate(conn: sqlite3.Connection) -> int:
 def connect_reader(path: Path) -> sqlite3.Connection:
     """A read-only connection to the (already migrated) ``path``, for the thread that opens it."""
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, timeout=0.05)
+        # a URI, so the path is quoted: "?", "#" or "%" in a file name are not the URI's
+        uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=0.05)
     except sqlite3.Error as exc:
         raise DatabaseError(f"cannot open the queue database {path}: {exc}") from exc
     conn.row_factory = sqlite3.Row

@@ -41,6 +41,21 @@ async def test_a_small_read_sees_each_write_answered_before_it(tmp_path: Path) -
         await db.close()
 
 
+async def test_a_database_path_with_uri_characters_opens_and_reads(tmp_path: Path) -> None:
+    odd = tmp_path / "a dir %41" / "q #1?mode=rw.db"
+    db = Database(path=odd)
+    await db.open()
+    try:
+        await db.write(lambda c: c.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)"))
+        await db.write(lambda c: c.execute("INSERT INTO t VALUES (1, 'odd')"))
+        assert await db.read_small(_value(1)) == "odd"
+        assert sorted(p.name for p in odd.parent.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [
+            odd.name
+        ]
+    finally:
+        await db.close()
+
+
 async def test_a_small_read_cannot_write(tmp_path: Path) -> None:
     db = await _opened(tmp_path)
     try:
