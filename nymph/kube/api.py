@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import tempfile
 import urllib.request
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import kube_config
 
 from nymph.errors import ValidationError
 from nymph.kube.applier import ApplyOutcome, object_key
@@ -22,14 +25,33 @@ from nymph.kube.netguard import refusal_of
 from nymph.launch.names import LABEL_MANAGED, check_dns_subdomain, check_namespace
 
 
+def forget_loader_files(directory: str) -> None:
+    """The loader caches the paths of the certificate files it wrote, by content; drop the
+    entries under ``directory`` so a later load writes fresh files instead of reusing gone ones."""
+    cache: dict[str, str] = kube_config._temp_files
+    for key in [k for k, v in cache.items() if v.startswith(directory + os.sep)]:
+        del cache[key]
+
+
 async def make_api_client(*, kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
-    """In-cluster ServiceAccount first (when no kubeconfig is given), then KUBECONFIG / ~/.kube/config."""
+    """In-cluster ServiceAccount first (when no kubeconfig is given), then KUBECONFIG / ~/.kube/config.
+
+    The loader writes a kubeconfig's certificate and key data to files; here they go to a private
+    directory removed once the client holds its TLS context, so a process that is killed never
+    leaves a client key behind in the temp dir (the loader itself removes them only at exit)."""
     cfg = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-    return without_env_lookups(client.ApiClient(configuration=cfg))
+        return without_env_lookups(client.ApiClient(configuration=cfg))
+    tmp = tempfile.mkdtemp(prefix="nymph-kube-")  # 0700
+    try:
+        await config.load_kube_config(
+            config_file=kubeconfig, context=context, client_configuration=cfg, temp_file_path=tmp
+        )
+        return without_env_lookups(client.ApiClient(configuration=cfg))
+    finally:
+        forget_loader_files(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 #: The most characters of an API server's Status message relayed.

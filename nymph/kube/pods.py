@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client, config
-from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from nymph.errors import CredentialsError
-from nymph.kube.api import api_error, raw_json, without_env_lookups
+from nymph.kube.api import api_error, forget_loader_files, raw_json, without_env_lookups
 from nymph.kube.credentials import (
     OPEN_POLICY,
     SECRET_NAME,
@@ -90,14 +89,6 @@ class Connection:
             context=data.get("context") or None,
             namespace=str(data.get("namespace") or "default"),
         )
-
-
-def _forget_loader_files(directory: str) -> None:
-    """The loader caches the paths of the certificate files it wrote, by content; drop the
-    entries under ``directory`` so a later load writes fresh files instead of reusing gone ones."""
-    cache: dict[str, str] = kube_config._temp_files
-    for key in [k for k, v in cache.items() if v.startswith(directory + os.sep)]:
-        del cache[key]
 
 
 async def _load(path: str | None, *, conn: Connection, tmp: str, pool: int | None) -> client.ApiClient:
@@ -174,7 +165,7 @@ async def load_api(
                     f"{conn.describe()}: cannot be loaded as a kubeconfig ({exc.__class__.__name__})"
                 ) from None
     finally:
-        _forget_loader_files(tmp)
+        forget_loader_files(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -109,10 +109,22 @@ def _files_holding(root: Path, needles: list[bytes], *, since: float, skip: Path
     return hits
 
 
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temp dir of this process and its children for the test: what the queue leaves there
+    is then the test's to grep (the shared one holds every other test's and process's files)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    return tmp
+
+
 async def test_secret_text_is_nowhere_to_be_found(
     kube: LocalCluster,
     namespace: str,
     sa_kubeconfig: SaKubeconfig,
+    private_tmp: Path,
     squeue: Queue,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -232,14 +244,14 @@ async def test_secret_text_is_nowhere_to_be_found(
     assert len(buf.getvalue()) > 0 and any(
         "direct launch created" in line for line in buf.getvalue().splitlines()
     )
-    _grep_files(tmp_path, [token.encode(), marker.encode()], since=started, skip=kc_path)
+    _grep_files(tmp_path, [token.encode(), marker.encode()], since=started, skip=kc_path, tmp=private_tmp)
 
 
-def _grep_files(tmp_path: Path, raw: list[bytes], *, since: float, skip: Path) -> None:
+def _grep_files(tmp_path: Path, raw: list[bytes], *, since: float, skip: Path, tmp: Path) -> None:
     db_files = [p for p in tmp_path.iterdir() if p.name.startswith("queue.db")]
     assert db_files and all(n not in p.read_bytes() for p in db_files for n in raw), "in the database"
     assert os.listdir(tmp_path / "stage") == []
-    assert _files_holding(Path(tempfile.gettempdir()), raw, since=since, skip=skip) == []
+    assert _files_holding(tmp, raw, since=since, skip=skip) == []
 
 
 async def test_a_missing_secret_key_file_is_named_in_the_answer_not_a_bare_500(tmp_path: Path) -> None:
