@@ -120,6 +120,10 @@ class Claimer:
             if free <= 0:
                 await self.work.wait_capacity(s.queue.poll_wait)
                 continue
+            # Until a claim has been answered (at start, after an error) the claim is not held:
+            # an idle queue would answer a long-poll only when it times out, and the daemon is
+            # not ready (its Pod not Ready, a rolling update stalled) before the queue answered.
+            hold = s.queue.poll_wait if self.queue_ok else 0.0
             t0 = time.monotonic()
             try:
                 tasks = await self.client.claim(
@@ -127,7 +131,7 @@ class Claimer:
                     node=self.node or "",
                     namespaces=list(s.kube.namespaces),
                     capacity=free,
-                    wait=s.queue.poll_wait,
+                    wait=hold,
                     lease_seconds=s.queue.lease_seconds,
                     node_info=self.node_offer() if self.node_offer is not None else None,
                 )
@@ -161,7 +165,7 @@ class Claimer:
                 await self.release_abandoned()
             if any(isinstance(c, CheckedTask) for c in checked):
                 empty_pause = EMPTY_PAUSE_MIN
-            elif time.monotonic() - t0 < min(EMPTY_FAST_SECONDS, s.queue.poll_wait / 2):
+            elif hold > 0 and time.monotonic() - t0 < min(EMPTY_FAST_SECONDS, hold / 2):
                 # A long-poll answered at once with nothing this daemon can run (a queue shutting
                 # down, one that does not hold the poll, or one sending only tasks that do not
                 # check out): wait before asking again, longer each time, so it is no tight loop.

@@ -174,6 +174,43 @@ def launch_task(db: Path, iid: str) -> tuple[str, int]:
     return (str(row[0]), int(row[1])) if row else ("none", 0)
 
 
+async def test_a_daemon_is_ready_before_its_first_long_poll_times_out(
+    kube: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """An idle queue answers a held claim only when it times out; the daemon's first claim is
+    not held, so it is ready (its Pod Ready, a rolling update moving on) as soon as the queue
+    answered, not a whole hold later. It holds the ones after that."""
+    q = QueueProc(tmp_path / "queue.db")
+    q.tokens()
+    q.start()
+    hold = 60  # the queue's longest
+    d = DaemonProc(
+        q,
+        daemon_kubeconfig(kube, namespace, tmp_path),
+        namespace,
+        tmp_path / "root",
+        extra=("--poll-wait", str(hold)),
+    )
+    try:
+        await setup_provider(q, namespace)
+        started = time.monotonic()
+        d.start()
+        while readyz(d.port)[0] != 200:
+            assert time.monotonic() - started < hold / 2, readyz(d.port)
+            await asyncio.sleep(0.2)
+        assert readyz(d.port)[1]["queue"] is True
+        # the claims after it are held (one answered so far), and work answers one mid-hold
+        await asyncio.sleep(3)
+        assert 'nymph_claims_total{result="ok"} 1.0' in d.metrics()
+        iid = await launch(q, tags={"sim.nymph.io/run": "1s"})
+        inst = await wait_state(q, iid, {"stopped"}, timeout=60)
+        assert inst["reason"] == "Completed", inst
+        assert time.monotonic() - started < hold, "the launch waited for a hold to end"
+    finally:
+        d.kill()
+        q.kill()
+
+
 async def test_an_unwritable_root_pauses_the_daemon_and_it_resumes_without_a_restart(
     kube: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
