@@ -243,3 +243,6 @@ class ClaimResult:
     work_elsewhere: bool = False
     #: Seconds each launch handed out on its first attempt waited since its POST wrote it.
     waited: tuple[float, ...] = ()
+    #: An idle claim's daemon record is as claimed but due a refresh of its ``last_seen``: the
+    #: store writes it with the others due in one batch (:meth:`nymph.queue.store.Store.flush_seen`).
+    seen_due: bool = False

@@ -76,6 +76,9 @@ class Store:
         self.expiry = InstanceExpiry(db=db, settings=settings.output)
         #: Held by this replica's sweep: one asked for meanwhile waits for it, then runs.
         self._sweeping = asyncio.Lock()
+        #: Daemons whose idle claims found their records due a refresh: id -> when (written in
+        #: one batch by :meth:`flush_seen`, instead of a write transaction per claim).
+        self._seen_due: dict[str, float] = {}
         #: Launch groups.
         self.groups = GroupBook(
             db=db,
@@ -287,12 +290,29 @@ class Store:
             lambda conn: dispatch.idle_claim(conn, req=req, scope=scope, now=now(), lease=lease)
         )
         if idle is not None:
+            if idle.seen_due:
+                self._seen_due[req.daemon_id] = now()
             return idle
         result = await self.db.write(
             lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease)
         )
         self._changed(result.settled)
         return result
+
+    async def flush_seen(self) -> int:
+        """Write the ``last_seen`` refreshes idle claims left due, in one transaction; how many.
+        Run every few seconds on every replica (a refresh is due 60 s after the last one and a
+        daemon stays live for 150 s, so a batch lost with a replica costs no daemon its place)."""
+        if not self._seen_due:
+            return 0
+        due, self._seen_due = self._seen_due, {}
+        try:
+            await self.db.write(lambda conn: dispatch.refresh_seen(conn, due))
+        except BaseException:
+            for daemon_id, at in due.items():  # kept for the next flush (newer ones win)
+                self._seen_due.setdefault(daemon_id, at)
+            raise
+        return len(due)
 
     async def renew(
         self, *, session: DaemonSession, task_ids: Sequence[str], lease_seconds: int

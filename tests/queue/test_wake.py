@@ -106,6 +106,48 @@ async def test_an_idle_claim_writes_nothing(kind: Queue, monkeypatch: pytest.Mon
     assert writes[0] == 1
 
 
+async def _last_seen(q: Queue) -> dict[str, float]:
+    rows = await q.store.db.read(
+        lambda conn: conn.execute("SELECT daemon_id, last_seen FROM daemons").fetchall()
+    )
+    return {str(r[0]): float(r[1]) for r in rows}
+
+
+async def test_an_idle_claim_due_a_refresh_writes_nothing_and_the_refresh_lands_in_a_batch(
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon's record is refreshed a minute after it was written; an idle claim that finds it
+    due still answers from a read, and the refreshes of every such claim are written together a
+    few seconds later, by the replica's own loop."""
+    daemons = [kind.daemon() for _ in range(3)]
+    for k, d in enumerate(daemons):
+        assert await d.claim(daemon_id=f"d{k}", node=f"n{k}", capacity=1, wait=0) == []
+    before = await _last_seen(kind)
+    monkeypatch.setattr(dispatch, "_SEEN_REFRESH", 0.0)  # every record is due from now on
+    writes, batches = _count(monkeypatch, "claim"), _count(monkeypatch, "refresh_seen")
+    for k, d in enumerate(daemons):
+        assert await d.claim(daemon_id=f"d{k}", node=f"n{k}", capacity=1, wait=0) == []
+    assert writes[0] == 0, "an idle claim took the write path"
+    deadline = time.monotonic() + 15
+    while (after := await _last_seen(kind)) == before:
+        assert time.monotonic() < deadline, "the refreshes were never written"
+        await asyncio.sleep(0.2)
+    assert set(after) == set(before) and all(after[d] > before[d] for d in before)
+    assert batches[0] == 1
+    assert await kind.store.flush_seen() == 0  # nothing left due
+
+
+async def test_a_refresh_batch_moves_only_records_it_is_newer_than(kind: Queue) -> None:
+    d = kind.daemon()
+    assert await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0) == []
+    assert await d.claim(daemon_id="d2", node="n2", capacity=1, wait=0) == []
+    seen = await _last_seen(kind)
+    due = {"d1": seen["d1"] + 5, "d2": seen["d2"] - 5, "gone": seen["d1"] + 5}
+    await kind.store.db.write(lambda conn: dispatch.refresh_seen(conn, due))
+    after = await _last_seen(kind)
+    assert after == {"d1": seen["d1"] + 5, "d2": seen["d2"]}, "a later record went back, or one came back"
+
+
 # --- the signal itself ------------------------------------------------------------------------
 
 

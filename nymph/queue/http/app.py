@@ -44,6 +44,9 @@ from nymph.queue.store import Store
 log = structlog.get_logger(__name__, component="queue.app")
 
 SWEEPER_TASK = "nymph-queue-lease-sweeper"
+SEEN_TASK = "nymph-queue-daemons-seen"
+#: How often the daemons' last-seen refreshes that idle claims left due are written (one batch).
+SEEN_FLUSH_SECONDS = 5.0
 LISTENER_TASK = "nymph-queue-db-listener"
 OPENAPI_YAML = resources.files("nymph.queue").joinpath("openapi.yaml").read_bytes()
 
@@ -110,13 +113,29 @@ async def _sweep_forever(store: Store, interval: float) -> None:
             log.exception("lease sweep failed; retrying")
 
 
+async def _flush_seen_forever(store: Store) -> None:
+    while True:
+        await asyncio.sleep(SEEN_FLUSH_SECONDS)
+        try:
+            await store.flush_seen()
+        except Exception:
+            log.exception("writing the daemons' last-seen times failed; retrying")
+
+
 async def _sweeper_ctx(app: web.Application) -> AsyncIterator[None]:
     interval = app[SETTINGS].lease.sweep_interval
-    task = asyncio.create_task(_sweep_forever(app[STORE], interval), name=SWEEPER_TASK)
+    store = app[STORE]
+    task = asyncio.create_task(_sweep_forever(store, interval), name=SWEEPER_TASK)
+    seen = asyncio.create_task(_flush_seen_forever(store), name=SEEN_TASK)
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for t in (task, seen):
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+    try:
+        await store.flush_seen()
+    except Exception as exc:  # the daemons claim again at the next replica, which records them
+        log.warning("daemons' last-seen times not written at shutdown", error=type(exc).__name__)
 
 
 async def _release_long_polls(app: web.Application) -> None:

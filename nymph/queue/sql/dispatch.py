@@ -13,6 +13,7 @@ and requests (see :mod:`nymph.queue.sql.placement`).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -101,14 +102,33 @@ def _next_due(conn: Conn, *, node: str, now: float, fallback: float) -> float | 
     return None if row[0] is None else float(row[0])
 
 
-def _seen_fresh(conn: Conn, *, req: ClaimRequest, now: float) -> bool:
-    """Whether the daemon's record is unchanged and fresh, so a claim that finds no work need
-    write nothing, and its commit costs no fsync."""
+def _record_state(conn: Conn, *, req: ClaimRequest, now: float) -> str:
+    """The daemon's record against this claim: "fresh" (as claimed, seen lately), "stale" (as
+    claimed, its ``last_seen`` due a refresh) or "changed" (missing, or another node, namespace,
+    capacity or offer)."""
     row = conn.execute(
         "SELECT node, namespaces, capacity, node_info, last_seen FROM daemons WHERE daemon_id = ?",
         (req.daemon_id,),
     ).fetchone()
-    return row is not None and (row[0], row[1], row[2], row[3]) == req.record and now - row[4] < _SEEN_REFRESH
+    if row is None or (row[0], row[1], row[2], row[3]) != req.record:
+        return "changed"
+    return "fresh" if now - row[4] < _SEEN_REFRESH else "stale"
+
+
+def _seen_fresh(conn: Conn, *, req: ClaimRequest, now: float) -> bool:
+    """Whether the daemon's record is unchanged and fresh, so a claim that finds no work need
+    write nothing, and its commit costs no fsync."""
+    return _record_state(conn, req=req, now=now) == "fresh"
+
+
+def refresh_seen(conn: Conn, seen: Mapping[str, float]) -> None:
+    """Move the ``last_seen`` of each daemon in ``seen`` (id -> when its claim came) forward, in
+    one statement: idle claims whose records were due a refresh, batched by the store. A record
+    removed or seen later meanwhile is left as it is."""
+    conn.executemany(
+        "UPDATE daemons SET last_seen = ? WHERE daemon_id = ? AND last_seen < ?",
+        [(at, daemon_id, at) for daemon_id, at in sorted(seen.items())],
+    )
 
 
 def _seen(conn: Conn, *, req: ClaimRequest, now: float) -> None:
@@ -179,8 +199,10 @@ def idle_claim(
     conn: Conn, *, req: ClaimRequest, scope: str | None, now: float, lease: LeaseSettings
 ) -> ClaimResult | None:
     """The answer to a claim with nothing to take, read-only (a read transaction, no fsync);
-    None when the claim may find work or must record the daemon (run :func:`claim`)."""
-    if not _seen_fresh(conn, req=req, now=now):
+    None when the claim may find work or must record the daemon (run :func:`claim`). A record
+    only due a refresh is answered here too, with ``seen_due`` (the store batches the writes)."""
+    state = _record_state(conn, req=req, now=now)
+    if state == "changed":
         return None
     if req.capacity > 0:
         if _expired_leases(conn, now=now):
@@ -201,6 +223,7 @@ def idle_claim(
         tasks=[],
         next_due=_next_due(conn, node=req.node, now=now, fallback=lease.stop_node_fallback),
         work_elsewhere=_work_elsewhere(conn, now=now),
+        seen_due=state == "stale",
     )
 
 
