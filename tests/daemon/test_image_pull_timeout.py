@@ -116,7 +116,29 @@ def test_ctrl_c_says_the_launch_goes_on(stack: QueueProc, tmp_path: Path) -> Non
     script = tmp_path / "job.py"
     script.write_text("print('never runs')\n")
     env = {**os.environ, "NYMPH_URL": stack.url, "NYMPH_TOKEN": stack.user_token}
-    proc = subprocess.Popen(
+    # Started as from a terminal, with SIGINT at its default: a suite run in the background by a
+    # shell without job control has SIGINT ignored, and a child would inherit that.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = _popen_launch(script, env)
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+    try:
+        assert proc.stdout is not None
+        iid = proc.stdout.readline().strip()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    TALLY.launches += 1
+    assert proc.returncode == 130, stderr
+    assert f"{iid} was launched and goes on" in stderr and f"nymph stop local {iid}" in stderr, stderr
+
+
+def _popen_launch(script: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -134,15 +156,3 @@ def test_ctrl_c_says_the_launch_goes_on(stack: QueueProc, tmp_path: Path) -> Non
         text=True,
         env=env,
     )
-    try:
-        assert proc.stdout is not None
-        iid = proc.stdout.readline().strip()
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    TALLY.launches += 1
-    assert proc.returncode == 130, stderr
-    assert f"{iid} was launched and goes on" in stderr and f"nymph stop local {iid}" in stderr, stderr
