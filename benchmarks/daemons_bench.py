@@ -6,7 +6,7 @@ For each daemon count, a fresh SQLite queue (``nymph queue serve``) and load-gen
 with its own node offer, holds a claim long-poll (capacity 1,000 / daemons, so every count has
 the same total capacity), and completes and reports stopped what it claims in the background,
 as a real one would. Each daemon holds its long-polls as long as the daemon does by default
-(``poll_wait``, 30 s), its first one for a random part of that (daemons start at different
+(``poll_wait``, 50 s), its first one for a random part of that (daemons start at different
 times), so the long-polls timing out and sent again are spread evenly, as in a cluster. Once
 every claim is parked, the queue's CPU is read for one whole hold (every long-poll times out and
 is sent again once: the idle figure); then launches are POSTed at a steady rate. The latency is
