@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 
@@ -104,29 +104,30 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
     await store.db.close()
 
 
-async def _sweep_forever(store: Store, interval: float) -> None:
+async def _every(interval: float, run: Callable[[], Awaitable[object]], *, failed: str) -> None:
+    """``run`` every ``interval`` seconds for ever; a failure is logged and tried again next time."""
     while True:
         await asyncio.sleep(interval)
         try:
-            await store.sweep()
+            await run()
         except Exception:
-            log.exception("lease sweep failed; retrying")
-
-
-async def _flush_seen_forever(store: Store) -> None:
-    while True:
-        await asyncio.sleep(SEEN_FLUSH_SECONDS)
-        try:
-            await store.flush_seen()
-        except Exception:
-            log.exception("writing the daemons' last-seen times failed; retrying")
+            log.exception(failed)
 
 
 async def _sweeper_ctx(app: web.Application) -> AsyncIterator[None]:
     interval = app[SETTINGS].lease.sweep_interval
     store = app[STORE]
-    task = asyncio.create_task(_sweep_forever(store, interval), name=SWEEPER_TASK)
-    seen = asyncio.create_task(_flush_seen_forever(store), name=SEEN_TASK)
+    task = asyncio.create_task(
+        _every(interval, store.sweep, failed="lease sweep failed; retrying"), name=SWEEPER_TASK
+    )
+    seen = asyncio.create_task(
+        _every(
+            SEEN_FLUSH_SECONDS,
+            store.flush_seen,
+            failed="writing the daemons' last-seen times failed; retrying",
+        ),
+        name=SEEN_TASK,
+    )
     yield
     for t in (task, seen):
         t.cancel()
