@@ -91,7 +91,7 @@ class Authenticator:
         now = time.monotonic()
         if hit is not None and hit[1] > now:
             return hit[0]
-        principal = await self._db.read_small(lambda conn: _lookup(conn, digest))
+        principal = await self._db.read_one(lambda conn: _lookup(conn, digest))
         if principal is not None:
             if len(self._cache) > 10_000:
                 self._cache.clear()

@@ -87,6 +87,12 @@ class Backend(Protocol):
         """Like :meth:`read`, for a read of a few rows by index (it may run on the event loop)."""
         ...
 
+    async def read_one(self, fn: Callable[[Conn], T]) -> T:
+        """Like :meth:`read_small`, for a read of **one statement** (a token or a session by its
+        digest, a provider by its name): that statement is its own snapshot, so PostgreSQL runs
+        it without a transaction around it (one round trip, not three)."""
+        ...
+
     async def try_singleton(self, key: int, fn: Callable[[Conn], T]) -> tuple[bool, T | None]: ...
 
     def broadcast(self, key: str) -> None: ...
@@ -302,6 +308,10 @@ class Database:
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
         return await self.read(fn)
+
+    async def read_one(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A one-statement read: a small read (on the event loop) like any other here."""
+        return await self.read_small(fn)
 
     async def try_singleton(self, key: int, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
         """One process owns the file: always this one."""

@@ -21,7 +21,8 @@ serialization failure, or that meets a unique key another write committed meanwh
 Idempotency-Key sent twice at once), is run again from its start, a few times
 (:data:`WRITE_ATTEMPTS`): every write function is safe to run again. Reads run as ``REPEATABLE
 READ READ ONLY`` (one snapshot of committed writes, like a SQLite read transaction) and lock
-nothing.
+nothing; a read of one statement (``read_one``: a token, a session, a provider) is sent alone,
+outside a transaction, its own snapshot.
 
 Migrations are applied once, by whichever replica takes the migration advisory lock first.
 Wake-ups cross replicas with ``LISTEN`` / ``NOTIFY`` (:class:`Listener`). A database that
@@ -204,7 +205,13 @@ class PgDatabase:
         """A read like any other: every read is a network round trip away."""
         return await self.read(fn)
 
-    async def _run(self, fn: Callable[[PgConn], T], *, begin: str, writing: bool) -> T:
+    async def read_one(self, fn: Callable[[PgConn], T]) -> T:
+        """A read of one statement, sent alone (autocommit: the statement is its own snapshot),
+        without ``BEGIN`` and ``COMMIT`` around it: one round trip, not three. A second
+        statement is refused (:class:`~nymph.queue.sql.dialect.PgConn`'s ``single``)."""
+        return await self._run(fn, begin=None, writing=False)
+
+    async def _run(self, fn: Callable[[PgConn], T], *, begin: str | None, writing: bool) -> T:
         if self._executor is None or self._pool is None:
             raise DatabaseError("the queue database is not open")
         pool = self._pool
@@ -213,28 +220,40 @@ class PgDatabase:
             reconnects = conflicts = 0
             while True:
                 with pool.connection() as raw:
+
+                    def rollback() -> None:
+                        if begin is not None:  # (a statement of its own has nothing to roll back)
+                            with contextlib.suppress(psycopg.Error):
+                                raw.execute("ROLLBACK")
+
+                    conn = PgConn(raw, writing=writing, single=begin is None)
+                    if begin is not None:
+                        conn.send(begin)  # sent with the first statement: no round trip of its own
                     try:
-                        raw.execute(begin)
-                    except psycopg.OperationalError:
-                        reconnects += 1
-                        if reconnects == 3:
-                            raise
-                        pool.check()  # a restarted server: drop every dead connection at once
-                        continue
-                    try:
-                        conn = PgConn(raw, writing=writing)
                         result = fn(conn)
-                        conn.commit()
+                        if begin is not None:
+                            conn.commit()
                     except _CONFLICTS as exc:
-                        with contextlib.suppress(psycopg.Error):
-                            raw.execute("ROLLBACK")
+                        rollback()
                         conflicts += 1
                         if conflicts == WRITE_ATTEMPTS:
                             raise
                         log.debug("write met another one; running it again", error=exc.__class__.__name__)
+                    except psycopg.OperationalError:
+                        # A connection found dead (a restarted server) before anything was
+                        # committed: nothing happened, so run it again on another one, after
+                        # dropping every dead connection at once. Once the COMMIT was sent,
+                        # whether it happened is unknown: the caller is told (a 503).
+                        if conn.commit_sent or not (raw.closed or raw.broken):
+                            rollback()
+                            raise
+                        reconnects += 1
+                        if reconnects == 3:
+                            raise
+                        pool.check()
+                        continue
                     except BaseException:
-                        with contextlib.suppress(psycopg.Error):
-                            raw.execute("ROLLBACK")
+                        rollback()
                         raise
                     else:
                         return result

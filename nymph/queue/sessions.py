@@ -142,7 +142,7 @@ class SessionStore:
         if hit is not None and now - hit[1] < CACHE_SECONDS and hit[2] > now:
             return hit[0], False
         ttl = self._settings.ttl_seconds
-        row = await self._db.read_small(lambda conn: sql.by_digest(conn, digest=digest))
+        row = await self._db.read_one(lambda conn: sql.by_digest(conn, digest=digest))
         if row is None:
             self._cache.pop(digest, None)
             return None, False

@@ -134,7 +134,7 @@ class Store:
 
     async def get_provider_config(self, *, ns: str, name: str) -> Provider:
         """The provider as configured (NotFound when there is none)."""
-        return await self.db.read_small(lambda conn: catalog.get_provider(conn, ns=ns, name=name))
+        return await self.db.read_one(lambda conn: catalog.get_provider(conn, ns=ns, name=name))
 
     async def provider_kube_namespace(self, *, ns: str, name: str) -> str:
         """The kube namespace a provider launches into (checked), or NotFound / BadRequest."""

@@ -9,7 +9,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -19,8 +19,10 @@ import pytest
 from nymph.client import DaemonIdentity, QueueClient
 from nymph.protocol import TaskJSON
 from nymph.queue.models import Role
+from nymph.queue.pgdb import PgDatabase
+from nymph.queue.sql.dialect import Conn, send
 from tests.support.latency_proxy import LatencyProxy, pg_url_through, running_proxy
-from tests.support.pg_server import PgServer
+from tests.support.pg_server import PgServer, running_server
 from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 BURST = 16
@@ -209,3 +211,93 @@ async def test_one_report_stream_sent_at_once_to_two_replicas_applies_each_seq_o
         assert got["state"] == "stopped"
         assert [h["state"] for h in got["history"]] == ["queued", "starting", "running", "stopped"]
         assert task["instanceId"] == iid
+
+
+async def _round_trips(proxy: LatencyProxy, call: Awaitable[object]) -> int:
+    before = proxy.round_trips
+    await call
+    await asyncio.sleep(0.05)  # every answer delivered (the proxy's 1 ms each way)
+    return proxy.round_trips - before
+
+
+async def test_a_transaction_costs_one_round_trip_more_than_its_statements_and_a_lone_read_one(
+    proxied: tuple[str, LatencyProxy],
+) -> None:
+    """On a database one round trip away, a transaction's BEGIN travels with its first
+    statement (a one-statement write or read: two round trips, its statement and the COMMIT),
+    and a one-statement read (a token, a session, a provider) is sent alone: one."""
+    db, proxy = proxied
+    pg = PgDatabase(url=pg_url_through(db, proxy.port), pool_size=1)
+    await pg.open()
+    try:
+        await pg.write(lambda c: c.execute("CREATE TABLE rt (k INTEGER PRIMARY KEY, v TEXT)"))
+
+        def one(c: Conn) -> object:
+            return c.execute("SELECT v FROM rt WHERE k = ?", (1,)).fetchone()
+
+        def two(c: Conn) -> object:
+            c.execute("SELECT v FROM rt WHERE k = ?", (1,)).fetchone()
+            return c.execute("SELECT count(*) FROM rt").fetchone()
+
+        for _ in range(2):  # warm: the pool's connection is open
+            await pg.read_one(one)
+        assert await _round_trips(proxy, pg.write(lambda c: c.execute("INSERT INTO rt VALUES (1, 'x')"))) == 2
+        assert await _round_trips(proxy, pg.read(one)) == 2
+        assert await _round_trips(proxy, pg.read(two)) == 3
+        assert await _round_trips(proxy, pg.read_one(one)) == 1
+        assert await pg.read_one(one) == ("x",)
+    finally:
+        await pg.close()
+
+
+async def test_a_one_statement_read_refuses_a_second_statement_and_any_write(
+    proxied: tuple[str, LatencyProxy],
+) -> None:
+    """A one-statement read runs outside a transaction, so it takes no second statement (a
+    second snapshot) and no write (it would commit at once): both are refused, nothing written."""
+    db, _ = proxied
+    pg = PgDatabase(url=db, pool_size=2)
+    await pg.open()
+    try:
+        await pg.write(lambda c: c.execute("CREATE TABLE ro (k INTEGER PRIMARY KEY)"))
+
+        def twice(c: Conn) -> object:
+            c.execute("SELECT 1").fetchone()
+            return c.execute("SELECT 2").fetchone()
+
+        with pytest.raises(RuntimeError, match="second statement"):
+            await pg.read_one(twice)
+        with pytest.raises(RuntimeError, match="cannot write"):
+            await pg.read_one(lambda c: send(c, "INSERT INTO ro VALUES (1)"))
+        with pytest.raises(RuntimeError, match="cannot write"):
+            await pg.read_one(lambda c: c.executemany("INSERT INTO ro VALUES (?)", [(1,), (2,)]))
+        assert await pg.read(lambda c: c.execute("SELECT count(*) FROM ro").fetchone()[0]) == 0
+    finally:
+        await pg.close()
+
+
+async def test_calls_after_a_database_restart_run_on_fresh_connections_at_once() -> None:
+    """After the server restarted, the pool's connections are dead: the first read, write and
+    one-statement read each notice before anything was committed and run again on a new
+    connection (no error, nothing written twice)."""
+    with running_server() as server:
+        db = server.fresh_database()
+        pg = PgDatabase(url=db, pool_size=3)
+        await pg.open()
+        try:
+            await pg.write(lambda c: c.execute("CREATE TABLE rs (k INTEGER PRIMARY KEY)"))
+
+            def count(c: Conn) -> int:
+                return int(c.execute("SELECT count(*) FROM rs").fetchone()[0])
+
+            # three connections in the pool, all of which the restart will kill
+            await asyncio.gather(
+                *(pg.read(lambda c: c.execute("SELECT pg_sleep(0.2)").fetchone()) for _ in range(3))
+            )
+            await asyncio.to_thread(server.stop)
+            await asyncio.to_thread(server.start)
+            await pg.write(lambda c: c.execute("INSERT INTO rs VALUES (1)"))
+            assert await pg.read(count) == 1
+            assert await pg.read_one(count) == 1
+        finally:
+            await pg.close()

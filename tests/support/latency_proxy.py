@@ -20,7 +20,7 @@ import contextlib
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 #: The delay each way that stands for a database in another machine of the same zone.
@@ -38,6 +38,9 @@ class LatencyProxy:
     target_port: int = 0
     delay: float = DELAY
     port: int = 0
+    #: Round trips so far, over all connections: the times a client sent something after it
+    #: had last received (or first), however its bytes were split into chunks.
+    round_trips: int = 0
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
@@ -73,12 +76,24 @@ class LatencyProxy:
             return
         _nodelay(up_writer)
         self._writers.update((writer, up_writer))
-        for src, dst, name in ((reader, up_writer, "up"), (up_reader, writer, "down")):
-            task = asyncio.create_task(self._pipe(src, dst), name=f"latency-proxy-{name}")
+        talking = [False]  # the client sent last, on this connection
+
+        def up(data: bytes) -> None:
+            if not talking[0]:
+                self.round_trips += 1
+                talking[0] = True
+
+        def down(data: bytes) -> None:
+            talking[0] = False
+
+        for src, dst, name, seen in ((reader, up_writer, "up", up), (up_reader, writer, "down", down)):
+            task = asyncio.create_task(self._pipe(src, dst, seen), name=f"latency-proxy-{name}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, seen: Callable[[bytes], None]
+    ) -> None:
         """Copy ``src`` to ``dst``, each chunk written ``delay`` after it was read (a timer per
         chunk, each due strictly after the one before: the order is kept); the end (or a broken
         side) closes ``dst`` once everything read before it is delivered."""
@@ -90,6 +105,7 @@ class LatencyProxy:
                 last = max(loop.time() + self.delay, last + 1e-6)
                 if not data:
                     break
+                seen(data)
                 loop.call_at(last, _deliver, dst, data)
         except (OSError, asyncio.IncompleteReadError):
             pass

@@ -155,9 +155,13 @@ class PgConn:
     """A psycopg connection speaking the shared SQL (see the module docstring); ``writing``: in
     a write transaction (which locks what it reads before writing), not a read-only one."""
 
-    def __init__(self, raw: psycopg.Connection[Any], *, writing: bool = True) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], *, writing: bool = True, single: bool = False) -> None:
         self.raw = raw
         self.writing = writing
+        #: Outside a transaction (autocommit): one statement only, the next one is refused.
+        self._statements_left = 1 if single else -1
+        #: Whether the ``COMMIT`` was sent (after that, a lost connection leaves it unknown).
+        self.commit_sent = False
         #: A statement the transaction runs last, sent with its COMMIT (see :meth:`commit`).
         self._last: tuple[str, Any] | None = None
         #: Statements whose results are not read, not sent yet (see :meth:`send`).
@@ -167,11 +171,13 @@ class PgConn:
         """Run ``sql``, whose result nobody reads, in the same round trip as the next statement
         (or the ``COMMIT``): in order, so the next one sees what it wrote, and an error it
         meets is raised by that next statement, in the same transaction."""
+        self._in_transaction()
         self._queued.append((sql, parameters))
 
     def at_commit(self, sql: str, parameters: Any = (), /) -> None:
         """Run ``sql`` as the transaction's last statement, in the same round trip as its
         ``COMMIT``: what it locks is held for the commit alone, not for a round trip more."""
+        self._in_transaction()
         self._last = (sql, parameters)
 
     def commit(self) -> None:
@@ -180,6 +186,7 @@ class PgConn:
         if self._last is not None:
             self._queued.append(self._last)
             self._last = None
+        self.commit_sent = True
         if not self._queued:
             self.raw.execute("COMMIT")
             return
@@ -202,7 +209,15 @@ class PgConn:
         for sql, parameters in queued:
             self.raw.execute(translate(sql), _params(parameters))
 
+    def _in_transaction(self) -> None:
+        if self._statements_left >= 0:
+            raise RuntimeError("a one-statement read cannot write: use a write transaction")
+
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
+        if self._statements_left >= 0:
+            if self._statements_left == 0:
+                raise RuntimeError("a one-statement read ran a second statement: use a read transaction")
+            self._statements_left -= 1
         if not self._queued:
             cur: Cursor = self.raw.execute(translate(sql), _params(parameters))
             return cur
@@ -213,6 +228,7 @@ class PgConn:
 
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> Cursor:
         """One statement over many rows (a bulk insert): psycopg pipelines them."""
+        self._in_transaction()
         if self._queued:
             with self.raw.pipeline():
                 self._run_queued()
