@@ -53,6 +53,14 @@ def pg_writes(r: dict[str, Any]) -> str:
                     else ""
                 )
                 + "."
+                + (
+                    f" Every process's CPU for a burst: replica {by_proc.get('replica')}, load generator "
+                    f"{by_proc.get('load')}, proxy {by_proc.get('proxy')}, PostgreSQL {by_proc.get('postgres')} "
+                    f"ms; spread over the {c.get('cpus')} CPUs that is {c.get('cpu_floor_ms')} ms, the least "
+                    "a burst can take here whatever waits for what."
+                    if isinstance(by_proc := c.get("cpu_ms_per_burst"), dict)
+                    else ""
+                )
             ),
         ]
     limit = rep.get("replica_cpu_limit")
