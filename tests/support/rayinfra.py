@@ -13,8 +13,9 @@ SANDBOX_UID = 1000
 
 
 def infra(node: str) -> dict[str, Any]:
-    """A GPU-free infra for one small node: a head with one CPU and a 100 MB object store, no
-    workers, and a two-replica sandbox pool serving HTTP as a non-root user."""
+    """A GPU-free infra for one small node: a head with one CPU, a 100 MB object store and a 2 s
+    termination grace, no workers, and a two-replica sandbox pool serving HTTP as a non-root
+    user."""
     pinned = {"kubernetes.io/hostname": node}
 
     def group(name: str) -> dict[str, Any]:
@@ -52,7 +53,11 @@ def infra(node: str) -> dict[str, Any]:
             "spec": {
                 "headGroupSpec": {
                     "rayStartParams": {"num-cpus": "1", "object-store-memory": "100000000"},
-                    "template": {"spec": {"containers": [{"name": "ray-head"}]}},
+                    # the head's PID 1 (a shell running ``ray start``) ignores SIGTERM, so a
+                    # deleted head would sit out the default 30 s grace before its SIGKILL
+                    "template": {
+                        "spec": {"terminationGracePeriodSeconds": 2, "containers": [{"name": "ray-head"}]}
+                    },
                 },
                 "workerGroupSpecs": [group("trainer"), group("inference")],
             },
