@@ -128,9 +128,11 @@ async def test_group_counts_pages_and_an_idempotent_stop(kind: Queue) -> None:
 
 
 async def test_a_thousand_launch_group_is_accepted_in_one_quick_post(kind: Queue) -> None:
-    """1,000 launches as one group go in as bulk inserts: the POST takes less than 100 single
-    launches do (a ratio, so a loaded machine does not fail it; on an idle one the group's POST
-    answers in well under 2 s, see benchmarks/group_bench.py)."""
+    """1,000 launches as one group go in as bulk inserts: per launch, the group's POST takes
+    less than a third of what a single launch's POST does (a ratio measured in one run, so a
+    loaded machine does not fail it; one by one inside the POST, the group would take as long
+    as 1,000 single launches; on an idle machine it answers in well under 2 s, see
+    benchmarks/group_bench.py)."""
     body = {"mode": "small", "script": "print(1)"}
     started = time.perf_counter()
     for _ in range(100):
@@ -140,4 +142,6 @@ async def test_a_thousand_launch_group_is_accepted_in_one_quick_post(kind: Queue
     r = await kind.call("POST", LAUNCHES, json_body={**body, "count": 1000})
     took = time.perf_counter() - started
     assert r.status == 202 and r.body["total"] == 1000
-    assert took < singles, f"1,000 launches as a group took {took:.2f} s, 100 single launches {singles:.2f} s"
+    assert took / 1000 < singles / 100 / 3, (
+        f"1,000 launches as a group took {took:.2f} s, 100 single launches {singles:.2f} s"
+    )
