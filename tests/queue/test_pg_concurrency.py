@@ -20,6 +20,7 @@ from nymph.client import DaemonIdentity, QueueClient
 from nymph.protocol import TaskJSON
 from nymph.queue.models import Role
 from nymph.queue.pgdb import PgDatabase
+from nymph.queue.sql import launches
 from nymph.queue.sql.dialect import Conn, send
 from tests.support.latency_proxy import LatencyProxy, pg_url_through, running_proxy
 from tests.support.pg_server import PgServer, running_server
@@ -301,3 +302,51 @@ async def test_calls_after_a_database_restart_run_on_fresh_connections_at_once()
             assert await pg.read_one(count) == 1
         finally:
             await pg.close()
+
+
+async def test_a_launch_is_written_in_three_round_trips(
+    proxied: tuple[str, LatencyProxy], tmp_path: Path
+) -> None:
+    """A launch's write transaction on a database one round trip away: its provider, mode and
+    quota read together (with the BEGIN), the instance inserted, the rest sent with the COMMIT;
+    and the launch is there, queued, with its task."""
+    db, proxy = proxied
+    q, runner = await open_queue(tmp_path, FAST, db=db)
+    try:
+        await add_kind(q)
+    finally:
+        await q.close()
+        await runner.cleanup()
+    pg = PgDatabase(url=pg_url_through(db, proxy.port), pool_size=1)
+    await pg.open()
+    try:
+
+        def launch(conn: Conn) -> str:
+            accepted, created = launches.launch(
+                conn,
+                ns="default",
+                provider_name="kind",
+                body={"mode": "small", "script": "print(1)"},
+                idempotency_key=None,
+                requester="tester",
+            )
+            assert created
+            return accepted["instanceId"]
+
+        await pg.write(launch)  # warm: the pool's connection is open
+        before = proxy.round_trips
+        instance_id = await pg.write(launch)
+        await asyncio.sleep(0.05)
+        assert proxy.round_trips - before == 3
+
+        def written(conn: Conn) -> tuple[object, ...]:
+            row = conn.execute(
+                "SELECT i.state, t.kind, t.status FROM instances i JOIN tasks t USING (instance_id) "
+                "WHERE i.instance_id = ?",
+                (instance_id,),
+            ).fetchone()
+            return tuple(row)
+
+        assert await pg.read(written) == ("queued", "launch", "pending")
+    finally:
+        await pg.close()

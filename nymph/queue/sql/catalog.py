@@ -10,11 +10,18 @@ from nymph.launch.config import Mode, Provider
 from nymph.launch.names import check_namespace
 from nymph.protocol import now
 from nymph.queue.errors import BadRequest, Conflict, NotFound
-from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.dialect import Conn, Row
+
+PROVIDER_BODY = "SELECT body FROM providers WHERE namespace = ? AND name = ?"
+MODE_BODY = "SELECT body FROM modes WHERE namespace = ? AND name = ?"
 
 
 def get_provider(conn: Conn, *, ns: str, name: str) -> Provider:
-    row = conn.execute("SELECT body FROM providers WHERE namespace = ? AND name = ?", (ns, name)).fetchone()
+    return provider_of(conn.execute(PROVIDER_BODY, (ns, name)).fetchone(), ns=ns, name=name)
+
+
+def provider_of(row: Row | None, *, ns: str, name: str) -> Provider:
+    """The provider read by :data:`PROVIDER_BODY` (NotFound when there is none)."""
     if row is None:
         raise NotFound(
             f"no provider {name!r} in namespace {ns!r}: create it with 'nymph providers add'",
@@ -69,7 +76,11 @@ def delete_provider(conn: Conn, *, ns: str, name: str) -> None:
 
 
 def get_mode(conn: Conn, *, ns: str, name: str) -> Mode:
-    row = conn.execute("SELECT body FROM modes WHERE namespace = ? AND name = ?", (ns, name)).fetchone()
+    return mode_of(conn.execute(MODE_BODY, (ns, name)).fetchone(), ns=ns, name=name)
+
+
+def mode_of(row: Row | None, *, ns: str, name: str) -> Mode:
+    """The mode read by :data:`MODE_BODY` (NotFound when there is none)."""
     if row is None:
         raise NotFound(
             f"no mode {name!r} in namespace {ns!r}: create it with 'nymph modes add'",
@@ -81,7 +92,11 @@ def get_mode(conn: Conn, *, ns: str, name: str) -> Mode:
 
 def mode_for(conn: Conn, *, ns: str, provider: Provider, mode_name: str) -> Mode:
     """The mode, which must belong to ``provider`` or to no provider."""
-    mode = get_mode(conn, ns=ns, name=mode_name)
+    return checked_mode(get_mode(conn, ns=ns, name=mode_name), provider=provider)
+
+
+def checked_mode(mode: Mode, *, provider: Provider) -> Mode:
+    """``mode``, which must belong to ``provider`` or to no provider (a BadRequest)."""
     if mode.provider not in (None, provider.name):
         raise BadRequest(
             f"mode {mode.name!r} belongs to provider {mode.provider!r}, not {provider.name!r}: "

@@ -22,9 +22,10 @@ from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState
 from nymph.protocol import LaunchAccepted, TaskKind, iso, now
 from nymph.queue.errors import BadRequest, Conflict
+from nymph.queue.scheduling import Quota
 from nymph.queue.sql import catalog, events, idempotency, retries
-from nymph.queue.sql.dialect import Conn, send
-from nymph.queue.sql.quotas import get_quota
+from nymph.queue.sql.dialect import Conn, fetch_each, send
+from nymph.queue.sql.quotas import QUOTA_ROW, get_quota, quota_of
 from nymph.queue.sql.tasks import insert_task
 
 PROBE_SCRIPT = "print('nymph probe')\n"
@@ -86,10 +87,11 @@ def build_spec(
     return spec
 
 
-def runtime_limited(conn: Conn, spec: LaunchSpec, *, ns: str) -> LaunchSpec:
+def runtime_limited(conn: Conn, spec: LaunchSpec, *, ns: str, quota: Quota | None = None) -> LaunchSpec:
     """The spec under its namespace's ``defaultRuntime`` and ``maxRuntime`` (a 400 naming the
-    cap when it asks for more)."""
-    quota = get_quota(conn, ns)
+    cap when it asks for more); ``quota``: the namespace's, when already read."""
+    if quota is None:
+        quota = get_quota(conn, ns)
     if quota.max_runtime is None and quota.default_runtime is None:
         return spec
     try:
@@ -107,6 +109,24 @@ class Acceptance:
     spec: LaunchSpec | None = None
     provider: Provider | None = None
     mode: Mode | None = None
+
+
+def launch_catalog(
+    conn: Conn, *, ns: str, provider_name: str, mode_name: str
+) -> tuple[Provider, Mode, Quota]:
+    """The provider, the mode (checked against it) and the namespace's quota a launch is built
+    from, read together (one round trip on PostgreSQL)."""
+    provider_row, mode_row, quota_row = fetch_each(
+        conn,
+        [
+            (catalog.PROVIDER_BODY, (ns, provider_name)),
+            (catalog.MODE_BODY, (ns, mode_name)),
+            (QUOTA_ROW, (ns,)),
+        ],
+    )
+    provider = catalog.provider_of(provider_row, ns=ns, name=provider_name)
+    mode = catalog.checked_mode(catalog.mode_of(mode_row, ns=ns, name=mode_name), provider=provider)
+    return provider, mode, quota_of(quota_row)
 
 
 def accept(
@@ -129,8 +149,9 @@ def accept(
     replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
     if replay is not None:
         return Acceptance(accepted=replay)
-    provider = catalog.get_provider(conn, ns=ns, name=provider_name)
-    mode = catalog.mode_for(conn, ns=ns, provider=provider, mode_name=str(body["mode"]))
+    provider, mode, quota = launch_catalog(
+        conn, ns=ns, provider_name=provider_name, mode_name=str(body["mode"])
+    )
     spec = build_spec(
         provider=provider,
         mode=mode,
@@ -138,7 +159,7 @@ def accept(
         ns=ns,
         guard=guard,
     )
-    spec = runtime_limited(conn, spec, ns=ns)
+    spec = runtime_limited(conn, spec, ns=ns, quota=quota)
     if spec.image_pull_timeout is None and image_pull_timeout is not None:
         spec = dataclasses.replace(spec, image_pull_timeout=image_pull_timeout)
     accepted = _new_instance(

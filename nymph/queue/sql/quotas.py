@@ -24,8 +24,15 @@ def all_quotas(conn: Conn) -> dict[str, Quota]:
     return {r["namespace"]: _quota(r) for r in conn.execute("SELECT * FROM quotas")}
 
 
+QUOTA_ROW = "SELECT * FROM quotas WHERE namespace = ?"
+
+
 def get_quota(conn: Conn, namespace: str) -> Quota:
-    row = conn.execute("SELECT * FROM quotas WHERE namespace = ?", (namespace,)).fetchone()
+    return quota_of(conn.execute(QUOTA_ROW, (namespace,)).fetchone())
+
+
+def quota_of(row: Row | None) -> Quota:
+    """The quota read by :data:`QUOTA_ROW` (no row: the defaults)."""
     return Quota() if row is None else _quota(row)
 
 
