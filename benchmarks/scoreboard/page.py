@@ -109,7 +109,16 @@ the runs that made each change, not of the run above):
   transactions a second, each a whole claim's housekeeping, were one per refresh). 1,000 daemons,
   queue CPU per launch over one daemon's (`daemons_1000.cpu_ms_per_launch_ratio`) 1.34 -> 1.16
   and 1.04 in two runs one after the other (10.7 -> 10.5 and 9.67 ms; one daemon's 7.98 -> 9.03
-  and 9.32 ms: the runs of the day before and of this one differ by that much)."""
+  and 9.32 ms: the runs of the day before and of this one differ by that much).
+- PostgreSQL: a transaction's BEGIN goes with its first statement; a read of one statement (a
+  token, a session, the provider a launch is routed by) is sent alone, outside a transaction;
+  a launch reads its provider, mode and quota in one round trip. A launch POST: 9 -> 5 round
+  trips (the write transaction 6 -> 3). Against the code before, in one run, two rounds each
+  (`pg_bench.py`'s burst loop): one POST 25.3 and 27.5 -> 13.1 and 13.5 ms, 16 at once 57.9 and
+  71.3 -> 48.7 and 46.7 ms; one replica held to a quarter core 9.7 -> 13.8 launches/s, unheld
+  41.6 -> 70.2/s. `pg_concurrency.ratio_16_to_1` 3.00 -> 3.56: the 16 now wait for the
+  replica's CPU (38.7 ms of a 47.6 ms burst), not for each other (lock waits 11.7% -> 5.7% of
+  busy backends)."""
 
 
 def _n(x: int) -> str:
