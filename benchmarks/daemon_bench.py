@@ -14,7 +14,8 @@ same machine state serves every figure:
 5. the idle daemon: RSS, CPU and queue requests per minute; with --soak, RSS over many launches;
 6. the queue alone: claims/s, POST latency and CPU with 1, 10 and 100 long-polling daemons.
 
-Writes JSON (every ratio under a key ending in ``_ratio``) and prints the same as a table.
+Writes JSON (every ratio under a key ending in ``_ratio``; the other benchmarks' sections of
+the file are kept) and prints the same as a table.
 
     python benchmarks/daemon_bench.py                 # the full run, bench-results.json
     python benchmarks/daemon_bench.py --soak 10000    # and the 10,000-launch soak
@@ -203,7 +204,9 @@ async def main(argv: list[str] | None = None) -> int:
         with LocalCluster(tmp / "cluster", node="kwok", kwok_max_pods=MAX_PODS) as kube:
             print(f"control plane up in {kube.start_seconds:.1f}s", flush=True)
             results = await run(kube, tmp, params)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    # the other benchmarks' sections (scheduling, groups, PostgreSQL, ...) are kept as they are
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    out.write_text(json.dumps({**kept, **results}, indent=2) + "\n")
     print()
     print(report.table(results))
     print(f"\nwritten to {out}")
