@@ -213,11 +213,14 @@ class PgConn:
         if self._statements_left >= 0:
             raise RuntimeError("a one-statement read cannot write: use a write transaction")
 
-    def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
+    def _spend(self, statements: int) -> None:
         if self._statements_left >= 0:
-            if self._statements_left == 0:
+            if statements > self._statements_left:
                 raise RuntimeError("a one-statement read ran a second statement: use a read transaction")
-            self._statements_left -= 1
+            self._statements_left -= statements
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
+        self._spend(1)
         if not self._queued:
             cur: Cursor = self.raw.execute(translate(sql), _params(parameters))
             return cur
@@ -228,10 +231,7 @@ class PgConn:
 
     def fetch_each(self, queries: Sequence[tuple[str, Any]], /) -> list[Row | None]:
         """The first row of each of ``queries`` (None where none), all sent in one round trip."""
-        if self._statements_left >= 0:
-            if len(queries) > self._statements_left:
-                raise RuntimeError("a one-statement read ran a second statement: use a read transaction")
-            self._statements_left -= len(queries)
+        self._spend(len(queries))
         with self.raw.pipeline():
             self._run_queued()
             cursors = [self.raw.execute(translate(sql), _params(parameters)) for sql, parameters in queries]
