@@ -22,6 +22,7 @@ from benchmarks.scoreboard import procstat
 from benchmarks.scoreboard.kube import RUN_LABEL, latency_summary, make_namespace, new_queue, raw_pod
 from benchmarks.scoreboard.nymph_run import DEPLOYED_ENV, Config, Stack
 from nymph.kube.binaries import kubectl_path
+from nymph.kube.kubectl import GO_RUNTIME_ENV
 from nymph.localcluster import LocalCluster
 from nymph.localcluster.cluster import free_port
 from tests.support.harness import NODE, DaemonProc
@@ -166,14 +167,15 @@ def _kubectl(args: list[str], *, stdin: str, env: dict[str, str]) -> tuple[float
 
 def kubectl_invocations(kube: LocalCluster, tmp: Path, *, n: int) -> dict[str, Any]:
     """``kubectl apply --server-side`` of one Pod, as the deployed daemon runs it (home not
-    writable, so no discovery cache) and with a writable cache directory."""
+    writable, so no discovery cache; Go's collector off, :data:`GO_RUNTIME_ENV`) and with a
+    writable cache directory."""
     ns = make_namespace(kube, "bench-kubectl")
     base = [kubectl_path(), f"--kubeconfig={kube.kubeconfig}", "--request-timeout=60s"]
     apply = [*base, "apply", "--server-side", "--field-manager=nymph", "-o", "json", "-f", "-"]
     cache = tmp / "kubectl-cache"
     envs = {
-        "read_only_home": {**os.environ, **DEPLOYED_ENV},
-        "cache_dir": {**os.environ, **DEPLOYED_ENV, "KUBECACHEDIR": str(cache)},
+        "read_only_home": {**os.environ, **GO_RUNTIME_ENV, **DEPLOYED_ENV},
+        "cache_dir": {**os.environ, **GO_RUNTIME_ENV, **DEPLOYED_ENV, "KUBECACHEDIR": str(cache)},
     }
     out: dict[str, Any] = {}
     index = 0x7F000000

@@ -134,10 +134,13 @@ def register(sub: Any) -> None:
         "--concurrency",
         type=int,
         help="most tasks in flight at once (default: 8 with --apply-with api; with kubectl, two runs of "
-        "--batch-max and at least 8, so 32: a kubectl run costs about the same for one Pod as for sixteen)",
+        "--batch-max and at least 8, so 128: a kubectl run costs little more for 64 Pods than for one)",
     )
     p.add_argument(
-        "--batch-max", type=int, help="most launches per kubectl invocation (default 16; 1 disables batching)"
+        "--batch-max",
+        type=int,
+        help="most launches per kubectl invocation (default 64; 1 disables batching); "
+        "a batch is what is ready: at low load a launch starts at once",
     )
     p.add_argument("--apply-with", choices=("kubectl", "api"), help="apply path (default kubectl)")
     p.add_argument("--listen", help="health/metrics server HOST:PORT (default 127.0.0.1:9700)")

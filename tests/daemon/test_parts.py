@@ -231,7 +231,7 @@ def test_settings_precedence_file_env_flags(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        ({}, 32),  # kubectl (the default): two runs of --batch-max 16
+        ({}, 128),  # kubectl (the default): two runs of --batch-max 64
         ({"batch_max": 4}, 8),
         ({"batch_max": 1}, 8),
         ({"batch_max": 20}, 40),

@@ -54,3 +54,22 @@ async def test_kubectl_gets_a_writable_cache_dir_by_environment_not_by_flag(
     assert res.stdout.strip() == "/chosen|get pods"
     monkeypatch.delenv("KUBECACHEDIR")
     assert (await Kubectl(binary=str(fake)).run(["version"])).stdout.strip() == "|version"
+
+
+async def test_kubectl_runs_without_garbage_collection_under_a_memory_limit_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kubectl is a short-lived process: the daemon runs it with Go's collector off under a soft
+    memory limit (less CPU per run); an operator's GOGC or GOMEMLIMIT is left as it is, and
+    then neither is added."""
+    monkeypatch.delenv("GOGC", raising=False)
+    monkeypatch.delenv("GOMEMLIMIT", raising=False)
+    fake = tmp_path / "kubectl"
+    fake.write_text('#!/bin/sh\necho "${GOGC-unset}|${GOMEMLIMIT-unset}"\n')
+    fake.chmod(0o755)
+    assert (await Kubectl(binary=str(fake)).run(["version"])).stdout.strip() == "off|256MiB"
+    monkeypatch.setenv("GOGC", "200")
+    assert (await Kubectl(binary=str(fake)).run(["version"])).stdout.strip() == "200|unset"
+    monkeypatch.delenv("GOGC")
+    monkeypatch.setenv("GOMEMLIMIT", "1GiB")
+    assert (await Kubectl(binary=str(fake)).run(["version"])).stdout.strip() == "unset|1GiB"
