@@ -7,7 +7,10 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from nymph.client import QueueClient
+from nymph.launch.placement import Needs
 from nymph.protocol import TaskJSON
 from nymph.queue.sql import placement
 from tests.support.queue_helpers import Queue
@@ -231,3 +234,38 @@ async def test_the_sweep_reads_every_node_s_placed_launches_as_each_claim_does(k
     # one counts where it goes next, not here).
     assert each == {"node-a": {"cpu": 1}, "node-b": {"cpu": 1}, "node-c": {}}
     assert together == {n: used for n, used in each.items() if used}
+
+
+def test_a_placed_launch_s_spec_is_parsed_once_however_many_claims_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every claim adds up the requests of the launches placed on its node: the needs parsed
+    from a spec text are kept (by its hash and length, in bounded memory), so a busy node's
+    hundreds of specs are not parsed again at each claim; other texts get their own needs, the
+    kept ones cannot be changed by a caller, and the oldest go first."""
+    parsed: list[str | None] = []
+    real = placement._parse_needs
+
+    def counting(text: str | None) -> Needs:
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(placement, "_parse_needs", counting)
+    cache = placement.NeedsCache(size=2)
+    one = '{"resources": {"requests": {"cpu": "1"}}}'
+    two = '{"resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}'
+    first = cache(one)
+    assert cache("".join(list(one))) is first  # an equal text read again (a new string)
+    assert parsed == [one]
+    assert dict(first.requests) == {"cpu": 1}
+    assert dict(cache(two).requests) == {"cpu": 2, "memory": 2**30}
+    assert parsed == [one, two]
+    with pytest.raises(TypeError):
+        first.requests["cpu"] = 5  # type: ignore[index]
+    assert dict(cache(one).requests) == {"cpu": 1}
+    cache('{"resources": {}}')  # a third text: the oldest (one) goes
+    assert len(parsed) == 3
+    cache(one)
+    assert len(parsed) == 4
+    assert cache(None) == cache("") == Needs()  # no spec: no needs, nothing kept
+    assert len(parsed) == 4

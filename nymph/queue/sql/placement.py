@@ -5,9 +5,12 @@ waits when no live daemon's node can run it. The matching itself is
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from types import MappingProxyType
 
 from nymph.launch.placement import Needs, NodeOffer, add, misfit, waiting_kind, why_waiting
 from nymph.launch.state import InstanceState
@@ -53,12 +56,45 @@ def _placed_sql(conn: Conn, *, one_node: bool) -> str:
     )
 
 
-def _needs(spec_text: str | None) -> Needs:
+def _parse_needs(spec_text: str | None) -> Needs:
     try:
         spec = json.loads(spec_text) if spec_text else None
     except ValueError:
         return Needs()
     return Needs.from_spec(spec if isinstance(spec, Mapping) else None)
+
+
+class NeedsCache:
+    """:class:`Needs` by the spec text they were parsed from. A claim adds up the requests of
+    every launch placed on its node (hundreds on a busy node), and a task's spec never changes
+    once written: each is parsed once, not at every claim. Keyed by the text's hash and length
+    (the hash is keyed per process, so texts cannot be made to collide), never the text itself,
+    so memory stays bounded (``size`` entries) whatever the size of the scripts; the oldest
+    entries go first. Safe across the database threads."""
+
+    def __init__(self, size: int = 16384) -> None:
+        self.size = size
+        self._by_key: dict[tuple[int, int], Needs] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, spec_text: str | None) -> Needs:
+        if not spec_text:
+            return Needs()
+        key = (hash(spec_text), len(spec_text))
+        hit = self._by_key.get(key)
+        if hit is not None:
+            return hit
+        parsed = _parse_needs(spec_text)
+        # shared by every caller from now on: read-only
+        needs = dataclasses.replace(parsed, requests=MappingProxyType(dict(parsed.requests)))
+        with self._lock:
+            while len(self._by_key) >= self.size:
+                self._by_key.pop(next(iter(self._by_key)))
+            self._by_key[key] = needs
+        return needs
+
+
+_needs = NeedsCache()
 
 
 def placed_on(conn: Conn, *, node: str, now: float) -> dict[str, Fraction]:
