@@ -206,7 +206,7 @@ class Daemon:
             context=context,
             concurrency=s.in_flight,
             batch_max=s.batch_max,
-            # kubectl: one run per batch costs about the same for one Pod as for sixteen.
+            # kubectl: a run costs little more for a full batch than for one Pod.
             linger=KUBECTL_LINGER_SECONDS if s.kube.apply_with == "kubectl" and s.batch_max > 1 else 0.0,
         )
         followers = LogFollowers(

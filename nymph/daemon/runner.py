@@ -160,7 +160,7 @@ class Runner:
     async def _linger(self, batch: list[Claimed]) -> None:
         """While other work runs, wait up to ``linger`` seconds for ``batch`` to fill (as slots
         free and claims arrive): one kubectl run costs about the same for one Pod as for
-        sixteen, so a run started for a single launch while another runs wastes most of it.
+        a full batch, so a run started for a single launch while another runs wastes most of it.
         With nothing else running a batch starts at once (no latency added at low load)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.linger
