@@ -27,7 +27,7 @@ class Metrics:
         self.apply_batch = Histogram(
             "nymph_apply_batch_size",
             "Manifests per apply invocation",
-            buckets=(1, 2, 4, 8, 16, 32),
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
             registry=r,
         )
         self.queue_seconds = Histogram(
