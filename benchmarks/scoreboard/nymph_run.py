@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scoreboard import procstat
+from benchmarks.scoreboard import apicalls, procstat
 from benchmarks.scoreboard.kube import (
     RUN_LABEL,
     AddedWatch,
@@ -131,6 +131,7 @@ class Stack:
         api = await make_api(self.kube)
         try:
             async with AddedWatch(api, self.namespace) as watcher:
+                calls_before = await asyncio.to_thread(apicalls.request_counts, self.kube)
                 before = procstat.snapshot(self.pids)
                 t0 = time.monotonic()
                 posted = await self.post(n, posters=posters)
@@ -138,6 +139,7 @@ class Stack:
                 t_end = await watcher.wait_for(set(posted))
                 await self.settle()
                 spent = procstat.cpu_delta(before, procstat.snapshot(self.pids))
+                calls = await asyncio.to_thread(apicalls.request_counts, self.kube)
         finally:
             await api.close()
         lat = [(watcher.seen[i] - posted[i]) * 1000 for i in posted]
@@ -147,6 +149,8 @@ class Stack:
             "post_per_s": round(n / max(t_posted - t0, 1e-6), 2),
             "posted_to_added": latency_summary(lat),
             "cpu_ms_per_launch": {k: round(v * 1000 / n, 2) for k, v in spent.items()},
+            # every client's requests (nymph's, the scheduler's, kwok's, this benchmark's watch)
+            "api_requests_per_launch": apicalls.per_launch(calls_before, calls, n),
         }
 
     async def latency(self, n: int) -> dict[str, Any]:
