@@ -4,7 +4,8 @@ A provider's ``dispatch`` decides who creates its Pods: ``daemon`` queues a task
 claims (:class:`QueuedDispatch`, over the store), ``direct`` has the queue create the Pod itself
 (:class:`~nymph.queue.direct.launcher.DirectDispatch`). :class:`Dispatchers` picks the one for a
 provider, or for an instance, once per request; both accept a launch in the same transaction
-(:func:`nymph.queue.sql.launches.accept`) and differ only after it.
+(:func:`nymph.queue.sql.launches.accept`) and differ only after it. A launch reads its
+provider's dispatch in that transaction, not before it (:meth:`Dispatchers.launch`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from nymph.protocol import InstanceJSON, LaunchAccepted
+from nymph.queue.errors import Conflict
 from nymph.queue.models import Principal
 from nymph.queue.paging import Page, PageRequest
+from nymph.queue.sql.launches import WrongPath
 from nymph.queue.store import Store
+
+#: Providers whose last seen dispatch is remembered (a hint: a launch checks it).
+_PATHS_KEPT = 10_000
 
 
 class Dispatcher(Protocol):
@@ -88,6 +94,41 @@ class Dispatchers:
         self.store = store
         self.queued = queued
         self.direct = direct
+        #: (namespace, provider) -> whether it dispatched directly when last seen.
+        self._paths: dict[tuple[str, str], bool] = {}
+
+    async def launch(
+        self,
+        *,
+        ns: str,
+        provider: str,
+        body: Mapping[str, Any],
+        idempotency_key: str | None,
+        principal: Principal,
+    ) -> LaunchAccepted:
+        """Accept a launch on its provider's path without a read of its own first: the path
+        the provider had when last seen is taken, and its transaction, which reads the provider
+        anyway, finds one whose dispatch changed before writing anything
+        (:class:`~nymph.queue.sql.launches.WrongPath`); the launch then takes the other path.
+        NotFound when there is no such provider."""
+        key = (ns, provider)
+        direct = self._paths.get(key, False)
+        for _ in range(3):
+            dispatcher = self.direct if direct else self.queued
+            try:
+                return await dispatcher.launch(
+                    ns=ns, provider=provider, body=body, idempotency_key=idempotency_key, principal=principal
+                )
+            except WrongPath as exc:
+                direct = exc.direct
+                if len(self._paths) >= _PATHS_KEPT:
+                    self._paths.clear()
+                self._paths[key] = direct
+        raise Conflict(
+            f"provider {provider!r} kept changing its dispatch while this launch was being "
+            "accepted: send it again",
+            code="provider_changed",
+        )
 
     async def for_provider(self, *, ns: str, provider: str) -> Dispatcher:
         """NotFound when there is no such provider."""

@@ -202,6 +202,41 @@ async def test_finished_direct_pods_are_reaped_and_still_listed(
     assert watches == {}
 
 
+async def test_a_launch_follows_its_provider_to_the_other_dispatch_path_at_once(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
+) -> None:
+    """The queue remembers a provider's path only as a guess: the launch after a provider
+    changed its dispatch takes the new path, both ways, and the one sent down the wrong path
+    first leaves nothing behind (no instance, Pod or task)."""
+    q = direct_queue
+    kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="switch")
+    await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+    direct = {"kubeconfig": {"$secret": "kc"}, "namespace": namespace}
+    await _provider(q, "switch", direct)
+
+    async def put(dispatch: str, kwargs: dict[str, Any]) -> None:
+        body = {"name": "switch", "launcher": "Kube", "dispatch": dispatch, "kwargs": kwargs}
+        r = await q.call("PUT", NS + "/providers/switch", json_body=body)
+        assert r.status == 200, r.body
+
+    seen: list[tuple[str, bool]] = []
+    for dispatch in ("direct", "daemon", "daemon", "direct", "direct", "daemon"):
+        if seen and dispatch != ("direct" if seen[-1][1] else "daemon"):
+            await put(dispatch, direct if dispatch == "direct" else {"namespace": namespace})
+        r = await _launch(q, "switch")
+        assert r.status == 202, r.body
+        iid = r.body["instanceId"]
+        has_pod = iid in _pods(kube, namespace)
+        assert r.body["state"] == ("starting" if dispatch == "direct" else "queued"), (dispatch, r.body)
+        assert has_pod == (dispatch == "direct"), dispatch
+        seen.append((iid, dispatch == "direct"))
+    r = await q.call("GET", f"{NS}/providers/switch/instances")
+    listed = {i["instanceId"] for i in r.body["items"]}
+    assert listed == {iid for iid, _ in seen}  # one instance per launch: none from a wrong path
+    pods = set(_pods(kube, namespace))
+    assert {iid for iid, d in seen if d} <= pods and not {iid for iid, d in seen if not d} & pods
+
+
 async def test_stopping_a_finished_direct_instance_deletes_its_pod_now(
     kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path, queue_db: Path | str
 ) -> None:

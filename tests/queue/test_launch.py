@@ -55,6 +55,24 @@ async def test_launch_is_validated_queued_and_carries_its_spec(kind: Queue) -> N
     assert ("team", "ml") in spec.labels and spec.resources == {"limits": {"cpu": "1"}}
 
 
+async def test_a_launch_is_one_database_transaction(kind: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch POST reads its provider inside its own write transaction, not in a read of its
+    own before it: one call to the database (on PostgreSQL, one fewer network round trip)."""
+    await _launch(kind)  # the token is looked up and cached once
+    db = kind.store.db
+    calls: list[str] = []
+    for verb in ("read", "read_one", "read_small", "write"):
+        real = getattr(db, verb)
+
+        def counted(fn: object, *, _real: object = real, _verb: str = verb) -> object:
+            calls.append(_verb)
+            return _real(fn)  # type: ignore[operator]
+
+        monkeypatch.setattr(db, verb, counted)
+    await _launch(kind)
+    assert calls == ["write"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "needle"),
     [

@@ -132,8 +132,7 @@ async def launch(request: web.Request) -> web.Response:
         return await instances_page(request, form=form, errors={"tags": str(exc)})
     body = {"mode": form["mode"], "script": form["script"].replace("\r\n", "\n"), "tags": tags}
     try:
-        dispatcher = await request.config_dict[DISPATCHERS].for_provider(ns=m["ns"], provider=m["name"])
-        accepted = await dispatcher.launch(
+        accepted = await request.config_dict[DISPATCHERS].launch(
             ns=m["ns"], provider=m["name"], body=body, idempotency_key=None, principal=request[PRINCIPAL]
         )
     except ServiceError as exc:

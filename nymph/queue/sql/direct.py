@@ -58,7 +58,9 @@ def record_launch(
     guard: Guard | None = None,
     image_pull_timeout: int | None = None,
 ) -> DirectLaunch:
-    """Record a direct launch (or find the one this Idempotency-Key recorded)."""
+    """Record a direct launch (or find the one this Idempotency-Key recorded); a provider that
+    dispatches through daemons raises :class:`~nymph.queue.sql.launches.WrongPath` (nothing
+    written)."""
     got = accept(
         conn,
         ns=ns,
@@ -69,6 +71,7 @@ def record_launch(
         ts=now(),
         guard=guard,
         image_pull_timeout=image_pull_timeout,
+        direct=True,
     )
     if got.spec is None or got.provider is None or got.mode is None:
         row = conn.execute(

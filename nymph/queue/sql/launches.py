@@ -111,6 +111,21 @@ class Acceptance:
     mode: Mode | None = None
 
 
+class WrongPath(Exception):
+    """A launch sent down the path its provider does not dispatch on (``direct``: the
+    provider's), found inside the launch's transaction before anything was written: the caller
+    sends it down the other one (:meth:`nymph.queue.dispatcher.Dispatchers.launch`)."""
+
+    def __init__(self, *, direct: bool) -> None:
+        super().__init__("the provider dispatches " + ("directly" if direct else "through daemons"))
+        self.direct = direct
+
+
+def _on_path(provider: Provider, direct: bool | None) -> None:
+    if direct is not None and provider.direct != direct:
+        raise WrongPath(direct=provider.direct)
+
+
 def launch_catalog(
     conn: Conn, *, ns: str, provider_name: str, mode_name: str
 ) -> tuple[Provider, Mode, Quota]:
@@ -140,18 +155,24 @@ def accept(
     ts: float,
     guard: Guard | None = None,
     image_pull_timeout: int | None = None,
+    direct: bool | None = None,
 ) -> Acceptance:
     """Accept a launch on either dispatch path: the Idempotency-Key replay, or a spec built and
     checked in full, its instance (``queued``, a fresh id on a collision) and the key
     remembered. The two paths differ only after this (a task for a daemon, or a Pod record).
-    ``image_pull_timeout`` (the queue's) fills in a spec whose mode names none."""
+    ``image_pull_timeout`` (the queue's) fills in a spec whose mode names none. ``direct``: the
+    path the caller runs; a provider that dispatches the other way raises :class:`WrongPath`
+    before anything is written."""
     digest = idempotency.body_digest(body)
     replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
     if replay is not None:
+        if direct is not None:
+            _on_path(catalog.get_provider(conn, ns=ns, name=provider_name), direct)
         return Acceptance(accepted=replay)
     provider, mode, quota = launch_catalog(
         conn, ns=ns, provider_name=provider_name, mode_name=str(body["mode"])
     )
+    _on_path(provider, direct)
     spec = build_spec(
         provider=provider,
         mode=mode,
@@ -191,7 +212,8 @@ def launch(
     guard: Guard | None = None,
     image_pull_timeout: int | None = None,
 ) -> tuple[LaunchAccepted, bool]:
-    """A launch for a daemon: accepted, then its task queued. ``(202 body, created)``."""
+    """A launch for a daemon: accepted, then its task queued. ``(202 body, created)``; a
+    provider that dispatches directly raises :class:`WrongPath` (nothing written)."""
     ts = now()
     got = accept(
         conn,
@@ -203,6 +225,7 @@ def launch(
         ts=ts,
         guard=guard,
         image_pull_timeout=image_pull_timeout,
+        direct=False,
     )
     if got.spec is None or got.provider is None:
         return got.accepted, False

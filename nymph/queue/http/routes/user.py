@@ -43,8 +43,7 @@ async def launch(request: web.Request) -> web.Response:
     f.req_string("mode")
     for name in ("tags", "env", "fields"):
         f.mapping(name)
-    dispatcher = await request.app[DISPATCHERS].for_provider(ns=m["ns"], provider=m["name"])
-    accepted = await dispatcher.launch(
+    accepted = await request.app[DISPATCHERS].launch(
         ns=m["ns"], provider=m["name"], body=data, idempotency_key=key, principal=request[PRINCIPAL]
     )
     return _json(accepted, status=202)
