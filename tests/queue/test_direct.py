@@ -237,6 +237,29 @@ async def test_a_launch_follows_its_provider_to_the_other_dispatch_path_at_once(
     assert {iid for iid, d in seen if d} <= pods and not {iid for iid, d in seen if not d} & pods
 
 
+async def test_a_direct_launch_sent_again_with_its_key_gets_the_same_launch(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
+) -> None:
+    """A direct launch sent again with its Idempotency-Key gets the same launch back (its
+    state as recorded now) and creates no second Pod or instance."""
+    q = direct_queue
+    kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="keyed")
+    await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+    await _provider(q, "keyed", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+    body = {"mode": "keyed-m", "script": "print('hi')", "tags": {"sim.nymph.io/run": "1h"}}
+    url, key = f"{NS}/providers/keyed/launch", {"Idempotency-Key": "once-only"}
+    first = await q.call("POST", url, json_body=body, headers=key)
+    assert first.status == 202 and first.body["state"] == "starting", first.body
+    again = await q.call("POST", url, json_body=body, headers=key)
+    assert again.status == 202, again.body
+    assert again.body["instanceId"] == first.body["instanceId"]
+    assert again.body["launchedAt"] == first.body["launchedAt"]
+    assert again.body["state"] in ("starting", "running")
+    assert _pods(kube, namespace) == [first.body["instanceId"]]
+    r = await q.call("GET", f"{NS}/providers/keyed/instances")
+    assert [i["instanceId"] for i in r.body["items"]] == [first.body["instanceId"]]
+
+
 async def test_stopping_a_finished_direct_instance_deletes_its_pod_now(
     kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path, queue_db: Path | str
 ) -> None:

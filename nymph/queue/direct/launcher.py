@@ -80,10 +80,10 @@ class DirectDispatch:
             await self.store.direct.forget(instance_id=iid)
             log.info("direct launch refused; nothing kept", instance=iid, namespace=ns, provider=provider)
             raise
-        ts = now()
-        changed = await self.store.direct.apply_pod(ns=ns, pod=pod, deleted=False, ts=ts)
         accepted: LaunchAccepted = {**rec.accepted, "state": pod_state(pod).value}
-        await self.store.direct.answered(instance_id=iid, accepted=accepted)
+        changed = await self.store.direct.created(
+            ns=ns, pod=pod, ts=now(), accepted=accepted, keyed=idempotency_key is not None
+        )
         if changed:
             self.store.instance_changed.notify(iid)
         self.watches.ensure(ns=ns, connection=rec.connection)

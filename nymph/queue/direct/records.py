@@ -59,8 +59,20 @@ class DirectRecords:
         """The Pod could not be created: no trace of the launch is kept."""
         await self.db.write(lambda c: sql.forget(c, instance_id=instance_id))
 
-    async def answered(self, *, instance_id: str, accepted: LaunchAccepted) -> None:
-        await self.db.write(lambda c: sql.answered(c, instance_id=instance_id, accepted=accepted))
+    async def created(
+        self, *, ns: str, pod: Mapping[str, Any], ts: float, accepted: LaunchAccepted, keyed: bool
+    ) -> str | None:
+        """A launch's Pod, just created, in one transaction: its instance moved along (the
+        instance id when it changed) and, for a launch sent with an Idempotency-Key
+        (``keyed``), the 202 it is answered with kept for replays."""
+
+        def write(c: Any) -> str | None:
+            changed = sql.apply_pod(c, ns=ns, pod=pod, deleted=False, ts=ts)
+            if keyed:
+                sql.answered(c, instance_id=accepted["instanceId"], accepted=accepted)
+            return changed
+
+        return await self.db.write(write)
 
     # --- Pods and instances ----------------------------------------------------------------
 
