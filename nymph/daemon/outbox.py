@@ -1,7 +1,9 @@
 """A durable, ordered outbox of what the daemon tells the queue.
 
 State reports, task completions and log uploads are appended to ``<state>/outbox.jsonl``
-before anything is sent, and sent strictly in order. An append is written at once (a kill of the
+before anything is sent, and sent in order: the reports and completions of an instance in the
+order they were made, a log's chunks in theirs (a batch of reports and completions may pass over
+log chunks, which go next in sends of their own). An append is written at once (a kill of the
 daemon at any moment loses nothing) and fsynced before it is sent: one fsync per batch, off the
 event loop, instead of one per item on it. If the queue is unreachable, they wait
 (with backoff) and go out in order when it returns; a daemon restart picks up what was not yet
@@ -94,6 +96,7 @@ class Outbox:
         self.mem: deque[dict[str, Any]] = deque()
         self.backlog = 0  # items on disk, not in memory
         self.acked = 0  # lines of the file already sent
+        self._held_to = 0  # the line after the last item held in memory
         self.unsynced = False  # items appended since the last fsync
         #: Made durable with the outbox before each send (the daemon's audit log: the queue
         #: never learns of work whose record could still be lost).
@@ -149,6 +152,7 @@ class Outbox:
         truncate_to(self.file, 0)
         replace_atomically(self.ack_file, b"0")
         self.acked = 0
+        self._held_to = 0
         self.lines = 0
         self.file_bytes = 0
 
@@ -170,8 +174,26 @@ class Outbox:
         item["_bytes"] = len(data)
         return index
 
+    def _taken(self, batch: list[dict[str, Any]]) -> None:
+        """Remove a sent batch from memory: the items of :meth:`_next_batch`, in order, the
+        first item among them (the rest may lie behind log chunks it passed over)."""
+        for item in batch:
+            self.mem_bytes -= log_data_size(item)
+        if self.mem[len(batch) - 1] is batch[-1]:  # the head of memory: most sends
+            for _ in batch:
+                self.mem.popleft()
+            return
+        sent = {id(item) for item in batch}
+        self.mem = deque(item for item in self.mem if id(item) not in sent)
+
     def _ack(self, batch: list[dict[str, Any]]) -> None:
-        self.acked = int(batch[-1]["_line"]) + 1
+        # Acknowledged up to the first item not sent: one a batch passed over (a log chunk)
+        # keeps its line, and those sent after it in the file are sent again after a restart,
+        # which the queue ignores (by stream and seq, by task, by chunk offset).
+        # With nothing left in memory, everything held was sent (the backlog lies after it).
+        self.acked = (
+            int(self.mem[0]["_line"]) if self.mem else max(int(batch[-1]["_line"]) + 1, self._held_to)
+        )
         self.sent_total += len(batch)
         self.log_bytes -= sum(log_data_size(item) for item in batch)
         self._update_room()
@@ -209,6 +231,7 @@ class Outbox:
         for item in self.mem:
             item["_line"] = int(item["_line"]) - shift
         self.lines -= shift
+        self._held_to = max(0, self._held_to - shift)
         self.acked = 0
         self.file_bytes = len(rest)
 
@@ -242,6 +265,7 @@ class Outbox:
 
     def _hold(self, item: dict[str, Any]) -> None:
         self.mem.append(item)
+        self._held_to = int(item["_line"]) + 1
         self.mem_bytes += log_data_size(item)
 
     def _update_room(self) -> None:
@@ -370,8 +394,7 @@ class Outbox:
                 continue
             backoff = 0.5
             self.last_error = ""
-            for _ in batch:
-                self.mem_bytes -= log_data_size(self.mem.popleft())
+            self._taken(batch)
             self._ack(batch)
 
     async def _sync(self) -> None:

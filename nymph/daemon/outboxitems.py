@@ -13,6 +13,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, Required, TypedDict, Unpack
 
 Sender = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
+#: How many items :func:`next_batch` looks at, in ``max_items``: the log chunks it passes over
+#: are bounded by the memory budget, not by a batch.
+SCAN_FACTOR = 4
 
 
 class Completion(TypedDict, total=False):
@@ -69,14 +72,18 @@ def parse_line(line: str, index: int) -> dict[str, Any] | None:
 def next_batch(
     items: Sequence[dict[str, Any]], *, max_items: int, max_bytes: int
 ) -> tuple[str, list[dict[str, Any]]]:
-    """The kind of the first item and the items of the next send from ``items`` (not empty), a
-    prefix of them: a run of reports of one stream and completions (at most ``max_items``, under
-    ``max_bytes`` as written), else the first item alone.
+    """The kind of the first item and the items of the next send from ``items`` (not empty),
+    in their order, the first among them: a run of reports of one stream and completions (at
+    most ``max_items``, under ``max_bytes`` as written), else the first item alone.
 
     The sender sends a run's completions first, in one request, then its reports, in one: a
     completion joins the run only when no report before it in the run is on its instance (and
     one whose instance is not known, from an older daemon's file, only at the head of the
-    run), so what concerns one instance still reaches the queue in the order it was made."""
+    run), so the reports and completions of one instance still reach the queue in the order
+    they were made. Log chunks are passed over, not taken (they go in sends of their own, in
+    their order): a log is a stream of its own, which the queue orders by offset, so a run
+    does not end at every launch's log. Any other item ends the run. At most
+    :data:`SCAN_FACTOR` times ``max_items`` items are looked at."""
     first = items[0]
     kind = str(first["kind"])
     if kind not in ("report", "complete"):
@@ -85,9 +92,11 @@ def next_batch(
     stream: object = None
     reported: set[object] = set()
     size = 0
-    for item in items:
-        if len(batch) >= max_items:
+    for looked, item in enumerate(items):
+        if len(batch) >= max_items or looked >= max_items * SCAN_FACTOR:
             break
+        if item["kind"] == "logchunk":
+            continue
         if item["kind"] == "report":
             if stream is not None and item["stream"] != stream:
                 break

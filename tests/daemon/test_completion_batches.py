@@ -207,8 +207,8 @@ async def test_a_batch_sent_again_after_a_kill_is_answered_the_same(kind: Queue,
 def test_a_batch_keeps_each_instances_order() -> None:
     """A send takes the run of reports and completions at the head of the outbox, except that a
     completion never joins after a report on its own instance (the sender sends a run's
-    completions first), one of unknown instance joins only at the head, and anything else (a
-    log chunk) ends the run."""
+    completions first) and one of unknown instance joins only at the head; log chunks are passed
+    over (left, in their order, for sends of their own), anything else (a log tail) ends the run."""
 
     def report(instance: str) -> dict[str, Any]:
         return {"kind": "report", "stream": "s", "instanceId": instance, "_bytes": 10}
@@ -232,6 +232,13 @@ def test_a_batch_keeps_each_instances_order() -> None:
     assert batch(report("a"), complete("t1", "a"), complete("t2", "b")) == ["a"]
     assert batch(report("a"), complete("t2", "b"), complete("t1", "a")) == ["a", "t2"]
     assert batch(report("a"), complete("t1", None)) == ["a"]
-    assert batch(complete("t1", "a"), {"kind": "logchunk", "instanceId": "a"}, complete("t2", "b")) == ["t1"]
+    chunk = {"kind": "logchunk", "instanceId": "a", "_bytes": 10}
+    assert batch(complete("t1", "a"), chunk, complete("t2", "b"), report("b")) == ["t1", "t2", "b"]
+    assert batch(complete("t1", "a"), {"kind": "logs", "instanceId": "a"}, complete("t2", "b")) == ["t1"]
+    assert next_batch([chunk, complete("t1", "a")], max_items=200, max_bytes=10_000) == ("logchunk", [chunk])
+    chunks = [complete("t0", "z"), *[dict(chunk) for _ in range(50)], complete("t1", "a")]
+    # looking at SCAN_FACTOR * max_items items at most
+    assert [i["taskId"] for i in next_batch(chunks, max_items=10, max_bytes=10_000)[1]] == ["t0"]
+    assert [i["taskId"] for i in next_batch(chunks, max_items=13, max_bytes=10_000)[1]] == ["t0", "t1"]
     many = [complete(f"t{i}", f"i{i}") for i in range(300)]
     assert len(next_batch(many, max_items=200, max_bytes=10_000)[1]) == 200

@@ -67,6 +67,35 @@ async def test_outbox_survives_a_restart_without_resending_acknowledged_items(tm
     assert {i["stream"] for i in second.mem} == {first.stream}
 
 
+async def test_outbox_sends_reports_past_a_log_chunk_and_loses_nothing_on_a_restart(tmp_path: Path) -> None:
+    """The reports behind a log chunk go out in one send with those before it, the chunk next
+    on its own; until the chunk is sent the acknowledgement stays below it, so an outbox
+    reopened in between sends the chunk again (and the report after it, which the queue
+    ignores by its seq): nothing is lost."""
+    box = Outbox(tmp_path)
+    box.report(instance_id=IID, state="starting")
+    box.log_chunk(instance_id=IID, offset=0, data=b"hello", final=False)
+    box.report(instance_id=IID, state="running")
+    kind, batch = box._next_batch()
+    assert kind == "report" and [b["seq"] for b in batch] == [1, 2]
+    box._taken(batch)
+    box._ack(batch)
+    assert [b["kind"] for b in box.mem] == ["logchunk"]
+    reopened = Outbox(tmp_path)
+    assert [(b["kind"], b.get("seq")) for b in reopened.mem] == [("logchunk", None), ("report", 2)]
+
+    sent: list[tuple[str, list[Any]]] = []
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        sent.append((kind, [b.get("seq", b.get("offset")) for b in batch]))
+
+    task = asyncio.create_task(box.run(send))
+    assert await box.flush(timeout=20)
+    task.cancel()
+    assert sent == [("logchunk", [0])]
+    assert box.pending == 0 and Outbox(tmp_path).pending == 0
+
+
 async def test_outbox_memory_is_bounded_and_overflow_comes_back_from_disk_in_order(tmp_path: Path) -> None:
     box = Outbox(tmp_path, memory_max=3, batch_max=2)
     for _ in range(10):
