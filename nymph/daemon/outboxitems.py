@@ -72,18 +72,23 @@ def parse_line(line: str, index: int) -> dict[str, Any] | None:
 def next_batch(
     items: Sequence[dict[str, Any]], *, max_items: int, max_bytes: int
 ) -> tuple[str, list[dict[str, Any]]]:
-    """The kind of the first item and the items of the next send from ``items`` (not empty),
-    in their order, the first among them: a run of reports of one stream and completions (at
-    most ``max_items``, under ``max_bytes`` as written), else the first item alone.
+    """The next send from ``items`` (not empty): the items it takes, in their order, the first
+    among them, and its kind.
 
-    The sender sends a run's completions first, in one request, then its reports, in one: a
-    completion joins the run only when no report before it in the run is on its instance (and
-    one whose instance is not known, from an older daemon's file, only at the head of the
-    run), so the reports and completions of one instance still reach the queue in the order
-    they were made. Log chunks are passed over, not taken (they go in sends of their own, in
-    their order): a log is a stream of its own, which the queue orders by offset, so a run
-    does not end at every launch's log. Any other item ends the run. At most
-    :data:`SCAN_FACTOR` times ``max_items`` items are looked at."""
+    A send is a run of reports of one stream and completions (at most ``max_items``, under
+    ``max_bytes`` as written), else the first item alone (its kind is that item's). A run goes
+    out as two requests, one for its completions and one for its reports; its kind says which
+    goes first (``complete`` or ``report``), chosen so the reports and completions of one
+    instance still reach the queue in the order they were made: a completion after a report on
+    its instance makes the reports go first, a report after a completion on its instance the
+    completions, and the item that would need the other order ends the run. A completion whose
+    instance is not known (from an older daemon's file) joins only before any report, and
+    makes the completions go first.
+
+    Log chunks are passed over, not taken (they go in sends of their own, in their order): a
+    log is a stream of its own, which the queue orders by offset, so a run does not end at
+    every launch's log. Any other item ends the run. At most :data:`SCAN_FACTOR` times
+    ``max_items`` items are looked at."""
     first = items[0]
     kind = str(first["kind"])
     if kind not in ("report", "complete"):
@@ -91,29 +96,39 @@ def next_batch(
     batch: list[dict[str, Any]] = []
     stream: object = None
     reported: set[object] = set()
+    completed: set[object] = set()
+    first_sent: str | None = None  # which kind goes first, once an instance needs one
     size = 0
     for looked, item in enumerate(items):
         if len(batch) >= max_items or looked >= max_items * SCAN_FACTOR:
             break
+        instance = item.get("instanceId")
         if item["kind"] == "logchunk":
             continue
         if item["kind"] == "report":
             if stream is not None and item["stream"] != stream:
                 break
-            stream = item["stream"]
+            need = "complete" if instance in completed else None
         elif item["kind"] == "complete":
-            instance = item.get("instanceId")
-            if reported and (not isinstance(instance, str) or instance in reported):
-                break
+            if not isinstance(instance, str):
+                need = "complete" if not reported else "never"
+            else:
+                need = "report" if instance in reported else None
         else:
+            break
+        if need == "never" or (need is not None and first_sent not in (None, need)):
             break
         size += int(item.get("_bytes") or 0)
         if batch and size > max_bytes:
             break
+        first_sent = first_sent or need
         batch.append(item)
         if item["kind"] == "report":
-            reported.add(item.get("instanceId"))
-    return kind, batch
+            stream = item["stream"]
+            reported.add(instance)
+        else:
+            completed.add(instance)
+    return first_sent or kind, batch
 
 
 class Syncable(Protocol):

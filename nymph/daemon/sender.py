@@ -8,7 +8,8 @@ batch is then sent again one report at a time, so only the refused ones are drop
 
 An outbox batch of completions and reports (see :func:`nymph.daemon.outboxitems.next_batch`)
 goes out as one request for its completions (``POST /v1/dispatch/completions``, or one
-``complete`` each to a queue without it) and one for its reports. Each completion's own answer
+``complete`` each to a queue without it) and one for its reports, in the order the batch's kind
+says (``report``: its reports first). Each completion's own answer
 settles it as a single call's would; one the queue cannot take now (a 5xx, no answer) keeps the
 whole batch for a later try, which the queue answers the same way (completions are idempotent
 per task, reports per stream and seq).
@@ -55,9 +56,12 @@ class QueueSender:
         t0 = time.monotonic()
         try:
             if kind in ("report", "complete"):
-                await self._completions([i for i in batch if i["kind"] == "complete"])
+                completions = [i for i in batch if i["kind"] == "complete"]
                 reports = [i for i in batch if i["kind"] == "report"]
-                if reports:
+                if kind == "report" and reports:
+                    await self._reports(reports)
+                await self._completions(completions)
+                if kind == "complete" and reports:
                     await self._reports(reports)
             elif kind == "logchunk":
                 item = batch[0]

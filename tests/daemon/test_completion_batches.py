@@ -35,9 +35,11 @@ class CountingClient(QueueClient):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.paths: collections.Counter[str] = collections.Counter()
+        self.order: list[str] = []
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         self.paths[path] += 1
+        self.order.append(path)
         return await super().request(method, path, **kwargs)
 
 
@@ -110,6 +112,30 @@ async def _statuses(q: Queue, tasks: list[TaskJSON]) -> list[str]:
         return [str(r["status"]) for r in rows]
 
     return await q.store.db.read(read)
+
+
+async def test_launches_reported_then_completed_go_in_two_requests_reports_first(
+    kind: Queue, tmp_path: Path
+) -> None:
+    """Launches whose "starting" report, log chunk and completion wait in the outbox together
+    (as each applied launch leaves them) reach the queue as one report request, then one
+    completion request, then their log chunks: each instance's report before its completion,
+    all of them taken."""
+    d = Daemon(kind, tmp_path / "state")
+    tasks = await d.claim(kind, 5)
+    d.client.order.clear()
+    for t in tasks:
+        iid = t["instanceId"]
+        d.outbox.report(instance_id=iid, state="starting")
+        d.outbox.log_chunk(instance_id=iid, offset=0, data=b"", final=True)
+        d.outbox.complete(task_id=t["taskId"], ok=True, instance=iid)
+    await d.flush()
+    assert d.client.order == ["/v1/dispatch/report", BATCH, *["/v1/dispatch/logchunks"] * 5]
+    assert await _statuses(kind, tasks) == ["done"] * 5
+    for t in tasks:
+        inst = await kind.user().get_instance(provider="kind", instance_id=t["instanceId"])
+        assert inst["state"] == "starting"
+    assert d.outbox.pending == 0
 
 
 async def test_completions_queued_together_go_in_one_request(kind: Queue, tmp_path: Path) -> None:
@@ -205,10 +231,13 @@ async def test_a_batch_sent_again_after_a_kill_is_answered_the_same(kind: Queue,
 
 
 def test_a_batch_keeps_each_instances_order() -> None:
-    """A send takes the run of reports and completions at the head of the outbox, except that a
-    completion never joins after a report on its own instance (the sender sends a run's
-    completions first) and one of unknown instance joins only at the head; log chunks are passed
-    over (left, in their order, for sends of their own), anything else (a log tail) ends the run."""
+    """A send takes the run of reports and completions at the head of the outbox and says
+    which of the two goes first, so that each instance's reports and completions keep their
+    order: a completion after a report on its instance sends the reports first, a report after
+    a completion on its instance the completions first, and the item that would need the other
+    order ends the run; one of unknown instance joins only before any report. Log chunks are
+    passed over (left, in their order, for sends of their own); anything else (a log tail)
+    ends the run."""
 
     def report(instance: str) -> dict[str, Any]:
         return {"kind": "report", "stream": "s", "instanceId": instance, "_bytes": 10}
@@ -219,22 +248,31 @@ def test_a_batch_keeps_each_instances_order() -> None:
             item["instanceId"] = instance
         return item
 
-    def batch(*items: dict[str, Any]) -> list[str]:
-        _, taken = next_batch(list(items), max_items=200, max_bytes=10_000)
-        return [str(i.get("taskId") or i["instanceId"]) for i in taken]
+    def batch(*items: dict[str, Any]) -> tuple[str, list[str]]:
+        kind, taken = next_batch(list(items), max_items=200, max_bytes=10_000)
+        return kind, [str(i.get("taskId") or i["instanceId"]) for i in taken]
 
-    assert batch(complete("t1", None), report("a"), complete("t2", "b"), report("b")) == [
-        "t1",
-        "a",
-        "t2",
-        "b",
-    ]
-    assert batch(report("a"), complete("t1", "a"), complete("t2", "b")) == ["a"]
-    assert batch(report("a"), complete("t2", "b"), complete("t1", "a")) == ["a", "t2"]
-    assert batch(report("a"), complete("t1", None)) == ["a"]
+    assert batch(complete("t1", None), report("a"), complete("t2", "b"), report("b")) == (
+        "complete",
+        ["t1", "a", "t2", "b"],
+    )
+    # each launch: "starting", then its task's completion: one send, reports first
+    launches = [item for i in range(5) for item in (report(f"i{i}"), complete(f"t{i}", f"i{i}"))]
+    assert batch(*launches) == ("report", [f"{x}{i}" for i in range(5) for x in ("i", "t")])
+    assert batch(report("a"), complete("t1", "a"), complete("t2", "b")) == ("report", ["a", "t1", "t2"])
+    assert batch(report("a"), complete("t1", "a"), report("a")) == ("report", ["a", "t1"])
+    assert batch(complete("t1", "a"), report("a"), complete("t2", "a")) == ("complete", ["t1", "a"])
+    assert batch(report("a"), complete("t2", "b"), report("b")) == ("complete", ["a", "t2", "b"])
+    assert batch(report("a"), complete("t1", None)) == ("report", ["a"])
     chunk = {"kind": "logchunk", "instanceId": "a", "_bytes": 10}
-    assert batch(complete("t1", "a"), chunk, complete("t2", "b"), report("b")) == ["t1", "t2", "b"]
-    assert batch(complete("t1", "a"), {"kind": "logs", "instanceId": "a"}, complete("t2", "b")) == ["t1"]
+    assert batch(complete("t1", "a"), chunk, complete("t2", "b"), report("b")) == (
+        "complete",
+        ["t1", "t2", "b"],
+    )
+    assert batch(complete("t1", "a"), {"kind": "logs", "instanceId": "a"}, complete("t2", "b")) == (
+        "complete",
+        ["t1"],
+    )
     assert next_batch([chunk, complete("t1", "a")], max_items=200, max_bytes=10_000) == ("logchunk", [chunk])
     chunks = [complete("t0", "z"), *[dict(chunk) for _ in range(50)], complete("t1", "a")]
     # looking at SCAN_FACTOR * max_items items at most
