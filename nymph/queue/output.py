@@ -16,7 +16,7 @@ import structlog
 
 from nymph.protocol import now
 from nymph.queue.db import Backend
-from nymph.queue.errors import Conflict
+from nymph.queue.errors import Conflict, ServiceError
 from nymph.queue.models import DaemonSession, OutputSettings
 from nymph.queue.notify import KeyedSignal
 from nymph.queue.sql import logchunks
@@ -112,6 +112,24 @@ class OutputStore:
                 note=note,
             ),
         )
+
+    async def daemon_append_many(
+        self, *, session: DaemonSession, chunks: list[logchunks.DaemonChunk]
+    ) -> list[LogStatus | ServiceError]:
+        """Many daemon chunks in one transaction, each answered alone (see
+        :func:`~nymph.queue.sql.logchunks.daemon_append_many`); the followers of each instance
+        a chunk landed for are woken once it is committed."""
+        cap = self.settings.log_cap_bytes
+        out = await self.db.write(
+            lambda conn: logchunks.daemon_append_many(
+                conn, session=session, chunks=chunks, cap=cap, now=now()
+            )
+        )
+        for iid in dict.fromkeys(
+            c.instance_id for c, st in zip(chunks, out, strict=True) if isinstance(st, LogStatus)
+        ):
+            self.appended.notify(iid)
+        return out
 
     async def _appended(self, instance_id: str, write: Callable[[Conn], LogStatus]) -> LogStatus:
         """Run one chunk write and wake the instance's log followers."""

@@ -264,10 +264,33 @@ def test_every_operation_conforms(served: Served) -> None:
     call("GET", inst + "/logs?follow=maybe", expect=400)
     plain = {"Accept": "text/plain"}
     assert call("GET", inst + "/logs?follow=false", headers=plain, expect=200).text == "hello\n"
-    done_chunk = {**chunk, "offset": 6, "data": "", "final": True}
+    item = {k: v for k, v in chunk.items() if k != "daemonId"}
+    more = {**item, "offset": 6, "data": base64.b64encode(b"more\n").decode()}
+    batch = {
+        "daemonId": "d1",
+        "chunks": [
+            more,
+            {**item, "offset": 99},
+            {**item, "data": "%%"},
+            {**item, "instanceId": "lakeshore-00000000"},
+            more,
+        ],
+    }
+    answers = call("POST", "/v1/dispatch/logchunks/batch", body=batch, token="daemon", expect=200).json()[
+        "answers"
+    ]
+    assert [(a["httpStatus"], a["body"].get("size") or a["body"].get("error")) for a in answers] == [
+        (200, 11),
+        (409, "log_gap"),
+        (422, "invalid_body"),
+        (404, "instance_not_found"),
+        (200, 11),
+    ]
+    call("POST", "/v1/dispatch/logchunks/batch", body={"daemonId": "d1"}, token="daemon", expect=422)
+    done_chunk = {**chunk, "offset": 11, "data": "", "final": True}
     call("POST", "/v1/dispatch/logchunks", body=done_chunk, token="daemon", expect=200)
     followed = call("GET", inst + "/logs?follow=true", expect=200)
-    assert followed.text == "hello\n" and followed.headers["X-Nymph-Log-Complete"] == "true"
+    assert followed.text == "hello\nmore\n" and followed.headers["X-Nymph-Log-Complete"] == "true"
     result = {"daemonId": "d1", "instanceId": iid, "path": "a/b.txt", "offset": 0, "data": chunk["data"]}
     call("POST", "/v1/dispatch/results", body={**result, "eof": True}, token="daemon", expect=200)
     call("POST", "/v1/dispatch/results", body={**result, "offset": 99}, token="daemon", expect=200)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nymph.launch.logcap import Dropped, Piece, keep_outside, overlap_skip, plan_drop, read_from
-from nymph.queue.errors import Conflict, NotFound
+from nymph.queue.errors import Conflict, NotFound, ServiceError
 from nymph.queue.models import DaemonSession
 from nymph.queue.sql import binding
 from nymph.queue.sql.dialect import Conn, for_update
@@ -193,6 +193,53 @@ def daemon_append(
         final=final,
         note=note,
     )
+
+
+@dataclass(frozen=True)
+class DaemonChunk:
+    """One log chunk a daemon ships (the body of ``POST /v1/dispatch/logchunks``)."""
+
+    instance_id: str
+    offset: int
+    data: bytes
+    cursor: str | None = None
+    final: bool = False
+    note: str | None = None
+
+
+_SAVEPOINT = "nymph_logchunk"
+
+
+def daemon_append_many(
+    conn: Conn, *, session: DaemonSession, chunks: list[DaemonChunk], cap: int, now: float
+) -> list[LogStatus | ServiceError]:
+    """:func:`daemon_append` for each of ``chunks``, in order, each in its own savepoint: one
+    the queue refuses (404, 403 ``not_instance_daemon``, 409 ``log_gap``) is rolled back alone
+    and answered with its refusal, the others go on."""
+    out: list[LogStatus | ServiceError] = []
+    for c in chunks:
+        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        try:
+            st = daemon_append(
+                conn,
+                session=session,
+                instance_id=c.instance_id,
+                offset=c.offset,
+                data=c.data,
+                cap=cap,
+                now=now,
+                cursor=c.cursor,
+                final=c.final,
+                note=c.note,
+            )
+        except ServiceError as exc:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+            out.append(exc)
+            continue
+        conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        out.append(st)
+    return out
 
 
 _OUTPUT_TABLES = ("log_chunks", "log_streams", "instance_logs", "result_files", "result_chunks")

@@ -17,17 +17,18 @@ import asyncio
 import base64
 import binascii
 import contextlib
+from typing import Any
 
 from aiohttp import web
 
 from nymph.protocol import now
-from nymph.queue.errors import Unprocessable
+from nymph.queue.errors import NotInstanceDaemon, ServiceError, Unprocessable
 from nymph.queue.http.bodies import Fields, query_flag, query_int, read_object
 from nymph.queue.http.caller import daemon_session
 from nymph.queue.http.keys import STORE
-from nymph.queue.http.routes.refusals import logged_refusal
+from nymph.queue.http.routes.refusals import log_refusal, logged_refusal
 from nymph.queue.output import follow_over
-from nymph.queue.sql.logchunks import LogStatus
+from nymph.queue.sql.logchunks import DaemonChunk, LogStatus
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"
@@ -131,28 +132,87 @@ async def _either(a: asyncio.Event, b: asyncio.Event, *, timeout: float) -> None
 # --- daemons ---------------------------------------------------------------------------------
 
 
-@routes.post("/v1/dispatch/logchunks")
-async def log_chunk(request: web.Request) -> web.Response:
-    f = Fields(await read_object(request))
-    f.reject_unknown({"daemonId", "instanceId", "offset", "data", "cursor", "final", "note"})
-    session = daemon_session(request, f, refuse_empty=False)
+_CHUNK_FIELDS = {"instanceId", "offset", "data", "cursor", "final", "note"}
+#: Chunks in one ``POST /v1/dispatch/logchunks/batch`` at most (the body's cap bounds the bytes).
+_MAX_BATCH = 500
+
+
+def _chunk(f: Fields) -> DaemonChunk:
+    """One chunk of a body (``f``: the body, or one item of a batch), checked."""
     instance_id = f.req_string("instanceId")
     offset = f.integer("offset", minimum=0, maximum=_MAX_OFFSET)
     encoded = f.text("data", required=False) or ""
     try:
         data = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
-        raise Unprocessable("body.data must be base64") from None
+        raise Unprocessable(f"{f.where}.data must be base64") from None
     if len(data) > _MAX_CHUNK:
-        raise Unprocessable(f"body.data holds more than {_MAX_CHUNK} bytes: ship smaller chunks")
+        raise Unprocessable(f"{f.where}.data holds more than {_MAX_CHUNK} bytes: ship smaller chunks")
+    return DaemonChunk(
+        instance_id=instance_id,
+        offset=offset,
+        data=data,
+        cursor=f.string("cursor", required=False, max_len=1024),
+        final=f.boolean("final", default=False),
+        note=f.string("note", required=False, max_len=2000),
+    )
+
+
+def _answer(st: LogStatus, instance_id: str) -> dict[str, Any]:
+    return {"instanceId": instance_id, "size": st.total, "complete": st.complete}
+
+
+@routes.post("/v1/dispatch/logchunks")
+async def log_chunk(request: web.Request) -> web.Response:
+    f = Fields(await read_object(request))
+    f.reject_unknown({"daemonId", *_CHUNK_FIELDS})
+    session = daemon_session(request, f, refuse_empty=False)
+    chunk = _chunk(f)
     with logged_refusal(session=session, route="logchunks"):
         st = await request.app[STORE].output.daemon_append(
             session=session,
-            instance_id=instance_id,
-            offset=offset,
-            data=data,
-            cursor=f.string("cursor", required=False, max_len=1024),
-            final=f.boolean("final", default=False),
-            note=f.string("note", required=False, max_len=2000),
+            instance_id=chunk.instance_id,
+            offset=chunk.offset,
+            data=chunk.data,
+            cursor=chunk.cursor,
+            final=chunk.final,
+            note=chunk.note,
         )
-    return web.json_response({"instanceId": instance_id, "size": st.total, "complete": st.complete})
+    return web.json_response(_answer(st, chunk.instance_id))
+
+
+@routes.post("/v1/dispatch/logchunks/batch")
+async def log_chunk_batch(request: web.Request) -> web.Response:
+    """Many chunks in one request and one transaction, each answered (``httpStatus`` and
+    ``body``) as :func:`log_chunk` would answer it alone."""
+    f = Fields(await read_object(request))
+    f.reject_unknown({"daemonId", "chunks"})
+    session = daemon_session(request, f, refuse_empty=False)
+    raws = f.objects("chunks", max_items=_MAX_BATCH)
+    parsed: list[DaemonChunk | ServiceError] = []
+    for i, raw in enumerate(raws):
+        item = Fields(raw, where=f"body.chunks[{i}]")
+        try:
+            item.reject_unknown(_CHUNK_FIELDS)
+            parsed.append(_chunk(item))
+        except ServiceError as exc:
+            parsed.append(exc)
+    chunks = [p for p in parsed if isinstance(p, DaemonChunk)]
+    stored = iter(
+        await request.app[STORE].output.daemon_append_many(session=session, chunks=chunks) if chunks else []
+    )
+    answers = []
+    for raw, p in zip(raws, parsed, strict=True):
+        outcome = next(stored) if isinstance(p, DaemonChunk) else p
+        instance_id = raw.get("instanceId") if isinstance(raw.get("instanceId"), str) else None
+        if isinstance(outcome, NotInstanceDaemon):
+            log_refusal(outcome, session=session, route="logchunks/batch")
+        if isinstance(outcome, ServiceError):
+            error = {"error": outcome.code, "detail": outcome.detail}
+            answers.append({"instanceId": instance_id, "httpStatus": outcome.status, "body": error})
+        else:
+            assert instance_id is not None
+            answers.append(
+                {"instanceId": instance_id, "httpStatus": 200, "body": _answer(outcome, instance_id)}
+            )
+    return web.json_response({"answers": answers})

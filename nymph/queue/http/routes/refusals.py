@@ -14,21 +14,26 @@ from nymph.queue.models import DaemonSession
 log = structlog.get_logger(__name__, component="queue.dispatch")
 
 
+def log_refusal(exc: NotInstanceDaemon, *, session: DaemonSession, route: str) -> None:
+    """The log line of one refused write (an item of a batch, answered with it)."""
+    log.warning(
+        "dispatch write refused: not the instance's daemon",
+        route=route,
+        action=exc.action,
+        instance=exc.instance_id,
+        daemon=session.daemon_id,
+        node=session.node,
+        session=session.session_id,
+        namespaces=list(session.namespaces),
+        scope=session.scope,
+    )
+
+
 @contextmanager
 def logged_refusal(*, session: DaemonSession, route: str) -> Iterator[None]:
     """Log (and re-raise) a :class:`NotInstanceDaemon` raised inside."""
     try:
         yield
     except NotInstanceDaemon as exc:
-        log.warning(
-            "dispatch write refused: not the instance's daemon",
-            route=route,
-            action=exc.action,
-            instance=exc.instance_id,
-            daemon=session.daemon_id,
-            node=session.node,
-            session=session.session_id,
-            namespaces=list(session.namespaces),
-            scope=session.scope,
-        )
+        log_refusal(exc, session=session, route=route)
         raise
