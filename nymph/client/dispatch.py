@@ -34,6 +34,7 @@ SESSION_LOST_CODES = frozenset({"session_expired", "unknown_session", "session_r
 
 #: The batch form of ``/v1/dispatch/complete`` (queues older than it answer 404 ``not_found``).
 COMPLETIONS_PATH = "/v1/dispatch/completions"
+LOGCHUNKS_BATCH_PATH = "/v1/dispatch/logchunks/batch"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class DispatchClient(Transport):
         self._register_lock = asyncio.Lock()
         #: The queue has no batch route for completions: send them one at a time.
         self._single_completions = False
+        self._single_chunks = False
 
     async def register(self, *, identity: DaemonIdentity) -> SessionJSON:
         """Register ``identity`` with the client's (bootstrap) token; later dispatch calls use
@@ -263,20 +265,51 @@ class DispatchClient(Transport):
         note: str | None = None,
     ) -> dict[str, Any]:
         """Ship the log of ``instance_id`` from byte ``offset``; overlaps are de-duplicated by the queue."""
-        body: dict[str, Any] = {
+        body = {
             "daemonId": daemon_id,
-            "instanceId": instance_id,
-            "offset": offset,
-            "data": base64.b64encode(data).decode("ascii"),
-            "final": final,
+            **_chunk_body(
+                instance_id=instance_id, offset=offset, data=data, cursor=cursor, final=final, note=note
+            ),
         }
-        if cursor is not None:
-            body["cursor"] = cursor
-        if note is not None:
-            body["note"] = note[:2000]
         identity = self._identity(daemon_id=daemon_id)
         answer = await self._dispatch("POST", "/v1/dispatch/logchunks", identity=identity, json=body)
         return cast(dict[str, Any], answer)
+
+    async def ship_log_chunks(
+        self, *, daemon_id: str, chunks: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any] | QueueError]:
+        """Ship many chunks (each the keywords of :meth:`ship_log_chunk`) in one request; per
+        chunk, in order, the answer :meth:`ship_log_chunk` would return or the
+        :class:`QueueError` it would raise. A queue without the batch route (404: one older than
+        it) gets one :meth:`ship_log_chunk` each, from then on. A failure of the whole request
+        (the queue unreachable, a 5xx) is raised: nothing of it was stored."""
+        if not chunks:
+            return []
+        if self._single_chunks:
+            return await self._ship_each(daemon_id=daemon_id, chunks=chunks)
+        body = {"daemonId": daemon_id, "chunks": [_chunk_body(**c) for c in chunks]}
+        identity = self._identity(daemon_id=daemon_id)
+        try:
+            answer = await self._dispatch("POST", LOGCHUNKS_BATCH_PATH, identity=identity, json=body)
+        except QueueNotFound:
+            # The batch route itself never answers 404 (each item has its own answer): this is
+            # a queue older than it.
+            self._single_chunks = True
+            return await self._ship_each(daemon_id=daemon_id, chunks=chunks)
+        return _batch_answers(answer, count=len(chunks), what="log chunk")
+
+    async def _ship_each(
+        self, *, daemon_id: str, chunks: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any] | QueueError]:
+        out: list[dict[str, Any] | QueueError] = []
+        for c in chunks:
+            try:
+                out.append(await self.ship_log_chunk(daemon_id=daemon_id, **c))
+            except (QueueUnavailable, QueueRegistrationRefused):
+                raise  # not about the item: the caller sends them all again later
+            except QueueError as exc:
+                out.append(exc)
+        return out
 
     async def upload_result(
         self,
@@ -319,26 +352,52 @@ def _completion_body(c: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
+def _chunk_body(
+    *,
+    instance_id: str,
+    offset: int,
+    data: bytes,
+    cursor: str | None = None,
+    final: bool = False,
+    note: str | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "instanceId": instance_id,
+        "offset": offset,
+        "data": base64.b64encode(data).decode("ascii"),
+        "final": final,
+    }
+    if cursor is not None:
+        body["cursor"] = cursor
+    if note is not None:
+        body["note"] = note[:2000]
+    return body
+
+
 def _completion_answers(answer: object, *, count: int) -> list[CompleteAnswer | QueueError]:
-    """Each item of a batch answer as :meth:`DispatchClient.complete` would have it: its body,
-    or the error its status and code make (a 5xx item, or an answer of another shape, raises)."""
+    """Each item of a batch answer as :meth:`DispatchClient.complete` would have it."""
+    return cast(list[CompleteAnswer | QueueError], _batch_answers(answer, count=count, what="completion"))
+
+
+def _batch_answers(answer: object, *, count: int, what: str) -> list[dict[str, Any] | QueueError]:
+    """Each item of a batch answer (``answers``: ``httpStatus`` and ``body`` per item) as the
+    single call would have it: its body, or the error its status and code make (a 5xx item, or
+    an answer of another shape, raises)."""
     items = answer.get("answers") if isinstance(answer, dict) else None
     if not isinstance(items, list) or len(items) != count or not all(isinstance(i, dict) for i in items):
-        raise QueueUnavailable("the queue answered a batch of completions without one answer per completion")
-    out: list[CompleteAnswer | QueueError] = []
+        raise QueueUnavailable(f"the queue answered a batch of {what}s without one answer per {what}")
+    out: list[dict[str, Any] | QueueError] = []
     for item in items:
         status, body = item.get("httpStatus"), item.get("body")
         if not isinstance(status, int) or not isinstance(body, dict):
-            raise QueueUnavailable("the queue answered a completion without a status and a body")
+            raise QueueUnavailable(f"the queue answered a {what} without a status and a body")
         if status < 300:
-            out.append(cast(CompleteAnswer, body))
+            out.append(body)
             continue
         code = body.get("error") if isinstance(body.get("error"), str) else None
         detail = str(body.get("detail") or f"HTTP {status}")
         if status >= 500:
-            raise QueueUnavailable(
-                f"the queue failed on a completion: {detail} (HTTP {status})", status=status
-            )
+            raise QueueUnavailable(f"the queue failed on a {what}: {detail} (HTTP {status})", status=status)
         cls = BY_CODE.get(code or "") or BY_STATUS.get(status, QueueError)
         out.append(cls(f"{detail} (HTTP {status})", status=status, code=code, detail=detail))
     return out

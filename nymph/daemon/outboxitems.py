@@ -75,8 +75,10 @@ def next_batch(
     """The next send from ``items`` (not empty): the items it takes, in their order, the first
     among them, and its kind.
 
-    A send is a run of reports of one stream and completions (at most ``max_items``, under
-    ``max_bytes`` as written), else the first item alone (its kind is that item's). A run goes
+    A send is a run of reports of one stream and completions, or a run of log chunks (at most
+    ``max_items``, under ``max_bytes`` as written), else the first item alone (its kind is that
+    item's). A run of log chunks is the chunks at the head, in their order (one request). A run
+    of reports and completions goes
     out as two requests, one for its completions and one for its reports; its kind says which
     goes first (``complete`` or ``report``), chosen so the reports and completions of one
     instance still reach the queue in the order they were made: a completion after a report on
@@ -91,6 +93,8 @@ def next_batch(
     ``max_items`` items are looked at."""
     first = items[0]
     kind = str(first["kind"])
+    if kind == "logchunk":
+        return kind, _chunk_run(items, max_items=max_items, max_bytes=max_bytes)
     if kind not in ("report", "complete"):
         return kind, [first]
     batch: list[dict[str, Any]] = []
@@ -129,6 +133,19 @@ def next_batch(
         else:
             completed.add(instance)
     return first_sent or kind, batch
+
+
+def _chunk_run(items: Sequence[dict[str, Any]], *, max_items: int, max_bytes: int) -> list[dict[str, Any]]:
+    run: list[dict[str, Any]] = []
+    size = 0
+    for item in items:
+        if item["kind"] != "logchunk" or len(run) >= max_items:
+            break
+        size += int(item.get("_bytes") or 0)
+        if run and size > max_bytes:
+            break
+        run.append(item)
+    return run
 
 
 class Syncable(Protocol):

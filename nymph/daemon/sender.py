@@ -9,7 +9,10 @@ batch is then sent again one report at a time, so only the refused ones are drop
 An outbox batch of completions and reports (see :func:`nymph.daemon.outboxitems.next_batch`)
 goes out as one request for its completions (``POST /v1/dispatch/completions``, or one
 ``complete`` each to a queue without it) and one for its reports, in the order the batch's kind
-says (``report``: its reports first). Each completion's own answer
+says (``report``: its reports first). A run of log chunks goes out as one request
+(``POST /v1/dispatch/logchunks/batch``, or one chunk each to a queue without it), each chunk
+settled by its own answer: one refused for good is dropped (logged), one the queue cannot take
+now keeps the whole run for a later try (a chunk sent twice changes nothing). Each completion's own answer
 settles it as a single call's would; one the queue cannot take now (a 5xx, no answer) keeps the
 whole batch for a later try, which the queue answers the same way (completions are idempotent
 per task, reports per stream and seq).
@@ -64,16 +67,7 @@ class QueueSender:
                 if kind == "complete" and reports:
                     await self._reports(reports)
             elif kind == "logchunk":
-                item = batch[0]
-                await self.client.ship_log_chunk(
-                    daemon_id=self.daemon_id,
-                    instance_id=item["instanceId"],
-                    offset=int(item["offset"]),
-                    data=base64.b64decode(item.get("data") or ""),
-                    cursor=item.get("cursor"),
-                    final=bool(item.get("final")),
-                    note=item.get("note"),
-                )
+                await self._chunks(batch)
             elif kind == "logs":
                 item = batch[0]
                 await self.client.upload_logs(
@@ -110,6 +104,36 @@ class QueueSender:
                     seq=report.get("seq"),
                     detail=str(exc)[:300],
                 )
+
+    async def _chunks(self, items: list[dict[str, Any]]) -> None:
+        """Ship log chunks in one request; drop (logged) each the queue refused for good."""
+        chunks = [
+            {
+                "instance_id": item["instanceId"],
+                "offset": int(item["offset"]),
+                "data": base64.b64decode(item.get("data") or ""),
+                "cursor": item.get("cursor"),
+                "final": bool(item.get("final")),
+                "note": item.get("note"),
+            }
+            for item in items
+        ]
+        if len(chunks) == 1:  # alone, as a single call: a refusal for good drops it (DropItem)
+            await self.client.ship_log_chunk(daemon_id=self.daemon_id, **chunks[0])
+            return
+        answers = await self.client.ship_log_chunks(daemon_id=self.daemon_id, chunks=chunks)
+        for item, answer in zip(items, answers, strict=True):
+            if not isinstance(answer, QueueError):
+                continue
+            if isinstance(answer, (QueueConflict, QueueNotFound, QueueBadRequest, QueueNotInstanceDaemon)):
+                self.log.warning(
+                    "queue refused a log chunk; dropping it",
+                    instance=item["instanceId"],
+                    offset=item["offset"],
+                    detail=str(answer)[:300],
+                )
+            else:
+                raise answer  # not about the chunk (e.g. the session): kept, retried
 
     async def _completions(self, items: list[dict[str, Any]]) -> None:
         """Send ``items`` in one request; settle each the queue took or refused for good."""

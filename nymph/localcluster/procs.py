@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+#: Ports :func:`free_port` handed out lately: the kernel may give a port just released to the
+#: next bind, so two listeners picked one after the other could otherwise get the same one.
+_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=512)
+_PORTS_LOCK = threading.Lock()
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free 127.0.0.1 TCP port, never one this process was given in its last 512 calls."""
+    with _PORTS_LOCK:
+        for _ in range(64):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _RECENT_PORTS:
+                break
+        _RECENT_PORTS.append(port)
+        return port
 
 
 def port_free(host: str, port: int) -> bool:

@@ -27,6 +27,8 @@ from tests.support.queue_helpers import Queue, start_app
 
 BATCH = "/v1/dispatch/completions"
 SINGLE = "/v1/dispatch/complete"
+CHUNKS = "/v1/dispatch/logchunks/batch"
+CHUNK = "/v1/dispatch/logchunks"
 
 
 class CountingClient(QueueClient):
@@ -49,7 +51,7 @@ async def old_queue(kind: Queue) -> AsyncIterator[str]:
     session = aiohttp.ClientSession()
 
     async def forward(request: web.Request) -> web.StreamResponse:
-        if request.path == BATCH:
+        if request.path in (BATCH, CHUNKS):
             return web.json_response({"error": "not_found", "detail": "no such route"}, status=404)
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
         async with session.request(
@@ -119,8 +121,8 @@ async def test_launches_reported_then_completed_go_in_two_requests_reports_first
 ) -> None:
     """Launches whose "starting" report, log chunk and completion wait in the outbox together
     (as each applied launch leaves them) reach the queue as one report request, then one
-    completion request, then their log chunks: each instance's report before its completion,
-    all of them taken."""
+    completion request, then one for their log chunks: each instance's report before its
+    completion, all of them taken."""
     d = Daemon(kind, tmp_path / "state")
     tasks = await d.claim(kind, 5)
     d.client.order.clear()
@@ -130,7 +132,7 @@ async def test_launches_reported_then_completed_go_in_two_requests_reports_first
         d.outbox.log_chunk(instance_id=iid, offset=0, data=b"", final=True)
         d.outbox.complete(task_id=t["taskId"], ok=True, instance=iid)
     await d.flush()
-    assert d.client.order == ["/v1/dispatch/report", BATCH, *["/v1/dispatch/logchunks"] * 5]
+    assert d.client.order == ["/v1/dispatch/report", BATCH, CHUNKS]
     assert await _statuses(kind, tasks) == ["done"] * 5
     for t in tasks:
         inst = await kind.user().get_instance(provider="kind", instance_id=t["instanceId"])
@@ -175,6 +177,57 @@ async def test_a_queue_without_the_batch_route_gets_single_calls(
     assert d.client.paths[BATCH] == 1 and d.client.paths[SINGLE] == 4
     assert await _statuses(kind, tasks) == ["done"] * 4
     assert d.leases.held == {}
+
+
+async def _logs(q: Queue, tasks: list[TaskJSON]) -> list[str]:
+    user = q.user()
+    return [str(await user.get_logs(provider="kind", instance_id=t["instanceId"])) for t in tasks]
+
+
+async def test_log_chunks_queued_together_go_in_one_request_and_a_refused_one_is_dropped(
+    kind: Queue, tmp_path: Path
+) -> None:
+    """Log chunks waiting in the outbox together reach the queue in one request, in order (two
+    of one instance end to end), each settled by its own answer: one for an instance the queue
+    does not know is dropped, not retried, and costs the others nothing."""
+    d = Daemon(kind, tmp_path / "state")
+    tasks = await d.claim(kind, 3)
+    d.client.order.clear()
+    for t in tasks:
+        d.outbox.log_chunk(instance_id=t["instanceId"], offset=0, data=f"{t['instanceId']}\n".encode())
+    d.outbox.log_chunk(instance_id="lakeshore-00000000", offset=0, data=b"nobody's")
+    first = tasks[0]["instanceId"]
+    d.outbox.log_chunk(instance_id=first, offset=len(first) + 1, data=b"more\n")
+    await d.flush()
+    assert d.client.order == [CHUNKS]
+    assert await _logs(kind, tasks) == [
+        f"{tasks[0]['instanceId']}\nmore\n",
+        *[f"{t['instanceId']}\n" for t in tasks[1:]],
+    ]
+    assert d.outbox.pending == 0
+
+
+async def test_log_chunks_go_one_each_to_a_queue_without_the_batch_route(
+    kind: Queue, old_queue: str, tmp_path: Path
+) -> None:
+    """An older queue answers the chunk batch route 404: the chunks go one request each, and
+    later ones do not try the batch route again."""
+    d = Daemon(kind, tmp_path / "state", url=old_queue)
+    tasks = await d.claim(kind, 3)
+    for t in tasks[:2]:
+        d.outbox.log_chunk(instance_id=t["instanceId"], offset=0, data=b"one\n")
+    runner = asyncio.create_task(d.outbox.run(d.sender))
+    try:
+        assert await d.outbox.flush(timeout=20)
+        assert d.client.paths[CHUNKS] == 1 and d.client.paths[CHUNK] == 2
+        d.outbox.log_chunk(instance_id=tasks[2]["instanceId"], offset=0, data=b"one\n")
+        d.outbox.log_chunk(instance_id=tasks[2]["instanceId"], offset=4, data=b"two\n")
+        assert await d.outbox.flush(timeout=20)
+    finally:
+        runner.cancel()
+        await d.client.close()
+    assert d.client.paths[CHUNKS] == 1 and d.client.paths[CHUNK] == 4
+    assert await _logs(kind, tasks) == ["one\n", "one\n", "one\ntwo\n"]
 
 
 async def test_completions_saved_before_a_kill_are_sent_after_the_restart(
@@ -274,6 +327,14 @@ def test_a_batch_keeps_each_instances_order() -> None:
         ["t1"],
     )
     assert next_batch([chunk, complete("t1", "a")], max_items=200, max_bytes=10_000) == ("logchunk", [chunk])
+    two = {**chunk, "instanceId": "b"}
+    run = [chunk, two, complete("t1", "a"), dict(chunk)]
+    assert next_batch(run, max_items=200, max_bytes=10_000) == (
+        "logchunk",
+        [chunk, two],
+    )  # the chunks at the head
+    assert next_batch(run, max_items=1, max_bytes=10_000) == ("logchunk", [chunk])
+    assert next_batch(run, max_items=200, max_bytes=15) == ("logchunk", [chunk])
     chunks = [complete("t0", "z"), *[dict(chunk) for _ in range(50)], complete("t1", "a")]
     # looking at SCAN_FACTOR * max_items items at most
     assert [i["taskId"] for i in next_batch(chunks, max_items=10, max_bytes=10_000)[1]] == ["t0"]

@@ -11,6 +11,7 @@ import functools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -191,8 +192,9 @@ def _ray_unavailable(message: str) -> None:
 
 
 def _ray_ports() -> list[str]:
-    from nymph.localcluster.cluster import free_port
-
+    """A free 127.0.0.1 port for each of the head's listeners, all different: they are bound at
+    once (a port picked and released one at a time can come back for the next listener, and
+    Ray refuses to start with two components on one port)."""
     names = (
         "port",
         "dashboard-port",
@@ -204,7 +206,13 @@ def _ray_ports() -> list[str]:
         "node-manager-port",
         "object-manager-port",
     )
-    return [f"--{n}={free_port()}" for n in names]
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in names]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        ports = [int(sock.getsockname()[1]) for sock in socks]
+    assert len(set(ports)) == len(ports)
+    return [f"--{n}={port}" for n, port in zip(names, ports, strict=True)]
 
 
 RAY_MARK = "NYMPH_TEST_RAY_HEAD"

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client, config, watch
 from nymph.kube.binaries import kubectl_path
 from nymph.launch.state import InstanceState, Reason, pod_reason, pod_state
 from nymph.localcluster import LocalCluster
+from nymph.localcluster.procs import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -282,3 +283,11 @@ def test_stop_leaves_no_process_behind(tmp_path: Path, kube: LocalCluster) -> No
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_free_port_never_hands_out_a_port_twice_in_a_row_of_listeners() -> None:
+    """Ports picked one after the other for the listeners of one start are all different, even
+    though each is released before the next is picked (the kernel may offer it again)."""
+    ports = [free_port() for _ in range(400)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 < p < 65536 for p in ports)
