@@ -69,23 +69,67 @@ def parse_line(line: str, index: int) -> dict[str, Any] | None:
     return item
 
 
+#: Requests a run of reports and completions goes out in at most (their kinds alternating).
+MAX_PHASES = 4
+
+
+class _Phases:
+    """Places the reports and completions of a run, in their order, in the requests it goes out
+    in (phases: phase ``i`` carries ``kinds[i % 2]``, sent one after the other). An item goes in
+    the earliest phase of its kind that keeps its instance's order (with its instance's last
+    item when of the same kind, after it when not) and, for a report, its stream's: no earlier
+    than the last report placed (the queue ignores a seq at or below one it applied). A
+    completion whose instance is not known (from an older daemon's file) goes only before any
+    report, and every report after it in a later phase."""
+
+    def __init__(self, first: str) -> None:
+        self.kinds = (first, "complete" if first == "report" else "report")
+        self.last: dict[str, int] = {}  # instance -> the phase of its last item
+        self.report_floor = 0
+        self.reported = False
+
+    def _from(self, kind: str, phase: int) -> int:
+        """The first phase of ``kind`` at or after ``phase``."""
+        return phase if self.kinds[phase % 2] == kind else phase + 1
+
+    def fit(self, item: dict[str, Any]) -> int | None:
+        """The phase ``item`` would go in, or None when it needs one past :data:`MAX_PHASES`."""
+        kind, instance = str(item["kind"]), item.get("instanceId")
+        if kind == "complete" and not isinstance(instance, str):
+            return None if self.reported else self._from(kind, 0)
+        prev = self.last.get(str(instance))
+        if prev is None:
+            phase = self._from(kind, 0)
+        else:
+            phase = self._from(kind, prev if self.kinds[prev % 2] == kind else prev + 1)
+        if kind == "report":
+            phase = max(phase, self._from(kind, self.report_floor))
+        return phase if phase < MAX_PHASES else None
+
+    def place(self, item: dict[str, Any], phase: int) -> None:
+        instance = item.get("instanceId")
+        if item["kind"] == "report":
+            self.reported = True
+            self.report_floor = phase
+        elif not isinstance(instance, str):
+            self.report_floor = max(self.report_floor, phase + 1)
+            return
+        self.last[str(instance)] = phase
+
+
 def next_batch(
     items: Sequence[dict[str, Any]], *, max_items: int, max_bytes: int
 ) -> tuple[str, list[dict[str, Any]]]:
-    """The next send from ``items`` (not empty): the items it takes, in their order, the first
-    among them, and its kind.
+    """The next send from ``items`` (not empty): its kind (its first item's) and the items it
+    takes, in their order, the first among them.
 
     A send is a run of reports of one stream and completions, or a run of log chunks (at most
-    ``max_items``, under ``max_bytes`` as written), else the first item alone (its kind is that
-    item's). A run of log chunks is the chunks at the head, in their order (one request). A run
-    of reports and completions goes
-    out as two requests, one for its completions and one for its reports; its kind says which
-    goes first (``complete`` or ``report``), chosen so the reports and completions of one
-    instance still reach the queue in the order they were made: a completion after a report on
-    its instance makes the reports go first, a report after a completion on its instance the
-    completions, and the item that would need the other order ends the run. A completion whose
-    instance is not known (from an older daemon's file) joins only before any report, and
-    makes the completions go first.
+    ``max_items``, under ``max_bytes`` as written), else the first item alone. A run of log
+    chunks is the chunks at the head, in their order (one request). A run of reports and
+    completions goes out in at most :data:`MAX_PHASES` requests, reports and completions in
+    turn (:func:`sends`), so that the reports and completions of one instance reach the queue
+    in the order they were made and a stream's reports in theirs; the item that would need
+    one more request ends the run.
 
     Log chunks are passed over, not taken (they go in sends of their own, in their order): a
     log is a stream of its own, which the queue orders by offset, so a run does not end at
@@ -98,41 +142,41 @@ def next_batch(
     if kind not in ("report", "complete"):
         return kind, [first]
     batch: list[dict[str, Any]] = []
+    phases = _Phases(kind)
     stream: object = None
-    reported: set[object] = set()
-    completed: set[object] = set()
-    first_sent: str | None = None  # which kind goes first, once an instance needs one
     size = 0
     for looked, item in enumerate(items):
         if len(batch) >= max_items or looked >= max_items * SCAN_FACTOR:
             break
-        instance = item.get("instanceId")
         if item["kind"] == "logchunk":
             continue
-        if item["kind"] == "report":
-            if stream is not None and item["stream"] != stream:
-                break
-            need = "complete" if instance in completed else None
-        elif item["kind"] == "complete":
-            if not isinstance(instance, str):
-                need = "complete" if not reported else "never"
-            else:
-                need = "report" if instance in reported else None
-        else:
+        if item["kind"] not in ("report", "complete"):
             break
-        if need == "never" or (need is not None and first_sent not in (None, need)):
+        if item["kind"] == "report" and stream is not None and item["stream"] != stream:
             break
+        phase = phases.fit(item)
         size += int(item.get("_bytes") or 0)
-        if batch and size > max_bytes:
+        if phase is None or (batch and size > max_bytes):
             break
-        first_sent = first_sent or need
+        phases.place(item, phase)
         batch.append(item)
         if item["kind"] == "report":
             stream = item["stream"]
-            reported.add(instance)
-        else:
-            completed.add(instance)
-    return first_sent or kind, batch
+    return kind, batch
+
+
+def sends(batch: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The requests a run of reports and completions from :func:`next_batch` goes out in, in
+    order: ``(kind, items)`` per phase that has any."""
+    phases = _Phases(str(batch[0]["kind"]))
+    groups: list[list[dict[str, Any]]] = [[] for _ in range(MAX_PHASES)]
+    for item in batch:
+        phase = phases.fit(item)
+        if phase is None:
+            raise ValueError("not a run of next_batch: an item needs one request too many")
+        phases.place(item, phase)
+        groups[phase].append(item)
+    return [(phases.kinds[i % 2], group) for i, group in enumerate(groups) if group]
 
 
 def _chunk_run(items: Sequence[dict[str, Any]], *, max_items: int, max_bytes: int) -> list[dict[str, Any]]:

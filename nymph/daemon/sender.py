@@ -7,9 +7,9 @@ holds its task). The queue refuses a report batch whole when one of its reports 
 batch is then sent again one report at a time, so only the refused ones are dropped.
 
 An outbox batch of completions and reports (see :func:`nymph.daemon.outboxitems.next_batch`)
-goes out as one request for its completions (``POST /v1/dispatch/completions``, or one
-``complete`` each to a queue without it) and one for its reports, in the order the batch's kind
-says (``report``: its reports first). A run of log chunks goes out as one request
+goes out in a few requests, reports and completions in turn (:func:`~nymph.daemon.outboxitems.sends`),
+each request for completions one ``POST /v1/dispatch/completions`` (or one ``complete`` each to a
+queue without it). A request of it refused for good is dropped and the others still go. A run of log chunks goes out as one request
 (``POST /v1/dispatch/logchunks/batch``, or one chunk each to a queue without it), each chunk
 settled by its own answer: one refused for good is dropped (logged), one the queue cannot take
 now keeps the whole run for a later try (a chunk sent twice changes nothing). Each completion's own answer
@@ -36,7 +36,7 @@ from nymph.client import (
 from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
-from nymph.daemon.outboxitems import DropItem
+from nymph.daemon.outboxitems import DropItem, sends
 from nymph.logsetup import get_logger
 
 #: Outbox fields that are not part of the report the queue receives.
@@ -59,13 +59,8 @@ class QueueSender:
         t0 = time.monotonic()
         try:
             if kind in ("report", "complete"):
-                completions = [i for i in batch if i["kind"] == "complete"]
-                reports = [i for i in batch if i["kind"] == "report"]
-                if kind == "report" and reports:
-                    await self._reports(reports)
-                await self._completions(completions)
-                if kind == "complete" and reports:
-                    await self._reports(reports)
+                for part, items in sends(batch):
+                    await self._part(part, items, alone=len(batch) == len(items))
             elif kind == "logchunk":
                 await self._chunks(batch)
             elif kind == "logs":
@@ -104,6 +99,24 @@ class QueueSender:
                     seq=report.get("seq"),
                     detail=str(exc)[:300],
                 )
+
+    async def _part(self, kind: str, items: list[dict[str, Any]], *, alone: bool) -> None:
+        """One request of a batch of reports and completions. Refused for good, it is dropped
+        (logged) and the batch's other requests still go (raised as :class:`DropItem` when it
+        is the whole batch)."""
+        try:
+            if kind == "report":
+                await self._reports(items)
+            else:
+                await self._completions(items)
+        except QueueRegistrationRefused:
+            raise
+        except (QueueConflict, QueueNotFound, QueueBadRequest, QueueNotInstanceDaemon) as exc:
+            if alone:
+                raise
+            self.log.warning(
+                "queue refused a request of a batch; dropping it", kind=kind, detail=str(exc)[:300]
+            )
 
     async def _chunks(self, items: list[dict[str, Any]]) -> None:
         """Ship log chunks in one request; drop (logged) each the queue refused for good."""

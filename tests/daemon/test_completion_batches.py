@@ -20,7 +20,7 @@ from nymph.daemon.diskhealth import DiskHealth
 from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
-from nymph.daemon.outboxitems import next_batch
+from nymph.daemon.outboxitems import next_batch, sends
 from nymph.daemon.sender import QueueSender
 from nymph.protocol import TaskJSON
 from tests.support.queue_helpers import Queue, start_app
@@ -73,24 +73,25 @@ class Daemon:
     """The parts of a daemon that complete tasks: a client, the lease ledger, the outbox and the
     sender (one per "process": a new one over the same state directory is a restart)."""
 
-    def __init__(self, q: Queue, state: Path, *, url: str | None = None) -> None:
+    def __init__(self, q: Queue, state: Path, *, url: str | None = None, daemon_id: str = "d1") -> None:
+        self.id = daemon_id
         self.client = CountingClient(
             base_url=url or q.url,
             token=q.daemon_token,
             timeout=20,
-            daemon=DaemonIdentity(daemon_id="d1", node="n1"),
+            daemon=DaemonIdentity(daemon_id=daemon_id, node=f"node-{daemon_id}"),
         )
         self.outbox = Outbox(state)
         self.leases = LeaseLedger(outbox=self.outbox, disk=DiskHealth())
         self.sender = QueueSender(
-            daemon_id="d1", client=self.client, leases=self.leases, outbox=self.outbox, metrics=Metrics()
+            daemon_id=daemon_id, client=self.client, leases=self.leases, outbox=self.outbox, metrics=Metrics()
         )
 
     async def claim(self, q: Queue, count: int) -> list[TaskJSON]:
         user = q.user()
         for i in range(count):
             await user.launch(provider="kind", mode="small", script=f"print({i})")
-        tasks = await self.client.claim(daemon_id="d1", node="n1", capacity=count, wait=0)
+        tasks = await self.client.claim(daemon_id=self.id, node=f"node-{self.id}", capacity=count, wait=0)
         assert len(tasks) == count
         for t in tasks:
             self.leases.hold(t["taskId"], t)
@@ -207,6 +208,26 @@ async def test_log_chunks_queued_together_go_in_one_request_and_a_refused_one_is
     assert d.outbox.pending == 0
 
 
+async def test_a_request_of_a_batch_refused_for_good_costs_the_others_nothing(
+    kind: Queue, tmp_path: Path
+) -> None:
+    """A batch going out in two requests: the first (a report on another daemon's instance,
+    403 not_instance_daemon) is dropped, and the second (this daemon's completion) still goes
+    and is taken."""
+    other = Daemon(kind, tmp_path / "other", daemon_id="d2")
+    [theirs] = await other.claim(kind, 1)
+    d = Daemon(kind, tmp_path / "state")
+    [mine] = await d.claim(kind, 1)
+    d.client.order.clear()
+    d.outbox.report(instance_id=theirs["instanceId"], state="running")
+    d.outbox.complete(task_id=mine["taskId"], ok=True, instance=theirs["instanceId"])
+    await d.flush()
+    await other.client.close()
+    assert d.client.order == ["/v1/dispatch/report", BATCH]
+    assert await _statuses(kind, [mine]) == ["done"]
+    assert d.outbox.pending == 0
+
+
 async def test_log_chunks_go_one_each_to_a_queue_without_the_batch_route(
     kind: Queue, old_queue: str, tmp_path: Path
 ) -> None:
@@ -284,13 +305,12 @@ async def test_a_batch_sent_again_after_a_kill_is_answered_the_same(kind: Queue,
 
 
 def test_a_batch_keeps_each_instances_order() -> None:
-    """A send takes the run of reports and completions at the head of the outbox and says
-    which of the two goes first, so that each instance's reports and completions keep their
-    order: a completion after a report on its instance sends the reports first, a report after
-    a completion on its instance the completions first, and the item that would need the other
-    order ends the run; one of unknown instance joins only before any report. Log chunks are
-    passed over (left, in their order, for sends of their own); anything else (a log tail)
-    ends the run."""
+    """A send takes the run of reports and completions at the head of the outbox and sends it
+    in at most MAX_PHASES requests, reports and completions in turn, so that each instance's
+    reports and completions keep their order and a stream's reports theirs (the queue ignores
+    a seq below one it applied); the item that would need one more request ends the run, and
+    one of unknown instance joins only before any report. Log chunks are passed over (left, in
+    their order, for sends of their own); anything else (a log tail) ends the run."""
 
     def report(instance: str) -> dict[str, Any]:
         return {"kind": "report", "stream": "s", "instanceId": instance, "_bytes": 10}
@@ -301,31 +321,44 @@ def test_a_batch_keeps_each_instances_order() -> None:
             item["instanceId"] = instance
         return item
 
-    def batch(*items: dict[str, Any]) -> tuple[str, list[str]]:
-        kind, taken = next_batch(list(items), max_items=200, max_bytes=10_000)
-        return kind, [str(i.get("taskId") or i["instanceId"]) for i in taken]
+    def name(item: dict[str, Any]) -> str:
+        return str(item.get("taskId") or item["instanceId"])
 
-    assert batch(complete("t1", None), report("a"), complete("t2", "b"), report("b")) == (
-        "complete",
-        ["t1", "a", "t2", "b"],
-    )
-    # each launch: "starting", then its task's completion: one send, reports first
-    launches = [item for i in range(5) for item in (report(f"i{i}"), complete(f"t{i}", f"i{i}"))]
-    assert batch(*launches) == ("report", [f"{x}{i}" for i in range(5) for x in ("i", "t")])
-    assert batch(report("a"), complete("t1", "a"), complete("t2", "b")) == ("report", ["a", "t1", "t2"])
-    assert batch(report("a"), complete("t1", "a"), report("a")) == ("report", ["a", "t1"])
-    assert batch(complete("t1", "a"), report("a"), complete("t2", "a")) == ("complete", ["t1", "a"])
-    assert batch(report("a"), complete("t2", "b"), report("b")) == ("complete", ["a", "t2", "b"])
-    assert batch(report("a"), complete("t1", None)) == ("report", ["a"])
+    def batch(*items: dict[str, Any]) -> list[tuple[str, list[str]]]:
+        """The requests the next send makes."""
+        _, taken = next_batch(list(items), max_items=200, max_bytes=10_000)
+        return [(kind, [name(i) for i in part]) for kind, part in sends(taken)]
+
+    assert batch(complete("t1", None), report("a"), complete("t2", "b"), report("b")) == [
+        ("complete", ["t1", "t2"]),
+        ("report", ["a", "b"]),
+    ]
+    # each launch: "starting", its task's completion, then "running": three requests for all
+    launches = [x for i in range(5) for x in (report(f"i{i}"), complete(f"t{i}", f"i{i}"))]
+    launches += [report(f"i{i}") for i in range(5)]
+    assert batch(*launches) == [
+        ("report", [f"i{i}" for i in range(5)]),
+        ("complete", [f"t{i}" for i in range(5)]),
+        ("report", [f"i{i}" for i in range(5)]),
+    ]
+    # a report stays after the reports before it (its stream's order), whatever its instance
+    assert batch(report("a"), complete("t1", "a"), report("a"), report("b")) == [
+        ("report", ["a"]),
+        ("complete", ["t1"]),
+        ("report", ["a", "b"]),
+    ]
+    # a fifth turn is one too many: the run ends before it
+    turns = [report("a"), complete("t1", "a"), report("a"), complete("t2", "a"), report("a")]
+    assert batch(*turns) == [("report", ["a"]), ("complete", ["t1"]), ("report", ["a"]), ("complete", ["t2"])]
+    assert batch(report("a"), complete("t1", None)) == [("report", ["a"])]
     chunk = {"kind": "logchunk", "instanceId": "a", "_bytes": 10}
-    assert batch(complete("t1", "a"), chunk, complete("t2", "b"), report("b")) == (
-        "complete",
-        ["t1", "t2", "b"],
-    )
-    assert batch(complete("t1", "a"), {"kind": "logs", "instanceId": "a"}, complete("t2", "b")) == (
-        "complete",
-        ["t1"],
-    )
+    assert batch(complete("t1", "a"), chunk, complete("t2", "b"), report("b")) == [
+        ("complete", ["t1", "t2"]),
+        ("report", ["b"]),
+    ]
+    assert batch(complete("t1", "a"), {"kind": "logs", "instanceId": "a"}, complete("t2", "b")) == [
+        ("complete", ["t1"])
+    ]
     assert next_batch([chunk, complete("t1", "a")], max_items=200, max_bytes=10_000) == ("logchunk", [chunk])
     two = {**chunk, "instanceId": "b"}
     run = [chunk, two, complete("t1", "a"), dict(chunk)]
