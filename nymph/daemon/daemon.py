@@ -112,7 +112,9 @@ class Daemon:
         self.audit = AuditLog(settings.audit_path, grouped=True)
         # The audit log, the outbox and the workdirs all live under the root.
         self.disk = DiskHealth(directories=(settings.work.root, settings.state_dir, self.workdirs.base))
-        self.outbox = Outbox(settings.state_dir, memory_max=settings.outbox_memory_max)
+        self.outbox = Outbox(
+            settings.state_dir, memory_max=settings.outbox_memory_max, linger=settings.outbox_linger
+        )
         self.outbox.also_sync = self.audit
         self.tracker = Tracker(
             node=self.node, outbox=self.outbox, metrics=self.metrics, workdirs=self.workdirs, disk=self.disk

@@ -71,12 +71,16 @@ class Outbox:
         log_budget: int = 4 * 1024 * 1024,
         compact_after: int = 2000,
         compact_bytes: int = 32 * 1024 * 1024,
+        linger: float = 0.0,
     ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = self.dir / "outbox.jsonl"
         self.ack_file = self.dir / "outbox.ack"
         self.memory_max = memory_max
+        #: How long a send waits for more items to join it, when fewer than ``batch_max`` wait
+        #: (seconds): what a busy daemon sends goes in a few requests rather than one per item.
+        self.linger = linger
         self.memory_bytes = memory_bytes
         self.log_budget = log_budget
         self.compact_after = compact_after
@@ -376,6 +380,8 @@ class Outbox:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
+            if self.linger > 0 and len(self.mem) < self.batch_max:
+                await asyncio.sleep(self.linger)
             kind, batch = self._next_batch()
             try:
                 await self._sync()

@@ -68,6 +68,10 @@ class DaemonSettings:
     shutdown_grace_seconds: float = 20.0
     healthz_stale_polls: int = 3
     outbox_memory_max: int = 1000
+    #: How long the outbox lets a send wait for more reports, completions and log chunks to join
+    #: it (seconds): each reaches the queue up to that much later, and a busy daemon sends them
+    #: in a few requests instead of one or two per launch.
+    outbox_linger: float = 0.02
     queue: DaemonQueueSettings = field(default_factory=DaemonQueueSettings)
     kube: KubeSettings = field(default_factory=KubeSettings)
     work: WorkSettings = field(default_factory=WorkSettings)
@@ -96,6 +100,8 @@ class DaemonSettings:
             raise ConfigError("--concurrency must be at least 1 (or 0: the apply path's default)")
         if self.batch_max < 1:
             raise ConfigError("--batch-max must be at least 1")
+        if not 0 <= self.outbox_linger <= 5:
+            raise ConfigError(f"outbox_linger {self.outbox_linger}: use 0 to 5 seconds (0: send at once)")
         if self.concurrency == 0:
             return replace(self, concurrency=self.in_flight).check()
         if not self.queue.token:

@@ -96,6 +96,35 @@ async def test_outbox_sends_reports_past_a_log_chunk_and_loses_nothing_on_a_rest
     assert box.pending == 0 and Outbox(tmp_path).pending == 0
 
 
+async def test_a_lingering_outbox_sends_what_arrives_meanwhile_with_the_first_item(tmp_path: Path) -> None:
+    """With a linger, a send waits that long for more items: reports made while it waits go
+    in the same send as the first."""
+    box = Outbox(tmp_path, linger=0.2)
+    sent: list[list[int]] = []
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        sent.append([b["seq"] for b in batch])
+
+    box.report(instance_id=IID, state="starting")
+    task = asyncio.create_task(box.run(send))
+    await asyncio.sleep(0.02)
+    for _ in range(4):
+        box.report(instance_id=IID, state="running")
+    assert await box.flush(timeout=20)
+    task.cancel()
+    assert sent == [[1, 2, 3, 4, 5]]
+
+
+def test_outbox_linger_is_checked(tmp_path: Path) -> None:
+    """A linger outside 0-5 s is refused with the range to use."""
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("outbox_linger: 30\nkube: {namespaces: [a]}\n")
+    with pytest.raises(ConfigError, match="0 to 5 seconds"):
+        load_settings(config_file=str(cfg), environ={"NYMPH_TOKEN": "tok"})
+    cfg.write_text("outbox_linger: 0.5\nkube: {namespaces: [a]}\n")
+    assert load_settings(config_file=str(cfg), environ={"NYMPH_TOKEN": "tok"}).outbox_linger == 0.5
+
+
 async def test_outbox_memory_is_bounded_and_overflow_comes_back_from_disk_in_order(tmp_path: Path) -> None:
     box = Outbox(tmp_path, memory_max=3, batch_max=2)
     for _ in range(10):
