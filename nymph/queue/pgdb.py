@@ -1,9 +1,11 @@
 """The queue's state in PostgreSQL: a connection pool, migrations, transactions, wake-ups.
 
 The same synchronous SQL functions as on SQLite (:mod:`nymph.queue.sql`) run here through
-:class:`~nymph.queue.sql.dialect.PgConn`, on a small thread pool with a psycopg connection pool
-behind it, so that :class:`PgDatabase` offers exactly :class:`nymph.queue.db.Database`'s
-``write`` / ``read``.
+:class:`~nymph.queue.sql.dialect.PgConn`, each transaction in a greenlet on the event loop's own
+thread (:mod:`nymph.queue.loopconn`: its waits for the server are served by the loop, so
+transactions overlap their round trips without a thread per transaction), with an asyncio
+psycopg connection pool behind it, so that :class:`PgDatabase` offers exactly
+:class:`nymph.queue.db.Database`'s ``write`` / ``read``.
 
 Concurrency across replicas: write transactions run at once, on any replica, as ``READ
 COMMITTED`` (each statement sees what was committed when it started), so writes to different
@@ -33,12 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import secrets
-import threading
-import time
+import weakref
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import psycopg
@@ -46,9 +47,11 @@ import psycopg_pool
 import structlog
 from psycopg.conninfo import conninfo_to_dict
 
+from nymph.queue import loopconn
 from nymph.queue.broadcast import coalesce
 from nymph.queue.db import DatabaseError
 from nymph.queue.errors import Unavailable
+from nymph.queue.loopconn import LoopConnection, await_only
 from nymph.queue.sql import events
 from nymph.queue.sql.dialect import PgConn, pg_row_factory
 from nymph.queue.sql.pg_migrations import PG_MIGRATIONS
@@ -124,6 +127,12 @@ def connect_and_migrate(url: str, *, timeout: float = 10.0) -> int:
         raise DatabaseError(f"cannot open the queue database ({describe(url)}): {exc}") from None
 
 
+def _rollback(raw: psycopg.Connection[Any], begin: str | None) -> None:
+    if begin is not None:  # (a statement of its own has nothing to roll back)
+        with contextlib.suppress(psycopg.Error):
+            raw.execute("ROLLBACK")
+
+
 def _broken(exc: BaseException) -> bool:
     return isinstance(exc, psycopg_pool.PoolTimeout) or (
         isinstance(exc, psycopg.OperationalError)
@@ -145,13 +154,15 @@ class PgDatabase:
         self.timeout = timeout
         #: This replica, in the payload of its NOTIFYs (it ignores its own).
         self.replica = secrets.token_hex(6)
-        self._executor: ThreadPoolExecutor | None = None
-        self._pool: psycopg_pool.ConnectionPool[Any] | None = None
-        self._pending: set[Future[None]] = set()
-        #: Broadcast keys not sent yet, and whether a send is under way (see :meth:`broadcast`).
+        self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
+        #: Each pooled connection's synchronous twin (:class:`LoopConnection`), made once so
+        #: that its prepared statements are kept.
+        self._twins: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], LoopConnection] = (
+            weakref.WeakKeyDictionary()
+        )
+        #: Broadcast keys not sent yet, and the task sending them (see :meth:`broadcast`).
         self._outbox: list[str] = []
-        self._sending = False
-        self._outbox_lock = threading.Lock()
+        self._sender: asyncio.Task[None] | None = None
         self.events_written: Callable[[frozenset[str]], None] = lambda namespaces: None
 
     @property
@@ -159,34 +170,40 @@ class PgDatabase:
         return describe(self.url)
 
     async def open(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="nymph-queue-pg")
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, connect_and_migrate, self.url)
-        pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+        await asyncio.to_thread(connect_and_migrate, self.url)
+        pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
             self.url,
             min_size=1,
             max_size=self.pool_size,
-            kwargs={"autocommit": True, "row_factory": pg_row_factory, "application_name": "nymph-queue"},
+            # The pool's own statements (a rollback on return) are never prepared: the twin
+            # prepares on the same server session, and their names must not meet.
+            kwargs={"autocommit": True, "application_name": "nymph-queue", "prepare_threshold": None},
             timeout=self.timeout,
             reconnect_timeout=0,
             open=False,
             name="nymph-queue",
         )
         try:
-            await loop.run_in_executor(self._executor, lambda: pool.open(wait=True, timeout=self.timeout))
+            await pool.open(wait=True, timeout=self.timeout)
         except psycopg_pool.PoolTimeout:
-            await loop.run_in_executor(self._executor, pool.close)
+            await pool.close()
             raise DatabaseError(f"cannot connect to the queue database ({self.describe})") from None
         self._pool = pool
 
     async def close(self) -> None:
-        if self._executor is None:
-            return
         pool, self._pool = self._pool, None
-        if pool is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, lambda: pool.close(timeout=5))
-        self._executor.shutdown(wait=True)
-        self._executor = None
+        if pool is None:
+            return
+        await loopconn.drain(timeout=5)
+        if self._sender is not None:
+            await asyncio.wait({self._sender}, timeout=5)
+        await pool.close(timeout=5)
+
+    def _twin(self, aconn: psycopg.AsyncConnection[Any]) -> LoopConnection:
+        twin = self._twins.get(aconn)
+        if twin is None:
+            twin = self._twins[aconn] = LoopConnection.twin(aconn, row_factory=pg_row_factory)
+        return twin
 
     async def write(self, fn: Callable[[PgConn], T]) -> T:
         """Run ``fn`` in one write transaction, again from its start when it meets another write
@@ -212,60 +229,66 @@ class PgDatabase:
         return await self._run(fn, begin=None, writing=False)
 
     async def _run(self, fn: Callable[[PgConn], T], *, begin: str | None, writing: bool) -> T:
-        if self._executor is None or self._pool is None:
+        if self._pool is None:
             raise DatabaseError("the queue database is not open")
-        pool = self._pool
-
-        def job() -> T:
-            reconnects = conflicts = 0
-            while True:
-                with pool.connection() as raw:
-
-                    def rollback() -> None:
-                        if begin is not None:  # (a statement of its own has nothing to roll back)
-                            with contextlib.suppress(psycopg.Error):
-                                raw.execute("ROLLBACK")
-
-                    conn = PgConn(raw, writing=writing, single=begin is None)
-                    if begin is not None:
-                        conn.send(begin)  # sent with the first statement: no round trip of its own
-                    try:
-                        result = fn(conn)
-                        if begin is not None:
-                            conn.commit()
-                    except _CONFLICTS as exc:
-                        rollback()
-                        conflicts += 1
-                        if conflicts == WRITE_ATTEMPTS:
-                            raise
-                        log.debug("write met another one; running it again", error=exc.__class__.__name__)
-                    except psycopg.OperationalError:
-                        # A connection found dead (a restarted server) before anything was
-                        # committed: nothing happened, so run it again on another one, after
-                        # dropping every dead connection at once. Once the COMMIT was sent,
-                        # whether it happened is unknown: the caller is told (a 503).
-                        if conn.commit_sent or not (raw.closed or raw.broken):
-                            rollback()
-                            raise
-                        reconnects += 1
-                        if reconnects == 3:
-                            raise
-                        pool.check()
-                        continue
-                    except BaseException:
-                        rollback()
-                        raise
-                    else:
-                        return result
-                time.sleep(random.uniform(0, 0.002 * 2**conflicts))
-
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+            return await loopconn.run(lambda: self._job(fn, begin=begin, writing=writing))
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             if _broken(exc):
                 log.warning("database unreachable", error=exc.__class__.__name__)
                 raise Unavailable(UNREACHABLE) from None
             raise
+
+    def _job(self, fn: Callable[[PgConn], T], *, begin: str | None, writing: bool) -> T:
+        """``fn`` in a transaction (on the loop's thread, in a greenlet of
+        :func:`nymph.queue.loopconn.run`), run again as the module doc says."""
+        pool = self._pool
+        if pool is None:
+            raise DatabaseError("the queue database is not open")
+        reconnects = conflicts = 0
+        while True:
+            aconn: psycopg.AsyncConnection[Any] | None = await_only(pool.getconn())
+            try:
+                assert aconn is not None
+                raw = self._twin(aconn)
+                rollback = functools.partial(_rollback, raw, begin)
+                conn = PgConn(raw, writing=writing, single=begin is None)
+                if begin is not None:
+                    conn.send(begin)  # sent with the first statement: no round trip of its own
+                try:
+                    result = fn(conn)
+                    if begin is not None:
+                        conn.commit()
+                except _CONFLICTS as exc:
+                    rollback()
+                    conflicts += 1
+                    if conflicts == WRITE_ATTEMPTS:
+                        raise
+                    log.debug("write met another one; running it again", error=exc.__class__.__name__)
+                except psycopg.OperationalError:
+                    # A connection found dead (a restarted server) before anything was
+                    # committed: nothing happened, so run it again on another one, after
+                    # dropping every dead connection at once. Once the COMMIT was sent,
+                    # whether it happened is unknown: the caller is told (a 503).
+                    if conn.commit_sent or not (raw.closed or raw.broken):
+                        rollback()
+                        raise
+                    reconnects += 1
+                    if reconnects == 3:
+                        raise
+                    await_only(pool.putconn(aconn))
+                    aconn = None
+                    await_only(pool.check())
+                    continue
+                except BaseException:
+                    rollback()
+                    raise
+                else:
+                    return result
+            finally:
+                if aconn is not None:
+                    await_only(pool.putconn(aconn))
+            await_only(asyncio.sleep(random.uniform(0, 0.002 * 2**conflicts)))
 
     async def try_singleton(self, key: int, fn: Callable[[PgConn], T]) -> tuple[bool, T | None]:
         """Run ``fn`` in a write transaction only if no other replica holds ``key`` right now."""
@@ -282,38 +305,24 @@ class PgDatabase:
         Fire and forget: a lost wake-up only delays a long-poll until its timeout. Keys told
         while a send is under way go together in the next one (one statement, the keys
         :func:`~nymph.queue.broadcast.coalesce`d), so a burst of writes sends a few."""
-        if self._executor is None or self._pool is None:
+        if self._pool is None:
             return
-        with self._outbox_lock:
-            self._outbox.append(key)
-            if self._sending:
-                return
-            self._sending = True
-        fut = self._executor.submit(self._send, self._pool)
-        self._pending.add(fut)
-        fut.add_done_callback(self._pending.discard)
+        self._outbox.append(key)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(
+                self._send(self._pool), name="nymph-queue-pg-broadcast"
+            )
 
-    def _send(self, pool: psycopg_pool.ConnectionPool[Any]) -> None:
-        try:
-            while True:
-                with self._outbox_lock:
-                    keys, self._outbox = self._outbox, []
-                    if not keys:
-                        self._sending = False
-                        return
-                payloads = [f"{self.replica}:{key}" for key in coalesce(keys)]
-                for start in range(0, len(payloads), _NOTIFY_BATCH):
-                    batch = payloads[start : start + _NOTIFY_BATCH]
-                    sql = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(batch))
-                    with (
-                        contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout),
-                        pool.connection() as raw,
-                    ):
-                        raw.execute(sql, [v for p in batch for v in (CHANNEL, p)])
-        except BaseException:
-            with self._outbox_lock:
-                self._sending = False
-            raise
+    async def _send(self, pool: psycopg_pool.AsyncConnectionPool[Any]) -> None:
+        while self._outbox:
+            keys, self._outbox = self._outbox, []
+            payloads = [f"{self.replica}:{key}" for key in coalesce(keys)]
+            for start in range(0, len(payloads), _NOTIFY_BATCH):
+                batch = payloads[start : start + _NOTIFY_BATCH]
+                sql = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(batch))
+                with contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout):
+                    async with pool.connection() as aconn:
+                        await aconn.execute(sql, [v for p in batch for v in (CHANNEL, p)])
 
     async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run ``run`` only while this replica holds the session advisory lock ``key`` (wait for

@@ -16,14 +16,14 @@ code, attempt, group, node, waiting reason and its kind) with the names of what 
 Retention removes a prefix (the events older than ``--retention-days``) and raises
 ``event_marks.floor`` to the last seq removed: a cursor below it is answered with 410.
 
-Which namespaces a write transaction added events to (and, on PostgreSQL, how many) is noted per
-database thread while :func:`collecting` runs it, so the backend can wake the followers after
+Which namespaces a write transaction added events to (and, on PostgreSQL, how many) is noted in
+a context variable while :func:`collecting` runs it, so the backend can wake the followers after
 the commit.
 """
 
 from __future__ import annotations
 
-import threading
+import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -46,7 +46,11 @@ _COLUMNS = (
     "seq, namespace, provider, instance_id, launch_group, attempt, changes, state, reason, message, "
     "exit_code, node, waiting, waiting_kind, at"
 )
-_local = threading.local()
+#: The write transaction's tally; a context variable, so that transactions running at once on
+#: one thread (PostgreSQL's, each in a greenlet of its own) or on several (SQLite's) keep theirs.
+_written: contextvars.ContextVar[_Written | None] = contextvars.ContextVar(
+    "nymph_events_written", default=None
+)
 
 
 class _Written:
@@ -62,15 +66,16 @@ def collecting(fn: Callable[[C], T]) -> Callable[[C], tuple[T, frozenset[str]]]:
     PostgreSQL its events get their seqs after ``fn`` returned, just before the commit."""
 
     def run(conn: C) -> tuple[T, frozenset[str]]:
-        outer: _Written | None = getattr(_local, "written", None)
-        written = _local.written = _Written() if outer is None else outer
+        outer = _written.get()
+        written = _Written() if outer is None else outer
+        token = _written.set(written)
         try:
             result = fn(conn)
             if outer is None and written.count and is_postgres(conn):  # type: ignore[arg-type]
                 _seal(conn, written.count)  # type: ignore[arg-type]
             return result, frozenset(written.namespaces)
         finally:
-            _local.written = outer
+            _written.reset(token)
 
     return run
 
@@ -88,7 +93,7 @@ def _seal(conn: PgConn, count: int) -> None:
 
 
 def _note(ns: str, count: int) -> None:
-    written: _Written | None = getattr(_local, "written", None)
+    written = _written.get()
     if written is not None:
         written.namespaces.add(ns)
         written.count += count

@@ -1,0 +1,124 @@
+"""The queue's synchronous SQL on PostgreSQL, run on the event loop's own thread.
+
+The SQL functions (:mod:`nymph.queue.sql`) are synchronous: the same code runs on SQLite. On
+PostgreSQL they used to run on a pool of threads, one transaction each, and every time psycopg
+released the interpreter's lock around a network wait another thread took it: a launch POST
+cost about a hundred thread switches, half of them across cores, and twice the CPU it costs
+when the whole process is held to one core.
+
+Here a transaction runs in a greenlet instead (:func:`run`), on the event loop's thread, with a
+:class:`LoopConnection`: a synchronous psycopg connection whose every wait for the server
+(:meth:`LoopConnection.wait`) switches back to the loop, which awaits the socket
+(``psycopg.waiting.wait_async``) and switches in again with the result. The SQL code does not
+change, transactions still overlap each other's round trips, and no thread is involved: while
+one waits for PostgreSQL, the loop serves other requests and other transactions.
+
+A transaction once started runs to its end even when its caller is cancelled (as a thread
+did): :func:`run` drives it in a task of its own and only shields the caller's wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
+
+import psycopg
+from greenlet import getcurrent, greenlet
+from psycopg import waiting
+from psycopg.abc import PQGen
+from psycopg.pq import TransactionStatus
+
+T = TypeVar("T")
+RV = TypeVar("RV")
+
+
+class _Bridged(greenlet):  # type: ignore[misc]
+    """A greenlet started by :func:`run`: its waits go to the loop."""
+
+
+class NotOnLoop(RuntimeError):
+    """A wait asked for outside a greenlet started by :func:`run`."""
+
+
+def on_loop() -> bool:
+    """Whether the caller runs in a greenlet started by :func:`run`."""
+    return isinstance(getcurrent(), _Bridged)
+
+
+def await_only(awaitable: Awaitable[T]) -> T:
+    """Wait for ``awaitable`` on the loop from a greenlet started by :func:`run`."""
+    current = getcurrent()
+    if not isinstance(current, _Bridged):
+        raise NotOnLoop("a loop wait outside nymph.queue.loopconn.run")
+    return cast(T, current.parent.switch(_Wait(awaitable)))
+
+
+class _Wait:
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[Any]) -> None:
+        self.awaitable = awaitable
+
+
+async def _drive(fn: Callable[[], T], context: contextvars.Context) -> T:
+    child = _Bridged(fn, getcurrent())
+    # Each transaction gets its own copy of the caller's context variables (as a thread of
+    # ``asyncio.to_thread`` would): what one sets is not seen by another.
+    child.gr_context = context
+    value: Any = child.switch()
+    while not child.dead:
+        if not isinstance(value, _Wait):
+            raise RuntimeError("a greenlet of nymph.queue.loopconn.run switched back without a wait")
+        try:
+            result = await value.awaitable
+        except BaseException as exc:  # every outcome goes back to the function
+            value = child.throw(exc)
+        else:
+            value = child.switch(result)
+    return cast(T, value)
+
+
+_running: set[asyncio.Task[Any]] = set()
+
+
+async def run(fn: Callable[[], T], *, name: str = "nymph-queue-pg") -> T:
+    """Run the synchronous ``fn`` on this loop's thread, its waits on :class:`LoopConnection`s
+    served by the loop; to its end even if the caller is cancelled."""
+    task = asyncio.get_running_loop().create_task(_drive(fn, contextvars.copy_context()), name=name)
+    _running.add(task)
+    task.add_done_callback(_running.discard)
+    return await asyncio.shield(task)
+
+
+async def drain(timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for the transactions under way to end."""
+    pending = [t for t in _running if not t.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+
+
+class LoopConnection(psycopg.Connection[Any]):
+    """A synchronous psycopg connection on an :class:`psycopg.AsyncConnection`'s socket whose
+    waits are served by the event loop (from a greenlet of :func:`run`)."""
+
+    @classmethod
+    def twin(cls, aconn: psycopg.AsyncConnection[Any], *, row_factory: Any) -> LoopConnection:
+        conn = cls(aconn.pgconn, row_factory=row_factory)
+        conn._autocommit = aconn.autocommit
+        # Pooled through its twin: nothing to warn about when it is dropped.
+        conn._pool = None
+        return conn
+
+    def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        if not on_loop():
+            raise NotOnLoop("a connection of the queue's pool used outside nymph.queue.loopconn.run")
+        try:
+            return await_only(waiting.wait_async(gen, self.pgconn.socket, interval=interval, timeout=timeout))
+        except BaseException:
+            if self.pgconn.transaction_status == TransactionStatus.ACTIVE:
+                # Stopped mid-statement: the server's answer would be read by the next user of
+                # the connection. Closed, so the pool drops it.
+                self.pgconn.finish()
+            raise

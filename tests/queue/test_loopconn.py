@@ -1,0 +1,189 @@
+"""PostgreSQL transactions run on the event loop's own thread: the synchronous SQL in a greenlet
+whose waits for the server are served by the loop (:mod:`nymph.queue.loopconn`), against a
+real PostgreSQL server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import psycopg
+import pytest
+
+from nymph.queue import loopconn
+from nymph.queue.loopconn import LoopConnection, NotOnLoop, await_only
+from nymph.queue.pgdb import PgDatabase
+from nymph.queue.sql import events
+from nymph.queue.sql.dialect import Conn
+from tests.support.pg_server import PgServer
+
+# --- the bridge alone ------------------------------------------------------------------------
+
+
+async def test_a_bridged_function_gets_what_its_awaitables_give_and_raise() -> None:
+    """A synchronous function run by ``run`` waits on the loop through ``await_only``: it gets
+    each awaitable's result, an awaitable's exception is raised at its ``await_only`` (where the
+    function can catch it), and the function's own result or exception reaches the caller."""
+
+    async def fails() -> None:
+        raise LookupError("from the loop")
+
+    def body() -> tuple[int, str]:
+        got = await_only(asyncio.sleep(0, result=21))
+        try:
+            await_only(fails())
+        except LookupError as exc:
+            caught = str(exc)
+        return got * 2, caught
+
+    assert await loopconn.run(body) == (42, "from the loop")
+
+    def broken() -> None:
+        await_only(asyncio.sleep(0))
+        raise ValueError("from the function")
+
+    with pytest.raises(ValueError, match="from the function"):
+        await loopconn.run(broken)
+
+
+async def test_a_wait_outside_a_bridged_function_is_refused() -> None:
+    """``await_only`` outside ``run`` (a plain thread, or the loop's own code) is refused with
+    NotOnLoop, never a hang."""
+
+    async def never() -> None:
+        raise AssertionError("not awaited")
+
+    coro = never()
+    try:
+        with pytest.raises(NotOnLoop):
+            await_only(coro)
+    finally:
+        coro.close()
+    assert not loopconn.on_loop()
+    assert await loopconn.run(loopconn.on_loop)
+
+
+async def test_a_cancelled_caller_leaves_its_function_running_to_its_end() -> None:
+    """A transaction once started ends as it would have (a thread did the same): cancelling the
+    caller stops its wait, not the function."""
+    done = asyncio.Event()
+
+    def body() -> str:
+        await_only(asyncio.sleep(0.05))
+        done.set()
+        return "ended"
+
+    caller = asyncio.create_task(loopconn.run(body))
+    await asyncio.sleep(0.01)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.wait_for(done.wait(), 5)
+
+
+# --- on a real server --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def pg(pg_server: PgServer) -> AsyncIterator[PgDatabase]:
+    db = pg_server.fresh_database()
+    database = PgDatabase(url=db, pool_size=4)
+    await database.open()
+    try:
+        yield database
+    finally:
+        await database.close()
+        pg_server.drop_database(db)
+
+
+async def test_transactions_run_on_the_loop_thread_and_overlap_their_waits(pg: PgDatabase) -> None:
+    """Every transaction runs on the event loop's thread (no thread pool: no thread switch per
+    wait), and while one waits for the server the loop serves the others: writes sent while a
+    long read waits all end before it does."""
+    loop_thread = threading.get_ident()
+    await pg.write(lambda c: c.execute("CREATE TABLE meet (k INTEGER PRIMARY KEY)"))
+    seen: set[int] = set()
+
+    def insert(k: int) -> Callable[[Conn], int]:
+        def run(c: Conn) -> int:
+            seen.add(threading.get_ident())
+            c.execute("INSERT INTO meet VALUES (?)", (k,))
+            return k
+
+        return run
+
+    def slow(c: Conn) -> int:
+        seen.add(threading.get_ident())
+        return int(c.execute("SELECT count(*) FROM meet, pg_sleep(1.0)").fetchone()[0])
+
+    sleeper = asyncio.create_task(pg.read_one(slow))
+    await asyncio.sleep(0.05)
+    assert sorted(await asyncio.gather(*(pg.write(insert(k)) for k in range(4)))) == [0, 1, 2, 3]
+    assert not sleeper.done()
+    assert await sleeper == 0  # its statement's snapshot was taken before the inserts
+    assert seen == {loop_thread}
+
+
+async def test_two_writes_at_once_each_tell_only_the_namespaces_they_wrote_events_to(
+    pg: PgDatabase,
+) -> None:
+    """The namespaces a write added events to (which wake that namespace's followers) are kept
+    per transaction, also when two run at once on the loop's thread and interleave their waits."""
+    told: list[frozenset[str]] = []
+    pg.events_written = told.append
+
+    def create(ns: str) -> object:
+        def run(c: Conn) -> None:
+            c.execute("SELECT pg_sleep(0.05)").fetchone()  # both are under way here
+            events.record_created(
+                c, ns=ns, provider="p", group=None, instance_ids=[f"lakeshore-{ns}"], at=1.0
+            )
+            c.execute("SELECT pg_sleep(0.05)").fetchone()
+
+        return run
+
+    await asyncio.gather(pg.write(create("team-a")), pg.write(create("team-b")))
+    assert sorted(told, key=sorted) == [frozenset({"team-a"}), frozenset({"team-b"})]
+    seqs = await pg.read(
+        lambda c: [r[0] for r in c.execute("SELECT seq FROM events ORDER BY seq").fetchall()]
+    )
+    assert seqs == [1, 2]
+
+
+async def test_a_cancelled_write_still_commits_and_its_connection_stays_usable(pg: PgDatabase) -> None:
+    """A caller cancelled mid-transaction (a client gone, a shutdown) does not leave half a
+    transaction: it commits as it would have, and the pool's connections work afterwards."""
+    await pg.write(lambda c: c.execute("CREATE TABLE kept (k INTEGER PRIMARY KEY)"))
+
+    def slow(c: Conn) -> None:
+        c.execute("SELECT pg_sleep(0.2)").fetchone()
+        c.execute("INSERT INTO kept VALUES (1)")
+
+    caller = asyncio.create_task(pg.write(slow))
+    await asyncio.sleep(0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    for _ in range(100):
+        n = await pg.read(lambda c: int(c.execute("SELECT count(*) FROM kept").fetchone()[0]))
+        if n:
+            break
+        await asyncio.sleep(0.02)
+    assert n == 1
+    assert (
+        await asyncio.gather(*(pg.read_one(lambda c: c.execute("SELECT 7").fetchone()[0]) for _ in range(8)))
+        == [7] * 8
+    )
+
+
+async def test_a_loop_connection_used_from_a_thread_is_refused_not_blocked(pg_server: PgServer) -> None:
+    """The loop's connections wait only through the loop: used anywhere else they refuse at
+    once (NotOnLoop) instead of blocking a thread or the loop."""
+    aconn = await psycopg.AsyncConnection.connect(pg_server.url(), autocommit=True, prepare_threshold=None)
+    try:
+        twin = LoopConnection.twin(aconn, row_factory=psycopg.rows.tuple_row)
+        with pytest.raises(NotOnLoop):
+            await asyncio.to_thread(lambda: twin.execute("SELECT 1"))
+    finally:
+        await aconn.close()
