@@ -60,7 +60,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.cpulimit import CpuLimits, cpu_limits  # noqa: E402
-from benchmarks.scoreboard.procstat import cpu  # noqa: E402
+from benchmarks.scoreboard.procstat import context_switches, cpu  # noqa: E402
 from nymph.client import DaemonIdentity, QueueClient  # noqa: E402
 from nymph.logsetup import configure_logging  # noqa: E402
 from nymph.queue.auth import create_token  # noqa: E402
@@ -267,6 +267,7 @@ async def concurrency(
                     "postgres": tree_cpu(pg_pid),
                 }
 
+            switches = context_switches(r.procs[0].pid)
             for _ in range(p.rounds):
                 t0 = time.perf_counter()
                 await _launch(user, 0)
@@ -277,6 +278,7 @@ async def concurrency(
                 sampler.on.clear()
                 burst.append(time.perf_counter() - t0)
                 spent.update({k: v - c0[k] for k, v in cpus().items()})
+            switches = context_switches(r.procs[0].pid) - switches
     one_ms, burst_ms = statistics.median(one) * 1000, statistics.median(burst) * 1000
     per_burst = {k: round(1000 * v / p.rounds, 1) for k, v in spent.items()}
     return {
@@ -289,6 +291,9 @@ async def concurrency(
         # what that is spread over this machine's cores: no burst can take less
         "cpu_ms_per_burst": per_burst,
         "cpu_floor_ms": round(sum(per_burst.values()) / (os.cpu_count() or 1), 1),
+        # the replica's thread switches per POST (one at a time and in bursts alike): threads
+        # handing the interpreter's lock to each other show here
+        "replica_context_switches_per_post": round(switches / (p.rounds * (BURST + 1)), 1),
         # of the database's busy backends sampled during the bursts, the share waiting on a lock
         "lock_wait_share": sampler.share,
         "lock_samples": sampler.busy,

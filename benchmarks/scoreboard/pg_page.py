@@ -61,6 +61,13 @@ def pg_writes(r: dict[str, Any]) -> str:
                     if isinstance(by_proc := c.get("cpu_ms_per_burst"), dict)
                     else ""
                 )
+                + (
+                    f" The replica switched threads {c['replica_context_switches_per_post']} times per POST "
+                    "(its transactions run on its event loop's thread, so no thread hands the "
+                    "interpreter's lock to another at each wait for the server)."
+                    if c.get("replica_context_switches_per_post") is not None
+                    else ""
+                )
             ),
         ]
     limit = rep.get("replica_cpu_limit")

@@ -32,6 +32,21 @@ def cpu(pid: int) -> Cpu:
     return Cpu((utime + stime) / TICK, (cutime + cstime) / TICK)
 
 
+def context_switches(pid: int) -> int:
+    """Context switches of all of ``pid``'s threads so far (voluntary and not); 0 when it is
+    gone. A thread that waits for another's interpreter lock switches out: many per request
+    show threads handing the lock around."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split(":", 1)[1])
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def memory_kb(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (peak RSS) of ``pid`` in kB."""
     out: dict[str, int] = {}

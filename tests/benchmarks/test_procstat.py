@@ -1,0 +1,30 @@
+"""The benchmarks' process readings from /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from benchmarks.scoreboard.procstat import context_switches
+
+
+def test_context_switches_count_every_thread_of_a_process_and_nothing_for_one_gone() -> None:
+    """A thread's sleeps are switches of the process: a helper thread that sleeps 20 times adds
+    at least 20; a process that has ended reads 0, not an error."""
+    before = context_switches(os.getpid())
+
+    def nap() -> None:
+        for _ in range(20):
+            time.sleep(0.001)
+
+    t = threading.Thread(target=nap, name="procstat-test-nap")
+    t.start()
+    t.join()
+    assert context_switches(os.getpid()) - before >= 20
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert context_switches(gone.pid) == 0
