@@ -165,7 +165,7 @@ class OutputStore:
         )
 
     async def status(self, *, instance_id: str) -> LogStatus | None:
-        return await self.db.read(lambda conn: logchunks.status(conn, instance_id=instance_id))
+        return await self.db.read_one(lambda conn: logchunks.status(conn, instance_id=instance_id))
 
     async def read_all(
         self, *, ns: str, provider: str, instance_id: str, since: int

@@ -87,10 +87,10 @@ class DirectRecords:
         return await self.db.write(lambda c: sql.request_stop(c, instance_id=instance_id, ts=ts))
 
     async def is_direct(self, *, instance_id: str) -> bool:
-        return await self.db.read(lambda c: sql.is_direct(c, instance_id=instance_id))
+        return await self.db.read_one(lambda c: sql.is_direct(c, instance_id=instance_id))
 
     async def is_reaped(self, *, instance_id: str) -> bool:
-        return await self.db.read(lambda c: sql.is_reaped(c, instance_id=instance_id))
+        return await self.db.read_one(lambda c: sql.is_reaped(c, instance_id=instance_id))
 
     async def mark_reaped(self, *, instance_id: str, ts: float) -> None:
         await self.db.write(lambda c: sql.mark_reaped(c, instance_id=instance_id, ts=ts))
@@ -112,7 +112,7 @@ class DirectRecords:
 
     async def connection(self, *, instance_id: str) -> dict[str, Any]:
         """The connection an instance's Pod was created with (empty when none was recorded)."""
-        return await self.db.read(lambda c: sql.instance_connection(c, instance_id=instance_id))
+        return await self.db.read_one(lambda c: sql.instance_connection(c, instance_id=instance_id))
 
     async def listing(
         self, *, ns: str, provider: str, page: PageRequest
