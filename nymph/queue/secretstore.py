@@ -60,5 +60,5 @@ class SecretStore:
         log.info("secret removed", namespace=ns, name=name)
 
     async def plaintext(self, *, ns: str, name: str) -> str:
-        blob = await self.db.read(lambda conn: sql.get(conn, ns=ns, name=name))
+        blob = await self.db.read_one(lambda conn: sql.get(conn, ns=ns, name=name))
         return self.box.open(ns=ns, name=name, blob=blob)
