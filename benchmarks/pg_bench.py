@@ -11,7 +11,8 @@ a process of its own), as a database in another machine of the zone would:
   bursts); ``ratio_16_to_1`` is the second over the first (target <= 2.0: with writes waiting
   for each other 16 would take about 16 times one). Beside it, what else bounds a burst: the
   replica's own CPU for one (``replica_cpu_ms_per_burst``: one Python process runs on one core
-  at a time), and, from ``pg_stat_activity`` sampled during the bursts, the share of the
+  at a time), and, from ``pg_stat_activity`` sampled during as many bursts again (after the
+  timed ones, so that the sampling's own queries do not slow those), the share of the
   database's busy backends that were waiting for a lock (``lock_wait_share``).
 * ``pg_replicas``: 1 replica, then 3 on one fresh database each time. ``workers`` loops, each a
   daemon of its own team (``teams`` namespaces, each with its own kube namespace; claims of one
@@ -273,12 +274,17 @@ async def concurrency(
                 await _launch(user, 0)
                 one.append(time.perf_counter() - t0)
                 c0, t0 = cpus(), time.perf_counter()
-                sampler.on.set()
                 await asyncio.gather(*(_launch(user, 0) for _ in range(BURST)))
-                sampler.on.clear()
                 burst.append(time.perf_counter() - t0)
                 spent.update({k: v - c0[k] for k, v in cpus().items()})
             switches = context_switches(r.procs[0].pid) - switches
+            # The lock sampler queries the server every millisecond or so: it runs in bursts of
+            # its own, after the timed ones, so that its queries (and its thread in this
+            # process) take nothing from the bursts that are timed.
+            for _ in range(p.rounds):
+                sampler.on.set()
+                await asyncio.gather(*(_launch(user, 0) for _ in range(BURST)))
+                sampler.on.clear()
     one_ms, burst_ms = statistics.median(one) * 1000, statistics.median(burst) * 1000
     per_burst = {k: round(1000 * v / p.rounds, 1) for k, v in spent.items()}
     return {
@@ -294,7 +300,8 @@ async def concurrency(
         # the replica's thread switches per POST (one at a time and in bursts alike): threads
         # handing the interpreter's lock to each other show here
         "replica_context_switches_per_post": round(switches / (p.rounds * (BURST + 1)), 1),
-        # of the database's busy backends sampled during the bursts, the share waiting on a lock
+        # of the database's busy backends sampled during as many bursts again (untimed), the
+        # share waiting on a lock
         "lock_wait_share": sampler.share,
         "lock_samples": sampler.busy,
         "lock_waits_by_statement": dict(sampler.waiting.most_common(3)),

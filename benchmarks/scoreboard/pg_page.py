@@ -45,7 +45,7 @@ def pg_writes(r: dict[str, Any]) -> str:
             _fill(
                 f"What bounds a burst: the replica's own CPU for one was {c['replica_cpu_ms_per_burst']} ms "
                 "(one Python process runs on one core at a time, so 16 POSTs take at least that), and of "
-                f"the database's busy backends sampled during the bursts ({c.get('lock_samples')} samples) "
+                f"the database's busy backends sampled during as many untimed bursts ({c.get('lock_samples')} samples) "
                 f"a share of {c.get('lock_wait_share')} waited for a lock"
                 + (
                     " (the statement that waited most: `" + max(by, key=lambda k: by[k]) + "...`)"
