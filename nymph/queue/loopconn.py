@@ -93,8 +93,9 @@ async def run(fn: Callable[[], T], *, name: str = "nymph-queue-pg") -> T:
 
 
 async def drain(timeout: float) -> None:
-    """Wait up to ``timeout`` seconds for the transactions under way to end."""
-    pending = [t for t in _running if not t.done()]
+    """Wait up to ``timeout`` seconds for this loop's transactions under way to end."""
+    loop = asyncio.get_running_loop()
+    pending = [t for t in _running if not t.done() and t.get_loop() is loop]
     if pending:
         await asyncio.wait(pending, timeout=timeout)
 
