@@ -33,9 +33,10 @@ def cpu(pid: int) -> Cpu:
 
 
 def context_switches(pid: int) -> int:
-    """Context switches of all of ``pid``'s threads so far (voluntary and not); 0 when it is
-    gone. A thread that waits for another's interpreter lock switches out: many per request
-    show threads handing the lock around."""
+    """Context switches of ``pid``'s live threads so far (voluntary and not; a thread that has
+    ended takes its count with it); 0 when the process is gone. A thread that waits for
+    another's interpreter lock switches out: many per request show threads handing the lock
+    around."""
     total = 0
     for status in Path(f"/proc/{pid}/task").glob("*/status"):
         try:
