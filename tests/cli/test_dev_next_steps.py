@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.support.kube_fixtures import _skip_or_fail
 
 PRINT = "from nymph.cli.devenv import nymph_command; print(nymph_command())"
 
@@ -38,5 +38,5 @@ def test_without_the_venv_on_path_the_printed_command_is_a_full_path_that_runs()
 def test_with_this_nymph_on_path_the_printed_command_is_its_name() -> None:
     bindir = Path(sys.executable).parent
     if not (bindir / "nymph").is_file():
-        pytest.skip("not an install with a console script beside the interpreter")
+        _skip_or_fail("not an install with a console script beside the interpreter: run make install")
     assert _printed(f"{bindir}:/usr/bin:/bin") == "nymph"

@@ -343,7 +343,9 @@ def test_without_allow_egress_dns_still_goes_out(net: Net) -> None:
     """Port 53, TCP and UDP, stays open from the sandbox to an address outside the node's
     networks and the allowed CIDR, where any other port is refused."""
     if not net.dns:
-        pytest.skip(f"port 53 on {net.outside_ip} is taken on this host: DNS egress not probed")
+        _skip_or_fail(
+            f"port 53 on {net.outside_ip} is taken on this host (stop what serves it): DNS egress not probed"
+        )
     _expect(
         net,
         {
