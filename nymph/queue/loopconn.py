@@ -6,7 +6,7 @@ released the interpreter's lock around a network wait another thread took it: a 
 cost about a hundred thread switches, half of them across cores, and twice the CPU it costs
 when the whole process is held to one core.
 
-Here a transaction runs in a greenlet instead (:func:`run`), on the event loop's thread, with a
+Here a transaction runs in a greenlet instead (:meth:`Runner.run`), on the event loop's thread, with a
 :class:`LoopConnection`: a synchronous psycopg connection whose every wait for the server
 (:meth:`LoopConnection.wait`) switches back to the loop, which awaits the socket
 (``psycopg.waiting.wait_async``) and switches in again with the result. The SQL code does not
@@ -14,7 +14,8 @@ change, transactions still overlap each other's round trips, and no thread is in
 one waits for PostgreSQL, the loop serves other requests and other transactions.
 
 A transaction once started runs to its end even when its caller is cancelled (as a thread
-did): :func:`run` drives it in a task of its own and only shields the caller's wait.
+did): :meth:`Runner.run` drives it in a task of its own and only shields the caller's wait; the
+runner keeps those tasks, so that the database can wait for them as it closes.
 """
 
 from __future__ import annotations
@@ -35,23 +36,23 @@ RV = TypeVar("RV")
 
 
 class _Bridged(greenlet):  # type: ignore[misc]
-    """A greenlet started by :func:`run`: its waits go to the loop."""
+    """A greenlet started by :meth:`Runner.run`: its waits go to the loop."""
 
 
 class NotOnLoop(RuntimeError):
-    """A wait asked for outside a greenlet started by :func:`run`."""
+    """A wait asked for outside a greenlet started by :meth:`Runner.run`."""
 
 
 def on_loop() -> bool:
-    """Whether the caller runs in a greenlet started by :func:`run`."""
+    """Whether the caller runs in a greenlet started by :meth:`Runner.run`."""
     return isinstance(getcurrent(), _Bridged)
 
 
 def await_only(awaitable: Awaitable[T]) -> T:
-    """Wait for ``awaitable`` on the loop from a greenlet started by :func:`run`."""
+    """Wait for ``awaitable`` on the loop from a greenlet started by :meth:`Runner.run`."""
     current = getcurrent()
     if not isinstance(current, _Bridged):
-        raise NotOnLoop("a loop wait outside nymph.queue.loopconn.run")
+        raise NotOnLoop("a loop wait outside nymph.queue.loopconn.Runner.run")
     return cast(T, current.parent.switch(_Wait(awaitable)))
 
 
@@ -70,7 +71,7 @@ async def _drive(fn: Callable[[], T], context: contextvars.Context) -> T:
     value: Any = child.switch()
     while not child.dead:
         if not isinstance(value, _Wait):
-            raise RuntimeError("a greenlet of nymph.queue.loopconn.run switched back without a wait")
+            raise RuntimeError("a greenlet of nymph.queue.loopconn.Runner.run switched back without a wait")
         try:
             result = await value.awaitable
         except BaseException as exc:  # every outcome goes back to the function
@@ -80,29 +81,32 @@ async def _drive(fn: Callable[[], T], context: contextvars.Context) -> T:
     return cast(T, value)
 
 
-_running: set[asyncio.Task[Any]] = set()
+class Runner:
+    """Runs synchronous functions on the loop's thread (:meth:`run`) and keeps those under way,
+    so that their owner can wait for them when it closes (:meth:`drain`)."""
 
+    def __init__(self, *, name: str = "nymph-queue-pg") -> None:
+        self.name = name
+        self._running: set[asyncio.Task[Any]] = set()
 
-async def run(fn: Callable[[], T], *, name: str = "nymph-queue-pg") -> T:
-    """Run the synchronous ``fn`` on this loop's thread, its waits on :class:`LoopConnection`s
-    served by the loop; to its end even if the caller is cancelled."""
-    task = asyncio.get_running_loop().create_task(_drive(fn, contextvars.copy_context()), name=name)
-    _running.add(task)
-    task.add_done_callback(_running.discard)
-    return await asyncio.shield(task)
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on this loop's thread, its waits on :class:`LoopConnection`s served by the
+        loop; to its end even if the caller is cancelled."""
+        task = asyncio.get_running_loop().create_task(_drive(fn, contextvars.copy_context()), name=self.name)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
 
-
-async def drain(timeout: float) -> None:
-    """Wait up to ``timeout`` seconds for this loop's transactions under way to end."""
-    loop = asyncio.get_running_loop()
-    pending = [t for t in _running if not t.done() and t.get_loop() is loop]
-    if pending:
-        await asyncio.wait(pending, timeout=timeout)
+    async def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the functions under way to end."""
+        pending = [t for t in self._running if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
 
 
 class LoopConnection(psycopg.Connection[Any]):
     """A synchronous psycopg connection on an :class:`psycopg.AsyncConnection`'s socket whose
-    waits are served by the event loop (from a greenlet of :func:`run`)."""
+    waits are served by the event loop (from a greenlet of :meth:`Runner.run`)."""
 
     @classmethod
     def twin(cls, aconn: psycopg.AsyncConnection[Any], *, row_factory: Any) -> LoopConnection:
@@ -114,7 +118,7 @@ class LoopConnection(psycopg.Connection[Any]):
 
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         if not on_loop():
-            raise NotOnLoop("a connection of the queue's pool used outside nymph.queue.loopconn.run")
+            raise NotOnLoop("a connection of the queue's pool used outside nymph.queue.loopconn.Runner.run")
         try:
             return await_only(waiting.wait_async(gen, self.pgconn.socket, interval=interval, timeout=timeout))
         except BaseException:

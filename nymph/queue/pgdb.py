@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
 import secrets
 import weakref
@@ -155,6 +154,8 @@ class PgDatabase:
         #: This replica, in the payload of its NOTIFYs (it ignores its own).
         self.replica = secrets.token_hex(6)
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
+        #: The transactions under way (each in a greenlet on the loop's thread).
+        self._transactions = loopconn.Runner()
         #: Each pooled connection's synchronous twin (:class:`LoopConnection`), made once so
         #: that its prepared statements are kept.
         self._twins: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], LoopConnection] = (
@@ -194,7 +195,7 @@ class PgDatabase:
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        await loopconn.drain(timeout=5)
+        await self._transactions.drain(timeout=5)
         if self._sender is not None:
             await asyncio.wait({self._sender}, timeout=5)
         await pool.close(timeout=5)
@@ -232,7 +233,7 @@ class PgDatabase:
         if self._pool is None:
             raise DatabaseError("the queue database is not open")
         try:
-            return await loopconn.run(lambda: self._job(fn, begin=begin, writing=writing))
+            return await self._transactions.run(lambda: self._job(fn, begin=begin, writing=writing))
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             if _broken(exc):
                 log.warning("database unreachable", error=exc.__class__.__name__)
@@ -241,7 +242,7 @@ class PgDatabase:
 
     def _job(self, fn: Callable[[PgConn], T], *, begin: str | None, writing: bool) -> T:
         """``fn`` in a transaction (on the loop's thread, in a greenlet of
-        :func:`nymph.queue.loopconn.run`), run again as the module doc says."""
+        :meth:`nymph.queue.loopconn.Runner.run`), run again as the module doc says."""
         pool = self._pool
         if pool is None:
             raise DatabaseError("the queue database is not open")
@@ -251,7 +252,6 @@ class PgDatabase:
             try:
                 assert aconn is not None
                 raw = self._twin(aconn)
-                rollback = functools.partial(_rollback, raw, begin)
                 conn = PgConn(raw, writing=writing, single=begin is None)
                 if begin is not None:
                     conn.send(begin)  # sent with the first statement: no round trip of its own
@@ -260,7 +260,7 @@ class PgDatabase:
                     if begin is not None:
                         conn.commit()
                 except _CONFLICTS as exc:
-                    rollback()
+                    _rollback(raw, begin)
                     conflicts += 1
                     if conflicts == WRITE_ATTEMPTS:
                         raise
@@ -271,7 +271,7 @@ class PgDatabase:
                     # dropping every dead connection at once. Once the COMMIT was sent,
                     # whether it happened is unknown: the caller is told (a 503).
                     if conn.commit_sent or not (raw.closed or raw.broken):
-                        rollback()
+                        _rollback(raw, begin)
                         raise
                     reconnects += 1
                     if reconnects == 3:
@@ -281,7 +281,7 @@ class PgDatabase:
                     await_only(pool.check())
                     continue
                 except BaseException:
-                    rollback()
+                    _rollback(raw, begin)
                     raise
                 else:
                     return result

@@ -22,7 +22,7 @@ from tests.support.pg_server import PgServer
 
 
 async def test_a_bridged_function_gets_what_its_awaitables_give_and_raise() -> None:
-    """A synchronous function run by ``run`` waits on the loop through ``await_only``: it gets
+    """A synchronous function run by ``Runner.run`` waits on the loop through ``await_only``: it gets
     each awaitable's result, an awaitable's exception is raised at its ``await_only`` (where the
     function can catch it), and the function's own result or exception reaches the caller."""
 
@@ -37,18 +37,18 @@ async def test_a_bridged_function_gets_what_its_awaitables_give_and_raise() -> N
             caught = str(exc)
         return got * 2, caught
 
-    assert await loopconn.run(body) == (42, "from the loop")
+    assert await loopconn.Runner().run(body) == (42, "from the loop")
 
     def broken() -> None:
         await_only(asyncio.sleep(0))
         raise ValueError("from the function")
 
     with pytest.raises(ValueError, match="from the function"):
-        await loopconn.run(broken)
+        await loopconn.Runner().run(broken)
 
 
 async def test_a_wait_outside_a_bridged_function_is_refused() -> None:
-    """``await_only`` outside ``run`` (a plain thread, or the loop's own code) is refused with
+    """``await_only`` outside ``Runner.run`` (a plain thread, or the loop's own code) is refused with
     NotOnLoop, never a hang."""
 
     async def never() -> None:
@@ -61,7 +61,7 @@ async def test_a_wait_outside_a_bridged_function_is_refused() -> None:
     finally:
         coro.close()
     assert not loopconn.on_loop()
-    assert await loopconn.run(loopconn.on_loop)
+    assert await loopconn.Runner().run(loopconn.on_loop)
 
 
 async def test_a_cancelled_caller_leaves_its_function_running_to_its_end() -> None:
@@ -74,7 +74,7 @@ async def test_a_cancelled_caller_leaves_its_function_running_to_its_end() -> No
         done.set()
         return "ended"
 
-    caller = asyncio.create_task(loopconn.run(body))
+    caller = asyncio.create_task(loopconn.Runner().run(body))
     await asyncio.sleep(0.01)
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
