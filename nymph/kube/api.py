@@ -18,6 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import kube_config
 
 from nymph.errors import ValidationError
+from nymph.kube import fastjson
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import Conflict, Invalid, KubeError, NotFound, Unavailable, from_status
 from nymph.kube.kubectl import FIELD_MANAGER
@@ -119,7 +120,7 @@ async def raw_json(call: Awaitable[Any]) -> dict[str, Any]:
     if not 200 <= resp.status <= 299:
         raise status_error(resp.status, resp.reason, raw)
     try:
-        data = json.loads(raw)
+        data = fastjson.loads(raw)
     except ValueError:
         data = None
     if not isinstance(data, dict):
@@ -176,7 +177,7 @@ class ApiApplier:
         except Exception as exc:
             return ApplyOutcome(namespace=ns, name=name, error=api_error(exc))
         if 200 <= resp.status <= 299:
-            return ApplyOutcome(namespace=ns, name=name, obj=json.loads(raw))
+            return ApplyOutcome(namespace=ns, name=name, obj=fastjson.loads(raw))
         return ApplyOutcome(namespace=ns, name=name, error=status_error(resp.status, resp.reason, raw))
 
     async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
@@ -198,7 +199,7 @@ class ApiApplier:
                 resp.release()
             if not 200 <= resp.status <= 299:
                 raise status_error(resp.status, resp.reason, pod)
-            meta = json.loads(pod).get("metadata") or {}
+            meta = fastjson.loads(pod).get("metadata") or {}
             if (meta.get("labels") or {}).get(LABEL_MANAGED) != "true":
                 return False
             body: Any = {"preconditions": {"uid": meta.get("uid")}}

@@ -10,13 +10,13 @@ namespace and name (a Deployment and its Service often share a name). Errors are
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nymph.errors import ValidationError
+from nymph.kube import fastjson
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.binaries import kubectl_path
 from nymph.kube.errors import Invalid, KubeError, NotFound, Unavailable, classify_kubectl
@@ -137,7 +137,7 @@ class Kubectl:
         applied: dict[tuple[str, str, str], Mapping[str, Any]] = {}
         if res.stdout.strip():
             try:
-                doc = json.loads(res.stdout)
+                doc = fastjson.loads(res.stdout)
             except ValueError:
                 doc = {}
             items = doc.get("items") if doc.get("kind") == "List" else [doc]

@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from nymph.kube import fastjson
 from nymph.kube.api import raw_json
 from nymph.kube.errors import KubeError
 from nymph.logsetup import get_logger
@@ -43,6 +44,27 @@ class RawWatch(watch.Watch):
 
     def get_return_type(self, func: object) -> str:
         return ""  # falsy: no model is built (the client checks ``if response_type``)
+
+    def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
+        """The event, as the client's own method gives it (``raw_object`` the object, and the
+        watch's resourceVersion kept), decoded by :mod:`nymph.kube.fastjson`: a Pod's document
+        at every change is most of what a watch costs. An error event, or anything not an
+        event, goes to the client's method, which raises as it always has."""
+        try:
+            js = fastjson.loads(data)
+        except ValueError:
+            return data
+        kind = js.get("type") if isinstance(js, dict) else None
+        obj = js.get("object") if isinstance(js, dict) else None
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(kind, str) or kind.lower() == "error" or not isinstance(meta, dict):
+            return super().unmarshal_event(data, response_type)
+        js["raw_object"] = obj
+        if "resourceVersion" in meta:
+            self.resource_version = meta["resourceVersion"]
+        elif kind.lower() == "bookmark":
+            return super().unmarshal_event(data, response_type)
+        return js
 
 
 class PodWatcher:

@@ -1,0 +1,48 @@
+"""The API server's JSON (whose integers fit in 64 bits, as Kubernetes' types do) decodes to
+exactly what the standard library gives, whichever decoder takes it, and what is not JSON is
+refused the same way."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nymph.kube import fastjson
+
+DOCUMENTS = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(DOCUMENTS)
+def test_any_document_decodes_as_the_standard_library_decodes_it(doc: Any) -> None:
+    text = json.dumps(doc)
+    assert fastjson.loads(text) == json.loads(text)
+    assert fastjson.loads(text.encode()) == json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"\\ud800"',  # a lone surrogate escape
+        '{"a": 1, "a": 2}',  # a repeated key: the last one wins
+    ],
+)
+def test_what_orjson_refuses_or_reads_its_own_way_still_decodes_as_json_does(text: str) -> None:
+    assert fastjson.loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "{", "not json", b"\xff\xfe", "[1,]"])
+def test_what_is_not_json_is_refused_with_a_value_error(text: str | bytes) -> None:
+    with pytest.raises(ValueError):
+        fastjson.loads(text)
