@@ -54,6 +54,9 @@ class LogFollowers:
         self.settings = settings or FollowSettings()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.deleted: set[str] = set()
+        #: Pods whose log this daemon has shipped to its end (their cursor file says ``final``):
+        #: the Pod's later changes need not read the file again.
+        self.finished: set[str] = set()
         self.log = get_logger("logs")
 
     # -- the watch's callback and the reaper's question -----------------------------------------
@@ -73,7 +76,7 @@ class LogFollowers:
             return
         if name in self.tasks:
             return
-        if container_started(pod) and not self._load(name)[1]:
+        if name not in self.finished and container_started(pod) and not self._load(name)[1]:
             namespace = str(meta.get("namespace") or "default")
             task = asyncio.create_task(self._run(name, namespace), name=f"logs:{name}")
             self.tasks[name] = task
@@ -117,8 +120,11 @@ class LogFollowers:
         # queue drops by offset.
         data = json.dumps({"cursor": cursor.dump(), "final": final}).encode()
         replace_atomically(self._path(name), data, durable=False)
+        if final:
+            self.finished.add(name)
 
     def _forget(self, name: str) -> None:
+        self.finished.discard(name)
         with contextlib.suppress(OSError):
             self._path(name).unlink()
 
