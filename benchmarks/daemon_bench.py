@@ -160,6 +160,7 @@ async def run(kube: LocalCluster, tmp: Path, p: Params) -> dict[str, Any]:
     results.update(report.ratios(results))
     results["lifecycle_limit_per_s"] = report.lifecycle_limit(results)
     results["cpu_per_launch_vs_apiserver"] = report.cpu_vs_apiserver(results)
+    results["cpu_per_launch_vs_apiserver_in_run"] = report.cpu_vs_apiserver_in_run(results)
     results["targets"] = report.targets(results) if p.targets else None
     results["machine"]["load_average_end"] = procstat.machine()["load_average"]
     results["seconds"] = round(time.time() - started, 1)

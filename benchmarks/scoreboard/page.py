@@ -326,6 +326,17 @@ everything on
 {budget_ms - to_added:.1f} ms and none of
   the Pods' later lives. On a machine whose control plane has its own cores the ratio rises.""",
     ]
+    in_run = r.get("cpu_per_launch_vs_apiserver_in_run") or {}
+    if in_run and raw.get("cpu_ms_per_launch"):
+        paths = ", ".join(f"{k.replace('_', ' ')} {v}x" for k, v in in_run.items() if v is not None)
+        out.append(f"""\
+- **nymph's CPU against the API server's, measured together.** In each path's own run, for the
+  same launches over the same window, nymph's CPU per launch (queue + daemon + kubectl) is
+  {paths} the API server's. The targets above divide by the raw run's instead: the API server's
+  CPU per create until the last ADDED, {raw["cpu_ms_per_launch"].get("kube-apiserver")} ms in this run \
+({life.get("kube-apiserver")} ms over the Pods' lives).
+  That window ends when the creates do, so the faster they go, the less of the status updates that
+  follow each create it holds, and the more that figure moves from one run to the next.""")
     if kc_cpu:
         out.append(f"""\
 - **kubectl** costs about {kc_cpu[0]:.0f}-{kc_cpu[-1]:.0f} ms of CPU per run here, most of it reading \

@@ -49,6 +49,25 @@ def cpu_vs_apiserver(results: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def cpu_vs_apiserver_in_run(results: dict[str, Any]) -> dict[str, float | None]:
+    """Per dispatch path: nymph's own CPU per launch at the largest N over the API server's CPU
+    per launch in that same run: the same launches, the same window and the same machine state
+    (the raw create run's figure moves with how fast its creates go, as its window ends at the
+    last ADDED; this one, both sides measured together, moves little). For comparison beside
+    :func:`cpu_vs_apiserver`, not a target."""
+    out: dict[str, float | None] = {}
+    for name in CPU_VS_APISERVER_GOALS:
+        res = results["nymph"].get(name)
+        if not res:
+            continue
+        top = res["throughput"][max(res["throughput"], key=int)]
+        cpu = top.get("cpu_ms_per_launch") or {}
+        own = sum(float(cpu.get(k) or 0) for k in OWN)
+        server = float(cpu.get("kube-apiserver") or 0)
+        out[name] = round(own / server, 2) if server else None
+    return out
+
+
 def lifecycle_limit(results: dict[str, Any]) -> float | None:
     """Launches/s the machine's cores could sustain if they did nothing but the control plane's
     share of each Pod's life (create, schedule, kwok's status updates, the watches), as the raw

@@ -59,3 +59,5 @@ async def test_smoke_run_writes_every_section(kube: LocalCluster, tmp_path: Path
     assert set(doc["queue"]) == {"1", "3"} and all(q["claims_per_s"] > 0 for q in doc["queue"].values())
     assert doc["targets"] is None and doc["soak"] is None
     assert "raw concurrent" in report.table(doc)
+    in_run = doc["cpu_per_launch_vs_apiserver_in_run"]
+    assert set(in_run) == {"api", "direct", "kubectl_batched"} and all(v > 0 for v in in_run.values())
