@@ -15,7 +15,7 @@ from nymph.queue import loopconn
 from nymph.queue.loopconn import LoopConnection, NotOnLoop, await_only
 from nymph.queue.pgdb import PgDatabase
 from nymph.queue.sql import events
-from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.dialect import Conn, PgConn
 from tests.support.pg_server import PgServer
 
 # --- the bridge alone ------------------------------------------------------------------------
@@ -187,3 +187,37 @@ async def test_a_loop_connection_used_from_a_thread_is_refused_not_blocked(pg_se
             await asyncio.to_thread(lambda: twin.execute("SELECT 1"))
     finally:
         await aconn.close()
+
+
+async def test_a_transaction_goes_to_the_loop_once_per_round_trip(
+    pg: PgDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg asks for a wait at every step of a statement; only the waits for the server's
+    answer go to the loop: a transaction of many statements in three round trips (its BEGIN
+    and first statement, an insert, the statements sent with its COMMIT) waits on the loop
+    three times, and what it wrote is there."""
+    await pg.write(lambda c: c.execute("CREATE TABLE trips (k INTEGER PRIMARY KEY, v TEXT)"))
+    waits: list[int] = []
+    real = loopconn._ready_later
+
+    def counted(fileno: int, state: int) -> int:
+        waits.append(state)
+        return real(fileno, state)
+
+    monkeypatch.setattr(loopconn, "_ready_later", counted)
+
+    def write(c: Conn) -> int:
+        assert isinstance(c, PgConn)
+        first = c.fetch_each([("SELECT count(*) FROM trips", ()), ("SELECT 1", ()), ("SELECT 2", ())])
+        c.execute("INSERT INTO trips VALUES (?, ?)", (1, "one"))
+        for k in range(2, 7):
+            c.send("INSERT INTO trips VALUES (?, ?)", (k, str(k)))
+        c.at_commit("UPDATE trips SET v = v || '!' WHERE k = ?", (1,))
+        return int(first[0][0]) if first[0] is not None else -1
+
+    assert await pg.write(write) == 0
+    assert len(waits) == 3, waits
+    rows = await pg.read(
+        lambda c: [tuple(r) for r in c.execute("SELECT k, v FROM trips ORDER BY k").fetchall()]
+    )
+    assert rows == [(1, "one!"), *((k, str(k)) for k in range(2, 7))]
