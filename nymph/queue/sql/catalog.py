@@ -22,12 +22,17 @@ def get_provider(conn: Conn, *, ns: str, name: str) -> Provider:
 
 def provider_of(row: Row | None, *, ns: str, name: str) -> Provider:
     """The provider read by :data:`PROVIDER_BODY` (NotFound when there is none)."""
-    if row is None:
+    return provider_from(None if row is None else row[0], ns=ns, name=name)
+
+
+def provider_from(text: str | None, *, ns: str, name: str) -> Provider:
+    """The provider whose stored body is ``text`` (NotFound when there is none)."""
+    if text is None:
         raise NotFound(
             f"no provider {name!r} in namespace {ns!r}: create it with 'nymph providers add'",
             code="provider_not_found",
         )
-    body = json.loads(row[0])
+    body = json.loads(text)
     return Provider(
         name=body["name"], kwargs=body["kwargs"], launcher=body["launcher"], dispatch=body["dispatch"]
     )
@@ -81,12 +86,17 @@ def get_mode(conn: Conn, *, ns: str, name: str) -> Mode:
 
 def mode_of(row: Row | None, *, ns: str, name: str) -> Mode:
     """The mode read by :data:`MODE_BODY` (NotFound when there is none)."""
-    if row is None:
+    return mode_from(None if row is None else row[0], ns=ns, name=name)
+
+
+def mode_from(text: str | None, *, ns: str, name: str) -> Mode:
+    """The mode whose stored body is ``text`` (NotFound when there is none)."""
+    if text is None:
         raise NotFound(
             f"no mode {name!r} in namespace {ns!r}: create it with 'nymph modes add'",
             code="mode_not_found",
         )
-    body = json.loads(row[0])
+    body = json.loads(text)
     return Mode(name=body["name"], provider=body["provider"], fields=body["fields"])
 
 

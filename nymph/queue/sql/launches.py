@@ -24,8 +24,8 @@ from nymph.protocol import LaunchAccepted, TaskKind, iso, now
 from nymph.queue.errors import BadRequest, Conflict
 from nymph.queue.scheduling import Quota
 from nymph.queue.sql import catalog, events, idempotency, retries
-from nymph.queue.sql.dialect import Conn, fetch_each, send
-from nymph.queue.sql.quotas import QUOTA_ROW, get_quota, quota_of
+from nymph.queue.sql.dialect import Conn, send
+from nymph.queue.sql.quotas import get_quota, quota_of
 from nymph.queue.sql.tasks import insert_task
 
 PROBE_SCRIPT = "print('nymph probe')\n"
@@ -126,22 +126,27 @@ def _on_path(provider: Provider, direct: bool | None) -> None:
         raise WrongPath(direct=provider.direct)
 
 
+#: A launch's provider, its mode and its namespace's quota, in one statement (one row whatever
+#: exists: a body is NULL where there is none, and the quota's columns where the namespace has
+#: no quota). One statement, not three: on PostgreSQL it travels with the BEGIN, and each
+#: statement costs the replica's CPU as much as its round trip costs time.
+LAUNCH_CATALOG = (
+    "SELECT (SELECT body FROM providers WHERE namespace = ? AND name = ?) AS provider_body, "
+    "(SELECT body FROM modes WHERE namespace = ? AND name = ?) AS mode_body, "
+    "q.namespace AS quota_namespace, q.weight, q.max_running, q.resources, q.max_runtime, "
+    "q.default_runtime FROM (SELECT 1) AS one LEFT JOIN quotas q ON q.namespace = ?"
+)
+
+
 def launch_catalog(
     conn: Conn, *, ns: str, provider_name: str, mode_name: str
 ) -> tuple[Provider, Mode, Quota]:
     """The provider, the mode (checked against it) and the namespace's quota a launch is built
-    from, read together (one round trip on PostgreSQL)."""
-    provider_row, mode_row, quota_row = fetch_each(
-        conn,
-        [
-            (catalog.PROVIDER_BODY, (ns, provider_name)),
-            (catalog.MODE_BODY, (ns, mode_name)),
-            (QUOTA_ROW, (ns,)),
-        ],
-    )
-    provider = catalog.provider_of(provider_row, ns=ns, name=provider_name)
-    mode = catalog.checked_mode(catalog.mode_of(mode_row, ns=ns, name=mode_name), provider=provider)
-    return provider, mode, quota_of(quota_row)
+    from, read together (:data:`LAUNCH_CATALOG`)."""
+    row = conn.execute(LAUNCH_CATALOG, (ns, provider_name, ns, mode_name, ns)).fetchone()
+    provider = catalog.provider_from(row["provider_body"], ns=ns, name=provider_name)
+    mode = catalog.checked_mode(catalog.mode_from(row["mode_body"], ns=ns, name=mode_name), provider=provider)
+    return provider, mode, quota_of(None if row["quota_namespace"] is None else row)
 
 
 def accept(
