@@ -33,20 +33,29 @@ OWN = ("queue", "daemon", "kubectl")
 CPU_VS_APISERVER_GOALS = {"api": 1.0, "direct": 1.0, "kubectl_batched": 3.0}
 
 
+def _cpu_at_largest_n(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per dispatch path of :data:`CPU_VS_APISERVER_GOALS` that ran: each process's CPU per
+    launch at its largest N."""
+    out: dict[str, dict[str, float]] = {}
+    for name in CPU_VS_APISERVER_GOALS:
+        res = results["nymph"].get(name)
+        if res:
+            out[name] = res["throughput"][max(res["throughput"], key=int)].get("cpu_ms_per_launch") or {}
+    return out
+
+
+def _own(cpu: dict[str, float]) -> float:
+    return sum(float(cpu.get(k) or 0) for k in OWN)
+
+
 def cpu_vs_apiserver(results: dict[str, Any]) -> dict[str, float | None]:
     """Per dispatch path: nymph's own CPU per launch at the largest N (queue + daemon +
     kubectl) over the API server's CPU per Pod in the raw create run of the same bench."""
     base = (results["raw"]["concurrent"].get("cpu_ms_per_launch") or {}).get("kube-apiserver")
-    out: dict[str, float | None] = {}
-    for name in CPU_VS_APISERVER_GOALS:
-        res = results["nymph"].get(name)
-        if not res:
-            continue
-        top = res["throughput"][max(res["throughput"], key=int)]
-        cpu = top.get("cpu_ms_per_launch") or {}
-        own = sum(float(cpu.get(k) or 0) for k in OWN)
-        out[name] = round(own / base, 2) if base and cpu else None
-    return out
+    return {
+        name: round(_own(cpu) / base, 2) if base and cpu else None
+        for name, cpu in _cpu_at_largest_n(results).items()
+    }
 
 
 def cpu_vs_apiserver_in_run(results: dict[str, Any]) -> dict[str, float | None]:
@@ -56,15 +65,9 @@ def cpu_vs_apiserver_in_run(results: dict[str, Any]) -> dict[str, float | None]:
     last ADDED; this one, both sides measured together, moves little). For comparison beside
     :func:`cpu_vs_apiserver`, not a target."""
     out: dict[str, float | None] = {}
-    for name in CPU_VS_APISERVER_GOALS:
-        res = results["nymph"].get(name)
-        if not res:
-            continue
-        top = res["throughput"][max(res["throughput"], key=int)]
-        cpu = top.get("cpu_ms_per_launch") or {}
-        own = sum(float(cpu.get(k) or 0) for k in OWN)
+    for name, cpu in _cpu_at_largest_n(results).items():
         server = float(cpu.get("kube-apiserver") or 0)
-        out[name] = round(own / server, 2) if server else None
+        out[name] = round(_own(cpu) / server, 2) if server else None
     return out
 
 
