@@ -141,8 +141,8 @@ def _drive_gen(gen: PQGen[RV], fileno: int) -> RV:
     """Drive psycopg's generator ``gen`` on socket ``fileno`` from this greenlet, going to the
     loop only when the socket must be waited for. Most of a transaction's steps never wait (a
     statement queued in a pipeline, bytes sent to a socket that takes them): they cost no switch
-    to the loop and back, no coroutine, no reader registered. A transaction of ten statements
-    in three round trips waits three times, not fourteen."""
+    to the loop and back, no coroutine, no reader registered. A launch's transaction, three
+    round trips, goes to the loop three times (it went fourteen times)."""
     try:
         state = next(gen)
         while True:
