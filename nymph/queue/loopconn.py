@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import select
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
@@ -33,10 +34,14 @@ from greenlet import getcurrent, greenlet
 from psycopg import waiting
 from psycopg.abc import PQGen
 from psycopg.pq import TransactionStatus
-from psycopg.waiting import READY_NONE, READY_R, READY_W, WAIT_R, WAIT_W
+from psycopg.waiting import READY_NONE, READY_R, READY_W, WAIT_R, WAIT_RW, WAIT_W
 
 T = TypeVar("T")
 RV = TypeVar("RV")
+
+#: The longest a transaction's greenlet runs psycopg's steps that need no wait before it leaves
+#: the loop a turn (psycopg's own asyncio waits use the same).
+MAX_BUSY = 0.005
 
 
 class _Bridged(greenlet):  # type: ignore[misc]
@@ -142,16 +147,25 @@ def _drive_gen(gen: PQGen[RV], fileno: int) -> RV:
     loop only when the socket must be waited for. Most of a transaction's steps never wait (a
     statement queued in a pipeline, bytes sent to a socket that takes them): they cost no switch
     to the loop and back, no coroutine, no reader registered. A launch's transaction, three
-    round trips, goes to the loop three times (it went fourteen times)."""
+    round trips, goes to the loop three times (it went fourteen times). A long run of steps that
+    never wait (a bulk insert's rows) still leaves the loop a turn every :data:`MAX_BUSY`
+    seconds, as psycopg's own asyncio waits do."""
     try:
         state = next(gen)
+        busy_since = time.monotonic()
         while True:
+            if not state & WAIT_RW:
+                raise psycopg.InternalError(f"bad poll status: {state}")
             # A socket asked for writing nearly always takes bytes at once: a poll of no
             # timeout costs less than a round through the loop (psycopg's pipeline asks for it,
             # with reading, at every statement it sends).
             ready = _ready_now(fileno, state) if state & WAIT_W else READY_NONE
             if not ready:
                 ready = _ready_later(fileno, state)
+                busy_since = time.monotonic()
+            elif time.monotonic() - busy_since >= MAX_BUSY:
+                await_only(asyncio.sleep(0))
+                busy_since = time.monotonic()
             state = gen.send(ready)
     except StopIteration as stop:
         return cast(RV, stop.value)
@@ -181,14 +195,17 @@ def _ready_later(fileno: int, state: int) -> int:
         if not done.done():
             done.set_result(ready)
 
-    if state & WAIT_R:
-        loop.add_reader(fileno, wake, READY_R)
-    if state & WAIT_W:
-        loop.add_writer(fileno, wake, READY_W)
+    reading = writing = False
     try:
+        if state & WAIT_R:
+            loop.add_reader(fileno, wake, READY_R)
+            reading = True
+        if state & WAIT_W:
+            loop.add_writer(fileno, wake, READY_W)
+            writing = True
         return await_only(done)
     finally:
-        if state & WAIT_R:
+        if reading:
             loop.remove_reader(fileno)
-        if state & WAIT_W:
+        if writing:
             loop.remove_writer(fileno)

@@ -5,11 +5,14 @@ real PostgreSQL server."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 
 import psycopg
 import pytest
+from psycopg.abc import PQGen
+from psycopg.waiting import READY_W, WAIT_W
 
 from nymph.queue import loopconn
 from nymph.queue.loopconn import LoopConnection, NotOnLoop, await_only
@@ -221,3 +224,68 @@ async def test_a_transaction_goes_to_the_loop_once_per_round_trip(
         lambda c: [tuple(r) for r in c.execute("SELECT k, v FROM trips ORDER BY k").fetchall()]
     )
     assert rows == [(1, "one!"), *((k, str(k)) for k in range(2, 7))]
+
+
+async def test_steps_that_need_no_wait_still_leave_the_loop_a_turn_now_and_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long run of sends to a socket that takes them (a bulk insert's rows) never waits on
+    the loop by itself: the greenlet gives the loop a turn once it has been busy MAX_BUSY
+    seconds (here none, so at every step; and never, with an hour), and a wait state psycopg
+    cannot mean is refused, not waited on forever."""
+    here, there = socket.socketpair()
+    turns = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal turns
+        while not stop.is_set():
+            turns += 1
+            await asyncio.sleep(0)
+
+    def sends(n: int) -> PQGen[str]:
+        for _ in range(n):
+            ready = yield WAIT_W
+            assert ready & READY_W
+        return "sent"
+
+    def drive(n: int) -> str:
+        return loopconn._drive_gen(sends(n), here.fileno())
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0)
+        monkeypatch.setattr(loopconn, "MAX_BUSY", 0.0)
+        before = turns
+        assert await loopconn.Runner().run(lambda: drive(200)) == "sent"
+        assert turns - before >= 200
+        monkeypatch.setattr(loopconn, "MAX_BUSY", 3600.0)
+        before = turns
+        assert await loopconn.Runner().run(lambda: drive(200)) == "sent"
+        assert turns - before <= 3  # only the runner's own task switches
+
+        def nonsense() -> PQGen[None]:
+            yield 0  # neither reading nor writing
+            return None
+
+        with pytest.raises(psycopg.InternalError, match="bad poll status"):
+            await loopconn.Runner().run(lambda: loopconn._drive_gen(nonsense(), here.fileno()))
+    finally:
+        stop.set()
+        await ticking
+        here.close()
+        there.close()
+
+
+async def test_a_bulk_write_through_the_loop_writes_every_row(pg: PgDatabase) -> None:
+    """A bulk insert of many rows on one connection, its rows pipelined: all there, once."""
+    await pg.write(lambda c: c.execute("CREATE TABLE bulk (k INTEGER PRIMARY KEY, v TEXT)"))
+
+    def bulk(c: Conn) -> None:
+        c.executemany("INSERT INTO bulk VALUES (?, ?)", [(k, "x" * 40) for k in range(20_000)])
+
+    await pg.write(bulk)
+    counted = await pg.read_one(
+        lambda c: tuple(c.execute("SELECT count(*), count(DISTINCT k) FROM bulk").fetchone())
+    )
+    assert counted == (20_000, 20_000)
