@@ -229,14 +229,6 @@ class PgConn:
             cur = self.raw.execute(translate(sql), _params(parameters))
         return cur
 
-    def fetch_each(self, queries: Sequence[tuple[str, Any]], /) -> list[Row | None]:
-        """The first row of each of ``queries`` (None where none), all sent in one round trip."""
-        self._spend(len(queries))
-        with self.raw.pipeline():
-            self._run_queued()
-            cursors = [self.raw.execute(translate(sql), _params(parameters)) for sql, parameters in queries]
-        return [cur.fetchone() for cur in cursors]
-
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> Cursor:
         """One statement over many rows (a bulk insert): psycopg pipelines them."""
         self._in_transaction()
@@ -253,14 +245,6 @@ def _params(parameters: Any) -> Any:
     if isinstance(parameters, Mapping):
         return {k: _text(v) for k, v in parameters.items()}
     return [_text(v) for v in parameters]
-
-
-def fetch_each(conn: Conn, queries: Sequence[tuple[str, Any]], /) -> list[Row | None]:
-    """The first row of each of ``queries`` (None where none): reads that do not depend on each
-    other, on PostgreSQL in one round trip (:meth:`PgConn.fetch_each`), on SQLite in turn."""
-    if isinstance(conn, PgConn):
-        return conn.fetch_each(queries)
-    return [conn.execute(sql, parameters).fetchone() for sql, parameters in queries]
 
 
 def send(conn: Conn, sql: str, parameters: Any = (), /) -> None:
