@@ -2,8 +2,8 @@
 
 Each record carries ``seq`` (1, 2, ...), ``prev`` (the previous record's ``hash``; 64 zeros for
 the first) and ``hash`` = sha256 of the canonical JSON of the record without ``hash``. The head
-(last seq and hash) is also kept in ``<file>.head``, written atomically, so dropping the last
-records is detected too. :func:`verify` names the first bad record.
+(last seq and hash) is also kept in ``<file>.head``, rewritten in place at a fixed width, so
+dropping the last records is detected too. :func:`verify` names the first bad record.
 
 Records hold what was done, to what, by whom and with what result: action, instance, task,
 node, requester, manifest sha256, result, error. Never a manifest body, a script or a secret.
@@ -22,12 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nymph.daemon.durable import TornAppend, Writer, append_whole, fsync_file, replace_atomically, truncate_to
+from nymph.daemon.durable import TornAppend, Writer, append_whole, fsync_file, truncate_to, write_in_place
 from nymph.errors import NymphError
 from nymph.logsetup import redact_text
 
 GENESIS = "0" * 64
 GENESIS_SEQ = 0
+#: The head file's width before its newline: room for any seq and hash, so each write covers
+#: the whole of the last one.
+HEAD_WIDTH = 127
 ACTIONS = frozenset(
     {
         "claim",
@@ -287,8 +290,12 @@ class AuditLog:
         # Not fsynced: the records are (append_whole, or the sync that writes it), and a head
         # that lags behind whole, chained records is a state the next open accepts and records
         # (head-recovered).
+        # Written over itself at a fixed width (no temp file, no rename: a new inode at every
+        # sync cost more than the sync's fsync); a write of one page is never torn by a kill,
+        # and a head cut by a power loss reads as none, as a missing one does.
         seq, last = (self.seq, self.last) if seq is None or last is None else (seq, last)
-        replace_atomically(self.head_path, json.dumps({"seq": seq, "hash": last}).encode(), durable=False)
+        head = json.dumps({"seq": seq, "hash": last}).ljust(HEAD_WIDTH) + "\n"
+        write_in_place(self.head_path, head.encode())
         self._head_seq = seq
 
 

@@ -2,8 +2,8 @@
 container's log and ships it to the queue in ordered chunks through the outbox.
 
 One task per Pod (:class:`LogFollowers`). A follower keeps a cursor (bytes shipped, the stamp of
-the last shipped line and how many lines had it; :mod:`nymph.launch.logcursor`) in
-``<state>/logs/<instance>.json``, written after each chunk is in the outbox; a dropped
+the last shipped line and how many lines had it; :mod:`nymph.launch.logcursor`) in the mark book
+``<state>/logs.marks`` (:mod:`nymph.daemon.marks`), written after each chunk is in the outbox; a dropped
 stream or a daemon restart resumes from it, and the overlap is dropped here (by stamp) or at the
 queue (by offset). Memory is bounded: at most ``chunk_bytes`` are buffered, and a follower waits
 for room in the outbox before it reads on (the API server and the node hold the rest). When the
@@ -25,7 +25,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from nymph.daemon.durable import replace_atomically
+from nymph.daemon.marks import MarkBook
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.tracker import Tracker
 from nymph.kube.logfollow import FollowSettings, follow_container_log
@@ -50,13 +50,12 @@ class LogFollowers:
         self.on_gap = on_gap or (lambda _name, _ns: None)
         self.outbox = outbox
         self.tracker = tracker
-        self.dir = state_dir / "logs"
+        self.cursors = MarkBook(state_dir / "logs.marks")
+        # A daemon of an earlier version kept one file per Pod: <state>/logs/<instance>.json.
+        self.cursors.adopt(state_dir / "logs", _legacy_cursor)
         self.settings = settings or FollowSettings()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.deleted: set[str] = set()
-        #: Pods whose log this daemon has shipped to its end (their cursor file says ``final``):
-        #: the Pod's later changes need not read the file again.
-        self.finished: set[str] = set()
         self.log = get_logger("logs")
 
     # -- the watch's callback and the reaper's question -----------------------------------------
@@ -76,7 +75,7 @@ class LogFollowers:
             return
         if name in self.tasks:
             return
-        if name not in self.finished and container_started(pod) and not self._load(name)[1]:
+        if container_started(pod) and not self._load(name)[1]:
             namespace = str(meta.get("namespace") or "default")
             task = asyncio.create_task(self._run(name, namespace), name=f"logs:{name}")
             self.tasks[name] = task
@@ -101,32 +100,27 @@ class LogFollowers:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        self.cursors.close()
 
-    # -- cursor files ---------------------------------------------------------------------------
-
-    def _path(self, name: str) -> Path:
-        return self.dir / f"{name}.json"
+    # -- cursors ----------------------------------------------------------------------------------
 
     def _load(self, name: str) -> tuple[Cursor, bool]:
+        mark = self.cursors.get(name)
+        if mark is None:
+            return Cursor(), False
         try:
-            data = json.loads(self._path(name).read_text())
-            return Cursor.load(str(data.get("cursor"))), bool(data.get("final"))
-        except (OSError, ValueError, AttributeError):
+            return Cursor.load(str(mark.get("cursor"))), bool(mark.get("final"))
+        except (ValueError, AttributeError):
             return Cursor(), False
 
     def save(self, name: str, cursor: Cursor, *, final: bool) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         # Not fsynced: a cursor that lags after a crash only ships bytes again, which the
         # queue drops by offset.
-        data = json.dumps({"cursor": cursor.dump(), "final": final}).encode()
-        replace_atomically(self._path(name), data, durable=False)
-        if final:
-            self.finished.add(name)
+        self.cursors.put(name, {"cursor": cursor.dump(), "final": final})
 
     def _forget(self, name: str) -> None:
-        self.finished.discard(name)
         with contextlib.suppress(OSError):
-            self._path(name).unlink()
+            self.cursors.drop(name)
 
     # -- one follower ---------------------------------------------------------------------------
 
@@ -146,6 +140,14 @@ class LogFollowers:
             settings=self.settings,
             on_gap=lambda: self.on_gap(name, namespace),
         )
+
+
+def _legacy_cursor(path: Path) -> tuple[str, dict[str, Any]] | None:
+    """A cursor file of an earlier version: ``<instance>.json``."""
+    if path.suffix != ".json":
+        return None
+    data = json.loads(path.read_text())
+    return (path.stem, data) if isinstance(data, dict) else None
 
 
 class _OutboxSink:

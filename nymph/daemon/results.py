@@ -28,7 +28,7 @@ from nymph.client import (
     QueueNotInstanceDaemon,
     QueueUnavailable,
 )
-from nymph.daemon.durable import replace_atomically
+from nymph.daemon.marks import MarkBook
 from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.results import DEFAULT_RESULTS_CAP, RESULTS_DIR, BadResultPath, check_result_path
@@ -125,7 +125,10 @@ class ResultUploads:
         self.daemon_id = daemon_id
         self.tracker = tracker
         self.workdirs = workdirs
-        self.dir = state_dir / "results"
+        #: Instances whose results are uploaded (kept until their Pod is deleted).
+        self.done = MarkBook(state_dir / "results.marks")
+        # A daemon of an earlier version kept one empty-ish file per instance in <state>/results.
+        self.done.adopt(state_dir / "results", lambda path: (path.name, {}))
         self.cap = cap
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.log = get_logger("results")
@@ -137,11 +140,9 @@ class ResultUploads:
         if kind == "DELETED":
             if name and name not in self.tasks:
                 with contextlib.suppress(OSError):
-                    (self.dir / name).unlink()  # the done-marker: the Pod is gone for good
+                    self.done.drop(name)  # the Pod is gone for good
             return
-        if not name or name in self.tasks or container_termination(pod) is None:
-            return
-        if (self.dir / name).exists():
+        if not name or name in self.tasks or name in self.done or container_termination(pod) is None:
             return
         task = asyncio.create_task(self._upload(name), name=f"results:{name}")
         self.tasks[name] = task
@@ -162,6 +163,7 @@ class ResultUploads:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        self.done.close()
 
     async def _send(self, **kwargs: Any) -> None:
         backoff = 0.5
@@ -197,9 +199,8 @@ class ResultUploads:
                 await self._send(instance_id=name, error="; ".join(problems)[:2000])
         except (QueueConflict, QueueNotFound, QueueBadRequest, QueueNotInstanceDaemon) as exc:
             self.log.warning("the queue refused results", instance=name, detail=str(exc)[:300])
-        self.dir.mkdir(parents=True, exist_ok=True)
-        # Not fsynced: a marker lost to a power cut uploads again, which the queue takes as
-        # the same chunks (idempotent by offset).
-        replace_atomically(self.dir / name, b"done", durable=False)
+        # Not fsynced: a mark lost to a power cut uploads again, which the queue takes as the
+        # same chunks (idempotent by offset).
+        self.done.put(name, {})
         if found or problems:
             self.log.info("results uploaded", instance=name, files=len(found), refused=len(problems))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from nymph.errors import NymphError
@@ -43,12 +44,23 @@ class Workdirs:
         return real
 
     def create(self, instance_id: str) -> Path:
+        """Create the workdir (or take the one there: a launch adopted again), mode set.
+        A symlink or anything else not a directory at its place is refused. A mkdir, an lstat
+        and a chmod when ``work/`` exists (every launch but the first)."""
         path = self.path(instance_id)
         try:
-            self.base.mkdir(parents=True, exist_ok=True)
-            self._inside(path)
-            path.mkdir(exist_ok=True)
-            if path.is_symlink() or not path.is_dir():
+            try:
+                os.mkdir(path, self.mode)
+            except FileNotFoundError:
+                self.base.mkdir(parents=True, exist_ok=True)
+                self._inside(path)
+                path.mkdir(mode=self.mode, exist_ok=True)
+            except FileExistsError:
+                pass
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                raise WorkdirError(f"refusing workdir {path}: a symlink, which may lead outside {self.base}")
+            if not stat.S_ISDIR(mode):
                 raise WorkdirError(f"refusing workdir {path}: not a plain directory")
             os.chmod(path, self.mode)
             if self.owner is not None:
