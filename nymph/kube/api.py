@@ -18,11 +18,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import kube_config
 
 from nymph.errors import ValidationError
-from nymph.kube import fastjson
+from nymph.kube import fastjson, rawcall
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import Conflict, Invalid, KubeError, NotFound, Unavailable, from_status
 from nymph.kube.kubectl import FIELD_MANAGER
 from nymph.kube.netguard import refusal_of
+from nymph.kube.rawcall import pod_path
 from nymph.launch.names import LABEL_MANAGED, check_dns_subdomain, check_namespace
 
 
@@ -162,14 +163,12 @@ class ApiApplier:
         ns, name = object_key(m)
         if m.get("kind") != "Pod":
             return ApplyOutcome(namespace=ns, name=name, error=KubeError("the api applier only applies Pods"))
-        kwargs: dict[str, Any] = {"field_manager": FIELD_MANAGER}
+        query = [("fieldManager", FIELD_MANAGER)]
         if dry_run:
-            kwargs["dry_run"] = "All"
-        v1 = client.CoreV1Api(self.api)
+            query.append(("dryRun", "All"))
         try:
-            # Read raw: a V1Pod model would be built only to be turned back into JSON.
-            body: Any = dict(m)  # plain JSON: the client sends a dict as it is
-            resp: Any = await v1.create_namespaced_pod(ns, body, _preload_content=False, **kwargs)
+            # The manifest encoded once and the answer read raw (no client model either way).
+            resp = await rawcall.send(self.api, "POST", pod_path(ns), query=query, body=m)
             try:
                 raw = await resp.read()
             finally:

@@ -26,6 +26,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from nymph.errors import CredentialsError
+from nymph.kube import rawcall
 from nymph.kube.api import api_error, forget_loader_files, raw_json, without_env_lookups
 from nymph.kube.credentials import (
     OPEN_POLICY,
@@ -38,6 +39,7 @@ from nymph.kube.credentials import (
     staged_kubeconfig,
 )
 from nymph.kube.errors import AlreadyExists, NotFound
+from nymph.kube.rawcall import pod_path
 from nymph.kube.userclient import build_client
 from nymph.kube.userconfig import check_user_kubeconfig
 from nymph.logsetup import forget_secret, register_secret
@@ -195,11 +197,9 @@ def _pod(data: dict[str, Any]) -> dict[str, Any]:
 async def create_pod(api: client.ApiClient, manifest: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     """Create the Pod; ``(pod, created)``. A Pod already there under its fixed name is adopted."""
     meta = manifest["metadata"]
-    v1 = client.CoreV1Api(api)
-    body: Any = dict(manifest)  # plain JSON: the client sends a dict as it is
     try:
         return _pod(
-            await raw_json(v1.create_namespaced_pod(meta["namespace"], body, _preload_content=False))
+            await raw_json(rawcall.send(api, "POST", pod_path(meta["namespace"]), body=manifest))
         ), True
     except AlreadyExists:
         pass
