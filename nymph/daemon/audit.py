@@ -235,12 +235,16 @@ class AuditLog:
                 rec[k] = redact_text(v) if isinstance(v, str) else v
         rec["prev"] = self.last
         rec["hash"] = record_hash(rec)
+        line = _canon(rec) + b"\n"
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             if self._repair_to is not None:
                 truncate_to(self.path, self._repair_to)
                 self._repair_to = None
-            append_whole(self.path, _canon(rec) + b"\n", write=self._write, sync=not self.grouped)
+            try:
+                append_whole(self.path, line, write=self._write, sync=not self.grouped)
+            except FileNotFoundError:  # its directory is gone (made at the first record only)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                append_whole(self.path, line, write=self._write, sync=not self.grouped)
         except TornAppend as exc:
             self._repair_to = exc.keep
             raise AuditWriteError(f"cannot append to the audit log {self.path}: {exc.strerror}") from None

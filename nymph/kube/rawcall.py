@@ -46,13 +46,13 @@ async def send(
     if queries:
         url += "?" + urlencode(queries)
     rest = api.rest_client
-    extra: dict[str, Any] = {}
-    if rest.proxy:
-        extra["proxy"] = rest.proxy
-    if rest.proxy_headers:
-        extra["proxy_headers"] = rest.proxy_headers
-    if rest.server_hostname:
-        extra["server_hostname"] = rest.server_hostname
+    # as the generated client's own requests go: its proxy and TLS server name, when set
+    given = (
+        ("proxy", rest.proxy),
+        ("proxy_headers", rest.proxy_headers),
+        ("server_hostname", rest.server_hostname),
+    )
+    extra: dict[str, Any] = {k: v for k, v in given if v}
     session: aiohttp.ClientSession = rest.pool_manager
     data = None if body is None else fastjson.dumps(body)
     return await session.request(

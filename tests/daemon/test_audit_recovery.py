@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -344,3 +345,15 @@ def test_audit_opens_on_a_full_disk_and_records_the_recovery_once_space_returns(
     ]
     res = verify(path)
     assert res.ok and res.records == 6 and res.notes == ()
+
+
+def test_a_log_whose_directory_is_missing_or_removed_makes_it_again(tmp_path: Path) -> None:
+    """The directory is made at the first record, and made again if it is removed: the next
+    record is written, not refused, and its head with it."""
+    path = tmp_path / "root" / "audit.jsonl"
+    log = AuditLog(path)
+    log.append("claim", task="t1")
+    shutil.rmtree(path.parent)
+    log.append("apply", task="t1", result="ok")
+    assert [json.loads(x)["seq"] for x in path.read_text().splitlines()] == [2]
+    assert json.loads(path.with_name("audit.jsonl.head").read_text())["seq"] == 2
