@@ -90,13 +90,16 @@ def fsync_file(path: Path) -> None:
 
 def write_in_place(path: Path, data: bytes, *, mode: int = 0o640) -> None:
     """Overwrite the start of ``path`` with ``data`` (created if missing), not fsynced: for a
-    small position of fixed width that may lag and is rewritten often. Cheaper than
+    small position of fixed width that may lag and is rewritten often (anything after it, from
+    some other writer, is cut; a symlink at ``path`` is refused). Cheaper than
     :func:`replace_atomically` (no temp file, no rename); a write of one page is never torn by a
     kill of the process, and a reader takes anything unreadable for "from the start"."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, mode)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, mode)
     try:
         if os.pwrite(fd, data, 0) != len(data):
             raise OSError(5, "short write")
+        if os.fstat(fd).st_size > len(data):  # longer than any write of it: cut what follows
+            os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
 

@@ -60,7 +60,9 @@ class MarkBook:
         self._size = 0
         #: The file ends in a torn line: the next line starts with a newline of its own.
         self._torn = False
-        with contextlib.suppress(FileNotFoundError):
+        # A book that cannot be read is taken as empty, as a missing one: the marks only save
+        # work, which is repeated without them.
+        with contextlib.suppress(OSError):
             data = self.path.read_bytes()
             self._torn = bool(data) and not data.endswith(b"\n")
             for name, value in _records(data):
@@ -81,6 +83,7 @@ class MarkBook:
         written."""
         self._append(_line(name, value))
         self.marks[name] = value
+        self._maybe_compact()
 
     def drop(self, name: str) -> None:
         """Forget ``name``'s mark (nothing is written when there is none)."""
@@ -88,16 +91,20 @@ class MarkBook:
             return
         self._append(_line(name, None))
         del self.marks[name]
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
         if self.lines >= MIN_LINES_TO_COMPACT and self.lines > COMPACT_FACTOR * len(self.marks):
             with contextlib.suppress(OSError):  # a bigger file than needed, not a lost mark
                 self.compact()
 
     def compact(self) -> None:
-        """Rewrite the file with the live marks only."""
+        """Rewrite the file with the live marks only. Durable (fsynced, then renamed): unlike
+        one line, a rewrite lost to a power cut would lose every mark at once."""
         self.close()
         data = b"".join(_line(n, v) for n, v in self.marks.items())
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        replace_atomically(self.path, data, mode=self.mode, durable=False)
+        replace_atomically(self.path, data, mode=self.mode, durable=True)
         self.lines = len(self.marks)
         self._torn = False
 
@@ -117,7 +124,10 @@ class MarkBook:
             except (OSError, ValueError):
                 continue
             if mark is not None and mark[0] not in self.marks:
-                self.put(*mark)
+                try:
+                    self.put(*mark)
+                except OSError:
+                    break  # the disk is full or read-only: the rest stays for the next start
             taken.append(f)
         if taken:
             self._sync()
@@ -154,9 +164,12 @@ class MarkBook:
             if written != len(data):
                 raise OSError(5, "short write")
         except OSError:
-            # Cut what part of the line got in, so the next line starts on its own.
-            with contextlib.suppress(OSError):
+            # Cut what part of the line got in; if even that fails, the next line starts with a
+            # newline of its own (the part is then a line that is skipped).
+            try:
                 os.ftruncate(fd, self._size)
+            except OSError:
+                self._torn = True
             raise
         self._size += written
         self._torn = False

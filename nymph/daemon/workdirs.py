@@ -2,8 +2,8 @@
 
 Ownership and mode: created by the daemon's user with mode 0775 (``work.dir_mode``), and
 chowned to ``work.owner`` (uid, gid) when set, so a Pod running as that user can write. The
-path is built only from a validated instance id under the root, and checked again after
-resolving symlinks: nothing outside the root is ever created or removed.
+path is built only from a validated instance id under the root, and a symlink (or anything but
+a directory) at its place is refused: nothing outside the root is ever created or removed.
 """
 
 from __future__ import annotations

@@ -357,3 +357,16 @@ def test_a_log_whose_directory_is_missing_or_removed_makes_it_again(tmp_path: Pa
     log.append("apply", task="t1", result="ok")
     assert [json.loads(x)["seq"] for x in path.read_text().splitlines()] == [2]
     assert json.loads(path.with_name("audit.jsonl.head").read_text())["seq"] == 2
+
+
+def test_a_head_longer_than_its_width_is_cut_at_the_next_write(tmp_path: Path) -> None:
+    """Anything after the fixed-width head (left by some other writer) would make it unreadable,
+    which turns the check of the log's end off: the next write cuts it."""
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path)
+    log.append("claim", task="t1")
+    head = path.with_name("audit.jsonl.head")
+    head.write_text(head.read_text() + "x" * 300)
+    log.append("apply", task="t1", result="ok")
+    assert json.loads(head.read_text()) == {"seq": 2, "hash": log.last}
+    assert verify(path).ok

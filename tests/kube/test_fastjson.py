@@ -46,3 +46,18 @@ def test_what_orjson_refuses_or_reads_its_own_way_still_decodes_as_json_does(tex
 def test_what_is_not_json_is_refused_with_a_value_error(text: str | bytes) -> None:
     with pytest.raises(ValueError):
         fastjson.loads(text)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {
+            "metadata": {"name": "p", "annotations": {"n": "caf\u00e9 \u2713"}},
+            "spec": {"x": [1, 2.5, None, True]},
+        },
+        {"big": 2**70},  # past 64 bits: orjson refuses, the standard library encodes it
+        {1: "a key that is not a string"},
+    ],
+)
+def test_what_is_encoded_decodes_to_what_the_standard_library_makes_of_it(obj: Any) -> None:
+    assert json.loads(fastjson.dumps(obj)) == json.loads(json.dumps(obj))
