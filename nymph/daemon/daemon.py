@@ -126,6 +126,20 @@ class Daemon:
     async def _synced(self) -> None:
         await asyncio.gather(*(w.synced.wait() for w in self.watchers.values()))
 
+    async def _forget_marks(self, followers: LogFollowers, uploads: ResultUploads) -> None:
+        """Once every watch has listed its Pods: forget the log cursors and results marks of
+        Pods that went while the daemon was down (no DELETED reached it for them)."""
+        await self._synced()
+        live = {name for w in self.watchers.values() for name in w.cache}
+        try:
+            forgotten = followers.cursors.keep_only(live | set(followers.tasks))
+            forgotten += uploads.done.keep_only(live | set(uploads.tasks))
+        except OSError as exc:  # a full disk: they are forgotten at a later start
+            self.log.warning("cannot forget the marks of gone Pods", error=str(exc)[:200])
+            return
+        if forgotten:
+            self.log.info("forgot the marks of Pods gone while the daemon was down", marks=forgotten)
+
     def _applier(self, api: kclient.ApiClient) -> tuple[Applier, Kubectl]:
         kube = self.s.kube
         kubectl = Kubectl(
@@ -302,6 +316,7 @@ class Daemon:
         )
         # Launches must not run before the watch caches are synced (the adopt check uses them).
         self.loops.append(guarded("dispatcher", lambda: runner.run(ready=self._synced)))
+        self.loops.append(guarded("forget-marks", lambda: self._forget_marks(followers, uploads)))
         self.loops.append(guarded("renewer", claimer.renew_loop))
         self.loops.append(guarded("reaper", reaper.run))
         self.loops.append(guarded("image-pulls", pulls.run))

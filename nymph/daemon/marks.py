@@ -93,6 +93,14 @@ class MarkBook:
         del self.marks[name]
         self._maybe_compact()
 
+    def keep_only(self, live: set[str]) -> int:
+        """Forget every mark but those of ``live``: how many were forgotten. For marks of
+        instances whose Pods went while nobody watched (the daemon was down)."""
+        gone = [name for name in self.marks if name not in live]
+        for name in gone:
+            self.drop(name)
+        return len(gone)
+
     def _maybe_compact(self) -> None:
         if self.lines >= MIN_LINES_TO_COMPACT and self.lines > COMPACT_FACTOR * len(self.marks):
             with contextlib.suppress(OSError):  # a bigger file than needed, not a lost mark

@@ -219,3 +219,13 @@ def test_what_is_read_back_is_what_was_written(
     book.close()
     assert book.marks == expect
     assert MarkBook(path).marks == expect
+
+
+def test_only_the_marks_of_live_instances_are_kept(tmp_path: Path) -> None:
+    """Marks of Pods that went while the daemon was down are forgotten, on disk too."""
+    book = MarkBook(tmp_path / "m")
+    for name in ("alive", "gone-1", "gone-2"):
+        book.put(name, {})
+    assert book.keep_only({"alive", "not-marked"}) == 2
+    book.close()
+    assert MarkBook(tmp_path / "m").marks == {"alive": {}}
