@@ -34,10 +34,15 @@ async def send(
     *,
     query: Sequence[tuple[str, str]] = (),
     body: Mapping[str, Any] | None = None,
+    timeout: aiohttp.ClientTimeout | None = None,
+    accept: str = JSON,
 ) -> aiohttp.ClientResponse:
     """Send ``method path?query`` with ``body`` as JSON; the response, unread (the caller reads
-    and releases it). Errors are aiohttp's, as the generated client's are."""
-    headers: dict[str, str] = {**api.default_headers, "Accept": JSON, "Content-Type": JSON}
+    and releases it). Errors are aiohttp's, as the generated client's are. No ``timeout``: none,
+    as the generated client's calls without one."""
+    headers: dict[str, str] = {**api.default_headers, "Accept": accept}
+    if body is not None:
+        headers["Content-Type"] = JSON
     if api.cookie:
         headers["Cookie"] = api.cookie
     queries: list[tuple[str, str]] = list(query)
@@ -56,5 +61,5 @@ async def send(
     session: aiohttp.ClientSession = rest.pool_manager
     data = None if body is None else fastjson.dumps(body)
     return await session.request(
-        method, url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(), **extra
+        method, url, data=data, headers=headers, timeout=timeout or aiohttp.ClientTimeout(), **extra
     )
