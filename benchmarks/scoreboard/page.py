@@ -150,11 +150,13 @@ the runs that made each change, not of the run above):
   rename; the audit log's head is rewritten in place; a workdir costs a mkdir, an lstat and a
   chmod. On this machine's disk (ext4), making a file is the costliest syscall there is: in
   `perf` profiles of the daemon during `--only api --sizes 1000`, the kernel's share of its CPU
-  fell from 39% to 29%, and `openat` from 15% to 2% (file syscalls per launch, `strace -c`:
-  openat 12.7 -> 8.5, stat 29 -> 11, rename 2.3 -> 0).
+  fell from 39% to 27%, and `openat` from 15% to 1% (syscalls per launch, `strace -c`: openat
+  12.7 -> 8.8, stat 29.1 -> 9.9, mkdir 6.0 -> 1.0, rename 2.3 -> 0). The workdir's own mkdir
+  is now the costliest (9% of the daemon's CPU).
 - A Pod's manifest is encoded once (orjson) and sent through the API client's own session and
-  credentials; the generated client copied it recursively before encoding it with the standard
-  library (7% of the queue's samples in direct mode, `py-spy --gil`)."""
+  credentials, and a Pod's log stream is opened the same way; the generated client copied a
+  manifest recursively before encoding it with the standard library (7% of the queue's samples
+  in direct mode, `py-spy --gil`)."""
 
 
 def _n(x: int) -> str:
