@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,17 @@ from hypothesis import strategies as st
 
 from nymph.daemon import marks
 from nymph.daemon.marks import MarkBook
+
+
+def half_a_line(code: int) -> Callable[[int, bytes], int]:
+    """A write that puts half its bytes in, then fails with ``code``."""
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(code, os.strerror(code))
+
+    return write
 
 
 def test_marks_survive_a_restart_and_forgotten_ones_stay_forgotten(tmp_path: Path) -> None:
@@ -47,11 +59,15 @@ def test_a_torn_last_line_and_stray_lines_are_skipped(tmp_path: Path) -> None:
     assert MarkBook(path).marks == {"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}
 
 
-def test_the_file_is_rewritten_with_the_live_marks_when_it_holds_many_more_lines(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def compacting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where a book is rewritten from 40 lines on (4,096 in the daemon)."""
     monkeypatch.setattr(marks, "MIN_LINES_TO_COMPACT", 40)
-    path = tmp_path / "m"
+    return tmp_path / "m"
+
+
+def test_the_file_is_rewritten_with_the_live_marks_when_it_holds_many_more_lines(compacting: Path) -> None:
+    path = compacting
     book = MarkBook(path)
     book.put("keep", {"k": True})
     for i in range(30):
@@ -65,31 +81,29 @@ def test_the_file_is_rewritten_with_the_live_marks_when_it_holds_many_more_lines
     assert MarkBook(path).marks == {"keep": {"k": True}, "after": {}}
 
 
-def test_a_mark_rewritten_often_does_not_grow_the_file_without_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_mark_rewritten_often_does_not_grow_the_file_without_bound(compacting: Path) -> None:
     """A long log's cursor moves at every chunk, with no Pod deleted in between."""
-    monkeypatch.setattr(marks, "MIN_LINES_TO_COMPACT", 40)
-    path = tmp_path / "m"
-    book = MarkBook(path)
+    book = MarkBook(compacting)
     for offset in range(500):
         book.put("long-log", {"cursor": f"{offset} - 0"})
     book.close()
-    assert len(path.read_bytes().splitlines()) < 40
-    assert MarkBook(path).marks == {"long-log": {"cursor": "499 - 0"}}
+    assert len(compacting.read_bytes().splitlines()) < 40
+    assert MarkBook(compacting).marks == {"long-log": {"cursor": "499 - 0"}}
+
+
+@pytest.fixture
+def one_mark(tmp_path: Path) -> tuple[Path, MarkBook]:
+    """A book holding the mark ``a`` = ``{"x": 1}``."""
+    book = MarkBook(tmp_path / "m")
+    book.put("a", {"x": 1})
+    return tmp_path / "m", book
 
 
 def test_a_line_whose_cut_failed_does_not_swallow_the_next(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    one_mark: tuple[Path, MarkBook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "m"
-    book = MarkBook(path)
-    book.put("a", {"x": 1})
-    real_write = os.write
-
-    def half(fd: int, data: bytes) -> int:
-        real_write(fd, data[: len(data) // 2])
-        raise OSError(errno.EIO, "Input/output error")
+    path, book = one_mark
+    half = half_a_line(errno.EIO)
 
     def refuse(fd: int, size: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -130,19 +144,11 @@ def test_taking_files_in_stops_on_a_full_disk_and_leaves_the_rest(
 
 
 def test_a_failed_write_leaves_the_mark_and_the_file_as_they_were(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    one_mark: tuple[Path, MarkBook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "m"
-    book = MarkBook(path)
-    book.put("a", {"x": 1})
+    path, book = one_mark
     before = path.read_bytes()
-    real_write = os.write
-
-    def half_then_full(fd: int, data: bytes) -> int:
-        real_write(fd, data[: len(data) // 2])
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "write", half_then_full)
+    monkeypatch.setattr(os, "write", half_a_line(errno.ENOSPC))
     with pytest.raises(OSError, match="No space"):
         book.put("a", {"x": 2})
     with pytest.raises(OSError, match="No space"):
