@@ -23,7 +23,6 @@ from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import Conflict, Invalid, KubeError, NotFound, Unavailable, from_status
 from nymph.kube.kubectl import FIELD_MANAGER
 from nymph.kube.netguard import refusal_of
-from nymph.kube.rawcall import pod_path
 from nymph.launch.names import LABEL_MANAGED, check_dns_subdomain, check_namespace
 
 
@@ -168,7 +167,7 @@ class ApiApplier:
             query.append(("dryRun", "All"))
         try:
             # The manifest encoded once and the answer read raw (no client model either way).
-            resp = await rawcall.send(self.api, "POST", pod_path(ns), query=query, body=m)
+            resp = await rawcall.send(self.api, "POST", rawcall.pod_path(ns), query=query, body=m)
             try:
                 raw = await resp.read()
             finally:

@@ -22,7 +22,6 @@ from kubernetes_asyncio import client
 from nymph.kube import rawcall
 from nymph.kube.api import status_message
 from nymph.kube.errors import KubeError, Unavailable, from_status
-from nymph.kube.rawcall import pod_path
 
 _NOT_READY = re.compile(
     r"waiting to start|ContainerCreating|PodInitializing|is not available|has not started", re.I
@@ -98,7 +97,7 @@ async def open_log(
         resp = await rawcall.send(
             api,
             "GET",
-            pod_path(namespace, name) + "/log",
+            rawcall.pod_path(namespace, name) + "/log",
             query=query,
             timeout=aiohttp.ClientTimeout(total=None, sock_read=None, connect=30),
             accept="*/*",

@@ -39,7 +39,6 @@ from nymph.kube.credentials import (
     staged_kubeconfig,
 )
 from nymph.kube.errors import AlreadyExists, NotFound
-from nymph.kube.rawcall import pod_path
 from nymph.kube.userclient import build_client
 from nymph.kube.userconfig import check_user_kubeconfig
 from nymph.logsetup import forget_secret, register_secret
@@ -199,7 +198,7 @@ async def create_pod(api: client.ApiClient, manifest: Mapping[str, Any]) -> tupl
     meta = manifest["metadata"]
     try:
         return _pod(
-            await raw_json(rawcall.send(api, "POST", pod_path(meta["namespace"]), body=manifest))
+            await raw_json(rawcall.send(api, "POST", rawcall.pod_path(meta["namespace"]), body=manifest))
         ), True
     except AlreadyExists:
         pass
