@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from nymph.daemon.durable import replace_atomically
-from nymph.kube import fastjson
 
 #: Rewrite the file when it holds more than this many lines per live mark (and at least
 #: :data:`MIN_LINES_TO_COMPACT` lines).
@@ -38,7 +37,7 @@ def _line(name: str, value: dict[str, Any] | None) -> bytes:
 def _records(data: bytes) -> Iterator[tuple[str, dict[str, Any] | None]]:
     for raw in data.split(b"\n"):
         try:
-            rec = fastjson.loads(raw)
+            rec = json.loads(raw)  # exact: orjson (fastjson) reads an integer past 64 bits as a float
         except ValueError:
             continue  # a torn last line, or not a mark
         if not isinstance(rec, dict) or not isinstance(rec.get("n"), str):

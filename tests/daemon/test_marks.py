@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nymph.daemon import marks
@@ -209,6 +209,7 @@ ops = st.lists(
 
 @settings(max_examples=60, deadline=None)
 @given(ops=ops)
+@example(ops=[("a", {"cursor": -(2**63) - 1}), ("b", {"final": 2**64})])  # past 64 bits: exact
 def test_what_is_read_back_is_what_was_written(
     tmp_path_factory: pytest.TempPathFactory, ops: list[Any]
 ) -> None:
