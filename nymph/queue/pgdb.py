@@ -49,10 +49,10 @@ from psycopg.conninfo import conninfo_to_dict
 from nymph.queue import loopconn
 from nymph.queue.broadcast import coalesce
 from nymph.queue.db import DatabaseError
-from nymph.queue.errors import Unavailable
+from nymph.queue.errors import Conflict, Unavailable
 from nymph.queue.loopconn import LoopConnection, await_only
 from nymph.queue.sql import events
-from nymph.queue.sql.dialect import PgConn, pg_row_factory
+from nymph.queue.sql.dialect import UNIQUE_CONFLICTS, PgConn, pg_row_factory
 from nymph.queue.sql.pg_migrations import PG_MIGRATIONS
 
 T = TypeVar("T")
@@ -76,6 +76,14 @@ _CONFLICTS = (
     psycopg.errors.DeadlockDetected,
     psycopg.errors.UniqueViolation,
 )
+
+
+def _unique_conflict(exc: Exception) -> Conflict | None:
+    """The 409 a unique constraint broken on purpose stands for (:data:`UNIQUE_CONFLICTS`)."""
+    if not isinstance(exc, psycopg.errors.UniqueViolation):
+        return None
+    known = UNIQUE_CONFLICTS.get(exc.diag.constraint_name or "")
+    return None if known is None else Conflict(known[0], code=known[1])
 
 
 def is_url(value: str) -> bool:
@@ -263,6 +271,9 @@ class PgDatabase:
                     _rollback(raw, begin)
                     conflicts += 1
                     if conflicts == WRITE_ATTEMPTS:
+                        answer = _unique_conflict(exc)
+                        if answer is not None:
+                            raise answer from None
                         raise
                     log.debug("write met another one; running it again", error=exc.__class__.__name__)
                 except psycopg.OperationalError:

@@ -68,6 +68,12 @@ def for_update(conn: Conn, *, of: str = "", skip_locked: bool = False, key: bool
     return mode + (f" OF {of}" if of else "") + (" SKIP LOCKED" if skip_locked else "")
 
 
+#: Unique constraints a PostgreSQL write may break on purpose, by name: what to answer (a 409's
+#: message and code) when it broke it on every attempt (see :data:`nymph.queue.pgdb.WRITE_ATTEMPTS`).
+#: A write that sends an insert without waiting for its answer (:func:`send`) learns of a taken
+#: key only at its commit; it is then run again from its start, with fresh keys.
+UNIQUE_CONFLICTS: dict[str, tuple[str, str]] = {}
+
 #: Advisory lock classes of :func:`lock_key` (the second key is the hash of the name).
 NAMESPACE_KEYS = 0x6E796D70  # "nymp": a namespace's scheduling (claims, quota, direct launches)
 DAEMON_KEYS = 0x6E796D71  # a daemon id's sessions

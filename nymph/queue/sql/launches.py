@@ -24,7 +24,7 @@ from nymph.protocol import LaunchAccepted, TaskKind, iso, now
 from nymph.queue.errors import BadRequest, Conflict
 from nymph.queue.scheduling import Quota
 from nymph.queue.sql import catalog, events, idempotency, retries
-from nymph.queue.sql.dialect import Conn, send
+from nymph.queue.sql.dialect import UNIQUE_CONFLICTS, Conn, is_postgres, send
 from nymph.queue.sql.quotas import get_quota, quota_of
 from nymph.queue.sql.tasks import insert_task
 
@@ -38,6 +38,9 @@ MAX_ID_ATTEMPTS = 8
 #: the daemon renders with its own).
 RENDER_CHECK_NODE = "node"
 RENDER_CHECK_ROOT = "/var/lib/nymph"
+_ID_TAKEN = "no free instance id after {} attempts: send the launch again"
+#: On PostgreSQL a taken id breaks the instances' primary key at the commit (see _new_instance).
+UNIQUE_CONFLICTS["instances_pkey"] = (_ID_TAKEN.format("several"), "instance_id_taken")
 #: Where fresh instance ids come from (``lakeshore-<8 hex>``); a seam for tests.
 new_instance_id = names.new_instance_id
 
@@ -301,6 +304,13 @@ def launch_dockyard(
     return accepted, True
 
 
+_INSERT_INSTANCE = (
+    "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, "
+    "reason, message, node, launched_at, updated_at, version, requester) "
+    "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?)"
+)
+
+
 def _new_instance(
     conn: Conn,
     *,
@@ -314,22 +324,26 @@ def _new_instance(
     """Insert a queued instance under ``first_id``, or, when that id is taken (ids are never
     reused: old instances stay), under a fresh one; the answer carries the id used."""
     instance_id = first_id
-    for attempt in range(MAX_ID_ATTEMPTS):
-        if attempt:
-            instance_id = new_instance_id()
-        cur = conn.execute(
-            "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, "
-            "reason, message, node, launched_at, updated_at, version, requester) "
-            "VALUES (?, ?, ?, ?, ?, NULL, '', NULL, ?, ?, 1, ?) ON CONFLICT (instance_id) DO NOTHING",
+    if is_postgres(conn):
+        # Sent with the commit, not a round trip of its own: a taken id (32 random bits) breaks
+        # the primary key there, and the whole write runs again with fresh ids (pgdb).
+        send(
+            conn,
+            _INSERT_INSTANCE,
             (instance_id, ns, provider, kube_ns, InstanceState.QUEUED.value, ts, ts, requester),
         )
-        if cur.rowcount:
-            break
     else:
-        raise Conflict(
-            f"no free instance id after {MAX_ID_ATTEMPTS} attempts: send the launch again",
-            code="instance_id_taken",
-        )
+        for attempt in range(MAX_ID_ATTEMPTS):
+            if attempt:
+                instance_id = new_instance_id()
+            cur = conn.execute(
+                _INSERT_INSTANCE + " ON CONFLICT (instance_id) DO NOTHING",
+                (instance_id, ns, provider, kube_ns, InstanceState.QUEUED.value, ts, ts, requester),
+            )
+            if cur.rowcount:
+                break
+        else:
+            raise Conflict(_ID_TAKEN.format(MAX_ID_ATTEMPTS), code="instance_id_taken")
     send(
         conn,
         "INSERT INTO instance_events (instance_id, state, reason, message, at) VALUES (?, ?, NULL, '', ?)",
