@@ -221,6 +221,12 @@ class Needs:
     #: Nodes it turned out Unschedulable on (the queue moved it off them).
     avoid: tuple[str, ...] = ()
 
+    @property
+    def requests_something(self) -> bool:
+        """Whether it requests any resource: only then does what is placed on a node matter
+        to :func:`misfit`."""
+        return any(v > 0 for v in self.requests.values())
+
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any] | None) -> Needs:
         """From a launch spec's JSON (:meth:`nymph.launch.spec.LaunchSpec.to_json`)."""

@@ -98,6 +98,35 @@ async def test_free_capacity_counts_placed_launches(kind: Queue) -> None:
     assert [t["instanceId"] for t in got] == ids[2:]
 
 
+async def test_a_claim_reads_what_is_placed_only_for_a_launch_that_requests_something(
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Launches that request nothing fit whatever is placed: their claim does not read the
+    node's placed launches. A launch that requests something after them in the same claim is
+    still held to what is free (the placed launches and this claim's picks)."""
+    node = dict(CPU, allocatable={"cpu": "2"})
+    placed = await _launch(kind, resources={"requests": {"cpu": "1"}})
+    assert [t["instanceId"] for t in await _claim(kind, "d1", "cpu-node", node)] == [placed]
+    reads: list[str] = []
+    placed_on = placement.placed_on
+
+    def counted(conn: Any, *, node: str, now: float) -> Any:
+        reads.append(node)
+        return placed_on(conn, node=node, now=now)
+
+    monkeypatch.setattr(placement, "placed_on", counted)
+    plain = [await _launch(kind) for _ in range(3)]
+    got = await _claim(kind, "d1", "cpu-node", node)
+    assert [t["instanceId"] for t in got] == plain and reads == []
+    fits, too_big = (await _launch(kind), await _launch(kind, resources={"requests": {"cpu": "1500m"}}))
+    small = await _launch(kind, resources={"requests": {"cpu": "1"}})
+    over = await _launch(kind, resources={"requests": {"cpu": "1m"}})
+    got = await _claim(kind, "d1", "cpu-node", node)
+    # 1 core placed: 1.5 does not fit, 1 does, and then nothing more is free
+    assert [t["instanceId"] for t in got] == [fits, small] and set(reads) == {"cpu-node"}
+    assert over not in {t["instanceId"] for t in got} and too_big not in {t["instanceId"] for t in got}
+
+
 async def test_waiting_reason_for_a_selector_nobody_matches(kind: Queue) -> None:
     iid = await _launch(kind, node_selector={"gpu": "h100"})
     await _claim(kind, "d-cpu", "cpu-node", CPU)

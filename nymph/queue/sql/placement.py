@@ -103,8 +103,16 @@ def placed_on(conn: Conn, *, node: str, now: float) -> dict[str, Fraction]:
     a moved launch is counted where it went)."""
     used: dict[str, Fraction] = {}
     for (spec,) in conn.execute(_placed_sql(conn, one_node=True), {"node": node, "now": now}):
-        used = add(used, _needs(spec).requests)
+        _add_into(used, _needs(spec).requests)
     return used
+
+
+def _add_into(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
+    for k, v in more.items():
+        total[k] = total.get(k, _ZERO) + v
+
+
+_ZERO = Fraction(0)
 
 
 def placed_by_node(conn: Conn, *, now: float) -> dict[str, dict[str, Fraction]]:
@@ -130,6 +138,9 @@ def pick(
     other kinds are not placed. Without an offer every row fits."""
     if offer is None:
         return [r["seq"] for r in rows[:capacity]]
+    # What is placed on the node counts only for a launch that requests something (misfit),
+    # so it is read at the first such launch: a claim of launches that request nothing reads
+    # nothing more (the picks before it requested nothing, so they add nothing to it).
     used: dict[str, Fraction] | None = None
     out: list[int] = []
     for r in rows:
@@ -138,11 +149,12 @@ def pick(
         if r["kind"] != "launch":
             out.append(r["seq"])
             continue
-        if used is None:
-            used = placed_on(conn, node=node, now=now)
         needs = _needs(r["spec"])
+        if used is None and needs.requests_something:
+            used = placed_on(conn, node=node, now=now)
         if misfit(needs, offer, used=used) is None:
-            used = add(used, needs.requests)
+            if used is not None:
+                _add_into(used, needs.requests)
             out.append(r["seq"])
     return out
 

@@ -262,7 +262,7 @@ def plan(
 ) -> list[Head]:
     """Up to ``limit`` tasks for a daemon, chosen one at a time by :func:`pick_next` among the
     group heads its node can run (with what it picked so far placed on it: ``used_on_node``,
-    read only when some head is pending); ``only``: of these namespaces alone (those
+    read only when a head requests a resource); ``only``: of these namespaces alone (those
     :func:`lock_namespaces` locked)."""
     if limit <= 0:
         return []
@@ -278,15 +278,22 @@ def plan(
     several = len({h.candidate.namespace for h in pending}) > 1
     offered = totals(conn, now=now, held=held) if several else {}
     lately = recent(conn, now=now)
-    on_node = dict(used_on_node() if used_on_node is not None else {})
+    # What is placed on the node, read at the first head that requests something (only such a
+    # head can misfit for it; the picks before it requested nothing, so add nothing to it).
+    on_node: dict[str, Fraction] | None = None
+
+    def fits(needs: Needs, offer: NodeOffer) -> bool:
+        nonlocal on_node
+        if on_node is None and needs.requests_something:
+            on_node = dict(used_on_node() if used_on_node is not None else {})
+        return misfit(needs, offer, used=on_node) is None
+
     picked: list[Head] = []
     while pending and len(picked) < limit:
         by_seq = {
             h.candidate.seq: h
             for h in pending
-            if offer is None
-            or h.kind != TaskKind.LAUNCH.value
-            or misfit(h.needs, offer, used=on_node) is None
+            if offer is None or h.kind != TaskKind.LAUNCH.value or fits(h.needs, offer)
         }
         chosen = pick_next(
             [c.candidate for c in by_seq.values()],
@@ -301,7 +308,7 @@ def plan(
         picked.append(head)
         held = charge(held, chosen)
         lately = {**lately, chosen.namespace: lately.get(chosen.namespace, 0.0) + 1.0}
-        if head.kind == TaskKind.LAUNCH.value:
+        if head.kind == TaskKind.LAUNCH.value and on_node is not None:
             on_node = add(on_node, head.needs.requests)
         c = head.candidate
         following = _head(conn, head.grp, now=now, after=(c.priority, c.priority, c.seq))
