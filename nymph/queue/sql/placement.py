@@ -103,16 +103,8 @@ def placed_on(conn: Conn, *, node: str, now: float) -> dict[str, Fraction]:
     a moved launch is counted where it went)."""
     used: dict[str, Fraction] = {}
     for (spec,) in conn.execute(_placed_sql(conn, one_node=True), {"node": node, "now": now}):
-        _add_into(used, _needs(spec).requests)
+        used = add(used, _needs(spec).requests)
     return used
-
-
-def _add_into(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
-    for k, v in more.items():
-        total[k] = total.get(k, _ZERO) + v
-
-
-_ZERO = Fraction(0)
 
 
 def placed_by_node(conn: Conn, *, now: float) -> dict[str, dict[str, Fraction]]:
@@ -154,7 +146,7 @@ def pick(
             used = placed_on(conn, node=node, now=now)
         if misfit(needs, offer, used=used) is None:
             if used is not None:
-                _add_into(used, needs.requests)
+                used = add(used, needs.requests)
             out.append(r["seq"])
     return out
 
