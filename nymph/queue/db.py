@@ -95,6 +95,12 @@ class Backend(Protocol):
 
     async def try_singleton(self, key: int, fn: Callable[[Conn], T]) -> tuple[bool, T | None]: ...
 
+    async def seal_events(self) -> None:
+        """Give the committed events that have no cursor yet theirs, and wake the followers of
+        their namespaces (PostgreSQL: see :mod:`nymph.queue.sql.events`; SQLite gives cursors
+        as it writes)."""
+        ...
+
     def broadcast(self, key: str) -> None: ...
 
     async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
@@ -312,6 +318,9 @@ class Database:
     async def read_one(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A one-statement read: a small read (on the event loop) like any other here."""
         return await self.read_small(fn)
+
+    async def seal_events(self) -> None:
+        """Nothing to do: SQLite's one writer gives each event its cursor as it writes it."""
 
     async def try_singleton(self, key: int, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
         """One process owns the file: always this one."""

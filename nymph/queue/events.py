@@ -24,4 +24,12 @@ class EventFeed:
             self.added.notify(ns)
 
     async def page(self, *, ns: str, after: int | None, limit: int, where: EventFilter) -> EventPage:
-        return await self.db.read(lambda conn: sql.read(conn, ns=ns, after=after, limit=limit, where=where))
+        """A page of ``ns``'s events after ``after``; events committed before this call are in it
+        or after it, never left behind unsealed (PostgreSQL: they are sealed, then read)."""
+        page = await self.db.read(lambda conn: sql.read(conn, ns=ns, after=after, limit=limit, where=where))
+        if page.unsealed:
+            await self.db.seal_events()
+            page = await self.db.read(
+                lambda conn: sql.read(conn, ns=ns, after=after, limit=limit, where=where)
+            )
+        return page

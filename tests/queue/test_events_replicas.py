@@ -1,6 +1,6 @@
-"""The event stream on PostgreSQL replicas: cursor order is commit order (a transaction takes its
-cursor only after every earlier taker committed, so a follower that read a cursor can never find
-a smaller one committed later), and a follower on one replica gets, woken by the database's
+"""The event stream on PostgreSQL replicas: writes never wait for each other, and a cursor is
+given after its event committed (so a follower that read a cursor can never find a smaller one
+committed later), and a follower on one replica gets, woken by the database's
 notifications, every change made on either replica exactly once and in order."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 from nymph.client import QueueClient
 from nymph.client.events import events_page, follow_events
-from nymph.protocol import EventJSON
+from nymph.protocol import EventJSON, now
 from nymph.queue.sql import events
 from nymph.queue.sql.dialect import PgConn, pg_row_factory
 from tests.support.pg_server import PgServer
@@ -24,54 +25,115 @@ from tests.support.queue_helpers import FAST, add_kind, open_queue
 NS = "/v1/namespaces/default"
 
 
-def test_a_later_cursor_is_never_visible_before_an_earlier_one_commits(pg_server: PgServer) -> None:
+def _instances(db: str, *ids: str) -> None:
+    with psycopg.connect(db, autocommit=True, row_factory=pg_row_factory) as setup:
+        for iid in ids:
+            setup.execute(
+                "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, "
+                "launched_at, updated_at, version, requester) "
+                "VALUES (%s, 'default', 'kind', 'jobs', 'queued', 0, 0, 1, 't')",
+                (iid,),
+            )
+
+
+def _change(iid: str, what: str) -> Callable[[PgConn], tuple[None, frozenset[str]]]:
+    # as the backend runs a write
+    return events.collecting(lambda c: events.record(c, instance_id=iid, changes=[what], at=1.0))
+
+
+def _stream(reader: psycopg.Connection[Any]) -> list[tuple[object, str]]:
+    rows = reader.execute("SELECT seq, changes FROM events ORDER BY id").fetchall()
+    return [(r["seq"], r["changes"]) for r in rows]
+
+
+def test_writes_never_wait_for_each_other_and_a_later_cursor_is_never_visible_first(
+    pg_server: PgServer,
+) -> None:
+    """Two write transactions adding events run at once: the second commits while the first is
+    still open (nothing they share is locked). Cursors come after the commit, from a sealing
+    statement: the second's event gets one and is read; the first's, committed later, gets a
+    larger one, so a follower that read the second's never misses the first's."""
     from nymph.queue.pgdb import connect_and_migrate
 
     db = pg_server.fresh_database()
     try:
         connect_and_migrate(db)
-        with psycopg.connect(db, autocommit=True, row_factory=pg_row_factory) as setup:
-            setup.execute(
-                "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, "
-                "launched_at, updated_at, version, requester) "
-                "VALUES ('lakeshore-00000001', 'default', 'kind', 'jobs', 'queued', 0, 0, 1, 't')"
-            )
+        _instances(db, "lakeshore-00000001", "lakeshore-00000002")
         first = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
         second = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
         reader = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
         with first, second, reader:
-
-            def change(what: str) -> Callable[[PgConn], tuple[None, frozenset[str]]]:
-                # as the backend runs a write: its events get their cursors as its last statement
-                return events.collecting(
-                    lambda c: events.record(c, instance_id="lakeshore-00000001", changes=[what], at=1.0)
-                )
-
             pf = PgConn(first)
             first.execute("BEGIN")
-            change("state")(pf)
-            # The cursors are given by the last statement, sent with the COMMIT; hold the counter
-            # here as that statement does until its commit lands.
-            first.execute("SELECT clock FROM event_marks WHERE id = 1 FOR UPDATE")
+            _change("lakeshore-00000001", "state")(pf)
+            pf.flush()  # its event is inserted; the transaction stays open
             done = threading.Event()
 
             def later() -> None:
                 second.execute("BEGIN")
                 pg = PgConn(second)
-                change("node")(pg)
+                _change("lakeshore-00000002", "node")(pg)
                 pg.commit()
                 done.set()
 
             t = threading.Thread(target=later, name="second-writer")
             t.start()
-            # The second writer waits for the first's cursor to commit: nothing newer is visible.
-            assert not done.wait(0.5)
-            assert reader.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 0
-            pf.commit()
+            assert done.wait(10), "the second write waited for the first"
             t.join(10)
-            assert done.is_set()
-            rows = reader.execute("SELECT seq, changes FROM events ORDER BY seq").fetchall()
-            assert [r["changes"] for r in rows] == ["state", "node"] and rows[0]["seq"] < rows[1]["seq"]
+            assert _stream(reader) == [(None, "node")]  # committed, not sealed: not readable yet
+            assert events.seal(PgConn(reader, single=True)) == frozenset({"default"})
+            [(node_seq, _)] = _stream(reader)
+            assert isinstance(node_seq, int)
+            pf.commit()
+            assert events.seal(PgConn(reader, single=True)) == frozenset({"default"})
+            state_seq = {c: q for q, c in _stream(reader)}["state"]
+            assert isinstance(state_seq, int) and state_seq > node_seq
+            assert events.seal(PgConn(reader, single=True)) == frozenset()  # nothing left
+    finally:
+        pg_server.drop_database(db)
+
+
+def test_two_sealing_statements_at_once_never_give_a_cursor_twice(pg_server: PgServer) -> None:
+    """A sealing statement that waits for another's commit leaves alone what that one sealed
+    meanwhile, and gives what is still unsealed cursors above that one's: no event gets two
+    cursors, no cursor goes to two events, and the later statement's are the larger."""
+    from nymph.queue.pgdb import connect_and_migrate
+
+    db = pg_server.fresh_database()
+    try:
+        connect_and_migrate(db)
+        _instances(db, "lakeshore-00000001", "lakeshore-00000002")
+        holder = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
+        other = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
+        writer = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
+        with holder, other, writer:
+            for what in ("state", "reason"):
+                w = PgConn(writer)
+                writer.execute("BEGIN")
+                _change("lakeshore-00000001", what)(w)
+                w.commit()
+            holder.execute("BEGIN")
+            assert events.seal(PgConn(holder)) == frozenset({"default"})  # holds the counter
+            first_given = {c: q for q, c in _stream(holder)}
+            w = PgConn(writer)
+            writer.execute("BEGIN")
+            _change("lakeshore-00000002", "node")(w)
+            w.commit()
+            sealed: list[frozenset[str]] = []
+            t = threading.Thread(target=lambda: sealed.append(events.seal(PgConn(other, single=True))))
+            t.start()
+            t.join(0.5)
+            assert t.is_alive(), "the second sealing statement did not wait for the first"
+            holder.execute("COMMIT")
+            t.join(10)
+            assert sealed == [frozenset({"default"})]
+            rows = {c: q for q, c in _stream(writer)}
+            seqs = list(rows.values())
+            assert all(isinstance(q, int) for q in seqs) and len(set(seqs)) == 3
+            # what the first gave stands (a follower may have read it): not given again
+            assert {c: rows[c] for c in ("state", "reason")} == first_given
+            assert rows["node"] > max(rows["state"], rows["reason"])  # type: ignore[operator]
+            assert rows["state"] < rows["reason"]  # type: ignore[operator]
     finally:
         pg_server.drop_database(db)
 
@@ -130,4 +192,44 @@ async def test_a_follower_on_one_replica_gets_every_change_made_on_both(
         for q, runner in ((a, ra), (b, rb)):
             await q.close()
             await runner.cleanup()
+        pg_server.drop_database(db)
+
+
+async def test_events_a_replica_left_unsealed_are_read_and_swept(pg_server: PgServer, tmp_path: Path) -> None:
+    """Events committed by a replica that died before sealing them (inserted here without a
+    seal) are not left behind: a page read seals them before it answers, and the sweep seals
+    them with no read at all, telling the namespace's followers."""
+    db = pg_server.fresh_database()
+    q, runner = await open_queue(tmp_path, FAST, db=db)
+    try:
+        await add_kind(q)
+        _instances(db, "lakeshore-00000001", "lakeshore-00000002")
+        told: list[frozenset[str]] = []
+        q.store.db.events_written = told.append
+
+        def left_unsealed(iid: str, what: str) -> None:
+            with psycopg.connect(db, autocommit=True, row_factory=pg_row_factory) as died:
+                conn = PgConn(died)
+                died.execute("BEGIN")
+                events.record(conn, instance_id=iid, changes=[what], at=now())
+                conn.commit()
+
+        def seqs() -> list[object]:
+            with psycopg.connect(db, autocommit=True) as reader:
+                return [r[0] for r in reader.execute("SELECT seq FROM events ORDER BY id").fetchall()]
+
+        async with QueueClient(base_url=q.url, token=q.user_token) as user:
+            left_unsealed("lakeshore-00000001", "state")
+            items, cursor = await events_page(user, limit=50)
+            assert [(e["instanceId"], e["changes"]) for e in items] == [("lakeshore-00000001", ["state"])]
+            assert items[0]["cursor"] == cursor and int(cursor) > 0
+        left_unsealed("lakeshore-00000002", "node")
+        assert seqs() == [int(cursor), None]
+        told.clear()
+        await q.store.sweep()
+        assert seqs() == [int(cursor), int(cursor) + 1]
+        assert told == [frozenset({"default"})]
+    finally:
+        await q.close()
+        await runner.cleanup()
         pg_server.drop_database(db)

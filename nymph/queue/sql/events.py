@@ -7,18 +7,25 @@ code, attempt, group, node, waiting reason and its kind) with the names of what 
 ``seq`` N can never later find a new event at N or below (nothing is skipped on a reconnect):
 
 * SQLite has one writer at a time, and ``AUTOINCREMENT`` hands out increasing values;
-* PostgreSQL runs writes at once, so a transaction's events are written without a seq and given
-  theirs as its last statement, sent with its ``COMMIT`` (:func:`collecting`), from one counter
-  row (``event_marks.clock``) whose row lock is held until the commit: a transaction takes its
-  seqs only after every earlier taker committed, and holds the lock for no more than its commit (a
-  sequence would not do: a value taken by a transaction that commits later can be smaller).
+* PostgreSQL runs writes at once, so a write transaction inserts its events without a seq,
+  and they get theirs after its commit, from :func:`seal`: one statement that gives every
+  committed event still without one the next values of a counter row (``event_marks.clock``),
+  in the order the events were inserted. Sealing statements take that row's lock one at a
+  time, and each gives values above every earlier one's: a follower that read N never finds a
+  new event at N or below. Write transactions never touch the counter, so writes to different
+  instances never wait for each other (a counter held by each write until its commit made every
+  commit of every replica wait for the one before it). A sequence would not do: a value taken
+  by a transaction that commits later can be smaller. The backend seals after each write that
+  added events (several writes' events in one statement when they commit together), a read of
+  the stream that finds events of its namespace unsealed (a replica that died between a commit
+  and its seal) seals before it answers, and the sweeper seals what is left.
 
 Retention removes a prefix (the events older than ``--retention-days``) and raises
 ``event_marks.floor`` to the last seq removed: a cursor below it is answered with 410.
 
-Which namespaces a write transaction added events to (and, on PostgreSQL, how many) is noted in
-a context variable while :func:`collecting` runs it, so the backend can wake the followers after
-the commit.
+Which namespaces a write transaction added events to is noted in a context variable while
+:func:`collecting` runs it, so the backend can wake the followers after the commit (SQLite) or
+seal them (PostgreSQL: :func:`seal` says which namespaces it sealed events of).
 """
 
 from __future__ import annotations
@@ -58,12 +65,11 @@ class _Written:
 
     def __init__(self) -> None:
         self.namespaces: set[str] = set()
-        self.count = 0
 
 
 def collecting(fn: Callable[[C], T]) -> Callable[[C], tuple[T, frozenset[str]]]:
     """``fn`` returning also the namespaces it added events to (run on the database thread); on
-    PostgreSQL its events get their seqs after ``fn`` returned, just before the commit."""
+    PostgreSQL its events get their seqs after the commit (:func:`seal`)."""
 
     def run(conn: C) -> tuple[T, frozenset[str]]:
         outer = _written.get()
@@ -71,8 +77,6 @@ def collecting(fn: Callable[[C], T]) -> Callable[[C], tuple[T, frozenset[str]]]:
         token = _written.set(written)
         try:
             result = fn(conn)
-            if outer is None and written.count and is_postgres(conn):  # type: ignore[arg-type]
-                _seal(conn, written.count)  # type: ignore[arg-type]
             return result, frozenset(written.namespaces)
         finally:
             _written.reset(token)
@@ -80,23 +84,33 @@ def collecting(fn: Callable[[C], T]) -> Callable[[C], tuple[T, frozenset[str]]]:
     return run
 
 
-def _seal(conn: PgConn, count: int) -> None:
-    """Give this transaction's ``count`` events (the only rows without a seq it can see: others'
-    are not committed) the next seqs, in the order they were written: one statement, sent with
-    the ``COMMIT`` (:meth:`PgConn.at_commit`), so the counter's lock is held for the commit."""
-    conn.at_commit(
-        "WITH c AS (UPDATE event_marks SET clock = clock + ? WHERE id = 1 RETURNING clock) "
-        "UPDATE events SET seq = (SELECT clock FROM c) - ? + t.n FROM (SELECT id, row_number() "
-        "OVER (ORDER BY id) AS n FROM events WHERE seq IS NULL) t WHERE events.id = t.id",
-        (count, count),
-    )
+#: Gives every committed event without a seq (``t``, read in one snapshot) the next values of
+#: the counter, in the order they were inserted; the namespaces it sealed events of. The counter
+#: row's lock orders sealing statements: one that waited for another's commit reads the counter
+#: that one left (PostgreSQL reads a row updated meanwhile again), and an event that one sealed
+#: meanwhile is left alone (``seq IS NULL`` is checked again on the row as it is now), so no
+#: value is given twice; such an event leaves a gap in the cursors, which only need to grow.
+SEAL = (
+    "WITH t AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM events WHERE seq IS NULL), "
+    "k AS (SELECT count(*) AS n FROM t), "
+    "c AS (UPDATE event_marks SET clock = event_marks.clock + k.n FROM k "
+    "WHERE event_marks.id = 1 AND k.n > 0 RETURNING event_marks.clock - k.n AS base), "
+    "u AS (UPDATE events SET seq = c.base + t.n FROM t, c "
+    "WHERE events.id = t.id AND events.seq IS NULL RETURNING events.namespace) "
+    "SELECT DISTINCT namespace FROM u"
+)
 
 
-def _note(ns: str, count: int) -> None:
+def seal(conn: PgConn) -> frozenset[str]:
+    """Give the committed events that have no seq yet theirs (:data:`SEAL`, one statement: on
+    PostgreSQL it runs alone, its own transaction); the namespaces of the events sealed."""
+    return frozenset(str(r[0]) for r in conn.execute(SEAL).fetchall())
+
+
+def _note(ns: str) -> None:
     written = _written.get()
     if written is not None:
         written.namespaces.add(ns)
-        written.count += count
 
 
 def record(
@@ -145,7 +159,7 @@ def record(
     )
     if row["state"] == "queued" and row["waiting_told"] != kind:
         conn.execute("UPDATE instances SET waiting_told = ? WHERE instance_id = ?", (kind, instance_id))
-    _note(str(row["namespace"]), 1)
+    _note(str(row["namespace"]))
 
 
 def record_created(
@@ -162,7 +176,7 @@ def record_created(
         send(conn, sql, rows[0])
     else:
         conn.executemany(sql, rows)
-    _note(ns, len(instance_ids))
+    _note(ns)
 
 
 def changes_between(
@@ -188,11 +202,14 @@ class EventFilter:
 class EventPage:
     """Events after a cursor, oldest first, and the cursor to read on from (``next_cursor``: the
     last one read, or when the page is not full the newest event of the whole queue, so that a
-    reader of a quiet filter does not read the same stretch again)."""
+    reader of a quiet filter does not read the same stretch again). ``unsealed``: the namespace
+    has committed events without a seq yet (PostgreSQL), which this page cannot show: seal them
+    (:func:`seal`) and read again."""
 
     items: list[EventJSON]
     next_cursor: int
     full: bool
+    unsealed: bool = False
 
 
 def parse_cursor(raw: str | None, *, name: str = "after") -> int | None:
@@ -207,9 +224,17 @@ def parse_cursor(raw: str | None, *, name: str = "after") -> int | None:
     return int(raw)
 
 
-def _floor(conn: Conn) -> int:
+def _marks(conn: Conn, ns: str) -> tuple[int, bool]:
+    """The floor, and whether ``ns`` has events not sealed yet (PostgreSQL only; one statement)."""
+    if is_postgres(conn):
+        row = conn.execute(
+            "SELECT floor, EXISTS (SELECT 1 FROM events WHERE seq IS NULL AND namespace = ?) "
+            "FROM event_marks WHERE id = 1",
+            (ns,),
+        ).fetchone()
+        return (0, False) if row is None else (int(row[0]), bool(row[1]))
     row = conn.execute("SELECT floor FROM event_marks WHERE id = 1").fetchone()
-    return 0 if row is None else int(row[0])
+    return 0 if row is None else int(row[0]), False
 
 
 def event_json(r: Row) -> EventJSON:
@@ -235,7 +260,7 @@ def event_json(r: Row) -> EventJSON:
 def read(conn: Conn, *, ns: str, after: int | None, limit: int, where: EventFilter) -> EventPage:
     """At most ``limit`` events of ``ns`` after the cursor ``after`` (None: the oldest kept);
     Gone when events after ``after`` were removed by retention."""
-    floor = _floor(conn)
+    floor, unsealed = _marks(conn, ns)
     if after is not None and after < floor:
         raise Gone(
             f"events up to cursor {floor} are gone (older than the queue keeps them, --retention-days): "
@@ -256,12 +281,18 @@ def read(conn: Conn, *, ns: str, after: int | None, limit: int, where: EventFilt
     rows = conn.execute(sql + " ORDER BY seq LIMIT ?", [*params, limit + 1]).fetchall()
     if len(rows) > limit:
         kept = rows[:limit]
-        return EventPage(items=[event_json(r) for r in kept], next_cursor=int(kept[-1]["seq"]), full=True)
+        return EventPage(
+            items=[event_json(r) for r in kept],
+            next_cursor=int(kept[-1]["seq"]),
+            full=True,
+            unsealed=unsealed,
+        )
     newest = conn.execute("SELECT MAX(seq) FROM events").fetchone()[0]
     return EventPage(
         items=[event_json(r) for r in rows],
         next_cursor=max(start, 0 if newest is None else int(newest)),
         full=False,
+        unsealed=unsealed,
     )
 
 

@@ -276,10 +276,11 @@ PG_MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX instances_by_group ON instances (group_id, group_index, attempt)
         WHERE group_id IS NOT NULL;
     """,
-    # 10: the namespace event stream (SQLite migration 14). ``seq`` is given as a transaction's
-    # last statement from the counter in ``event_marks`` (a row lock held to its commit), not from
-    # a sequence: a sequence value taken by a transaction that commits later could be smaller
-    # than one a follower has already read. Until then its rows have none (only it sees them).
+    # 10: the namespace event stream (SQLite migration 14). ``seq`` is given after the commit
+    # by a sealing statement, from the counter in ``event_marks`` (nymph.queue.sql.events.seal),
+    # not from a sequence: a sequence value taken by a transaction that commits later could be
+    # smaller than one a follower has already read. Until then a row has none
+    # (``events_unsealed`` finds those).
     """
     CREATE TABLE events (
         id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
