@@ -95,10 +95,10 @@ class Backend(Protocol):
 
     async def try_singleton(self, key: int, fn: Callable[[Conn], T]) -> tuple[bool, T | None]: ...
 
-    async def seal_events(self) -> None:
-        """Give the committed events that have no cursor yet theirs, and wake the followers of
-        their namespaces (PostgreSQL: see :mod:`nymph.queue.sql.events`; SQLite gives cursors
-        as it writes)."""
+    async def seal_events(self, *, wake: bool = False) -> None:
+        """Give the committed events that have no cursor yet theirs; with ``wake``, wake the
+        followers of their namespaces (PostgreSQL: see :mod:`nymph.queue.sql.events`; SQLite
+        gives cursors as it writes)."""
         ...
 
     def broadcast(self, key: str) -> None: ...
@@ -319,7 +319,7 @@ class Database:
         """A one-statement read: a small read (on the event loop) like any other here."""
         return await self.read_small(fn)
 
-    async def seal_events(self) -> None:
+    async def seal_events(self, *, wake: bool = False) -> None:
         """Nothing to do: SQLite's one writer gives each event its cursor as it writes it."""
 
     async def try_singleton(self, key: int, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:

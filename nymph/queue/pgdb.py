@@ -172,9 +172,9 @@ class PgDatabase:
         #: Broadcast keys not sent yet, and the task sending them (see :meth:`broadcast`).
         self._outbox: list[str] = []
         self._sender: asyncio.Task[None] | None = None
-        #: Seals asked for and not started yet (each asker's future, None for a write's), and
-        #: the task sealing (see :meth:`seal_events`).
-        self._seals_asked: list[asyncio.Future[None] | None] = []
+        #: Seals asked for and not started yet (each asker's future, and whether it wakes the
+        #: followers), and the task sealing (see :meth:`seal_events`).
+        self._seals_asked: list[tuple[asyncio.Future[None], bool]] = []
         self._sealer: asyncio.Task[None] | None = None
         self.events_written: Callable[[frozenset[str]], None] = lambda namespaces: None
 
@@ -221,35 +221,31 @@ class PgDatabase:
 
     async def write(self, fn: Callable[[PgConn], T]) -> T:
         """Run ``fn`` in one write transaction, again from its start when it meets another write
-        (see the module doc). Its events get their cursors just after (:meth:`seal_events`),
-        without this call waiting for that."""
+        (see the module doc). Its events get their cursors when they are first read
+        (:meth:`seal_events`): the write neither waits for that nor pays for it."""
         result, namespaces = await self._run(
             events.collecting(fn), begin="BEGIN ISOLATION LEVEL READ COMMITTED", writing=True
         )
         if namespaces:
-            self._ask_seal(None)
+            self.events_written(namespaces)
         return result
 
-    async def seal_events(self) -> None:
-        """Seal the events committed before this call (a sealing statement that starts after it),
-        and wake the followers of their namespaces. Writes that commit together share one."""
+    async def seal_events(self, *, wake: bool = False) -> None:
+        """Seal the events committed before this call (by a sealing statement that starts after
+        it; calls that come together share one); with ``wake``, wake the followers of the
+        namespaces it sealed events of."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ask_seal(done)
-        await asyncio.shield(done)
-
-    def _ask_seal(self, done: asyncio.Future[None] | None) -> None:
         if self._pool is None:
-            if done is not None:
-                done.set_exception(DatabaseError("the queue database is not open"))
-            return
-        self._seals_asked.append(done)
+            raise DatabaseError("the queue database is not open")
+        self._seals_asked.append((done, wake))
         if self._sealer is None or self._sealer.done():
             self._sealer = asyncio.get_running_loop().create_task(self._seal(), name="nymph-queue-pg-seal")
+        await asyncio.shield(done)
 
     async def _seal(self) -> None:
         """Seal until no one asks: each round answers those who asked before it started (its
-        statement's snapshot is taken after their commits). A failed round leaves the events to
-        the next round, a read that finds them, or the sweeper; those who asked are told."""
+        statement's snapshot is taken after their calls). A failed round leaves the events to
+        the next read or sweep; those who asked are told."""
         while self._seals_asked:
             asked, self._seals_asked = self._seals_asked, []
             error: BaseException | None = None
@@ -257,19 +253,19 @@ class PgDatabase:
                 namespaces = await self._run(events.seal, begin=None, writing=True)
             except Exception as exc:  # the task is guarded: every asker is answered
                 log.warning(
-                    "events not sealed yet; the next write, read or sweep seals them",
-                    error=exc.__class__.__name__,
+                    "events not sealed yet; the next read or sweep seals them", error=exc.__class__.__name__
                 )
                 error = exc if isinstance(exc, Unavailable | DatabaseError) else Unavailable(UNREACHABLE)
             else:
-                if namespaces:
+                if namespaces and any(wake for _, wake in asked):
                     self.events_written(namespaces)
-            for done in asked:
-                if done is not None and not done.done():
-                    if error is None:
-                        done.set_result(None)
-                    else:
-                        done.set_exception(error)
+            for done, _ in asked:
+                if done.done():
+                    continue
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
 
     async def read(self, fn: Callable[[PgConn], T]) -> T:
         return await self._run(fn, begin="BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", writing=False)

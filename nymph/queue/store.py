@@ -412,7 +412,7 @@ class Store:
             log.info("expired leases handed back", tasks=count)
         await self.output.purge_due()
         await self.expiry.due()
-        # events a replica committed and did not seal (it died in between): no follower waits
-        # for longer than a sweep
-        await self.db.seal_events()
+        # events committed and not read since (their cursors come with the first read), or whose
+        # replica died before it woke their followers: no follower waits longer than a sweep
+        await self.db.seal_events(wake=True)
         return count

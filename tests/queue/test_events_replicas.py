@@ -195,10 +195,12 @@ async def test_a_follower_on_one_replica_gets_every_change_made_on_both(
         pg_server.drop_database(db)
 
 
-async def test_events_a_replica_left_unsealed_are_read_and_swept(pg_server: PgServer, tmp_path: Path) -> None:
-    """Events committed by a replica that died before sealing them (inserted here without a
-    seal) are not left behind: a page read seals them before it answers, and the sweep seals
-    them with no read at all, telling the namespace's followers."""
+async def test_events_without_cursors_are_sealed_by_a_read_and_by_the_sweep(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """Events committed without their cursors (here by a connection of the test's own, as a
+    replica that died before it woke anyone) are not left behind: a page read seals them before
+    it answers, and the sweep seals them with no read at all, waking the namespace's followers."""
     db = pg_server.fresh_database()
     q, runner = await open_queue(tmp_path, FAST, db=db)
     try:

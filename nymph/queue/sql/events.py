@@ -15,17 +15,16 @@ code, attempt, group, node, waiting reason and its kind) with the names of what 
   new event at N or below. Write transactions never touch the counter, so writes to different
   instances never wait for each other (a counter held by each write until its commit made every
   commit of every replica wait for the one before it). A sequence would not do: a value taken
-  by a transaction that commits later can be smaller. The backend seals after each write that
-  added events (several writes' events in one statement when they commit together), a read of
-  the stream that finds events of its namespace unsealed (a replica that died between a commit
-  and its seal) seals before it answers, and the sweeper seals what is left.
+  by a transaction that commits later can be smaller. Sealing is left to those who read the
+  stream: a read that finds events of its namespace unsealed seals them (with whatever else is
+  unsealed, one statement shared by the reads that come together) and reads again, so a write
+  neither waits for nor pays for its events' cursors; the sweeper seals what nobody read.
 
 Retention removes a prefix (the events older than ``--retention-days``) and raises
 ``event_marks.floor`` to the last seq removed: a cursor below it is answered with 410.
 
 Which namespaces a write transaction added events to is noted in a context variable while
-:func:`collecting` runs it, so the backend can wake the followers after the commit (SQLite) or
-seal them (PostgreSQL: :func:`seal` says which namespaces it sealed events of).
+:func:`collecting` runs it, so the backend can wake the followers after the commit.
 """
 
 from __future__ import annotations
