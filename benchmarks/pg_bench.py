@@ -9,7 +9,10 @@ a process of its own), as a database in another machine of the zone would:
 * ``pg_concurrency``: one replica. The time of one launch POST (the median of ``rounds``, one at
   a time), and of 16 POSTs of different launches sent at once (the median of ``rounds``
   bursts); ``ratio_16_to_1`` is the second over the first (target <= 2.0: with writes waiting
-  for each other 16 would take about 16 times one). Beside it, what else bounds a burst: the
+  for each other 16 would take about 16 times one). The tests' server does not flush commits to
+  disk; the same is measured again on one that does (``durable``: ``fsync`` and
+  ``synchronous_commit`` on, as in production), where a lock held until a commit is held for
+  its flush too. Beside it, what else bounds a burst: the
   replica's own CPU for one (``replica_cpu_ms_per_burst``: one Python process runs on one core
   at a time), and, from ``pg_stat_activity`` sampled during as many bursts again (after the
   timed ones, so that the sampling's own queries do not slow those), the share of the
@@ -373,6 +376,31 @@ async def throughput(
     }
 
 
+#: What the durable run reports (the rest is in the main run).
+DURABLE_KEYS = (
+    "one_post_ms",
+    "burst_16_ms",
+    "ratio_16_to_1",
+    "replica_cpu_ms_per_burst",
+    "lock_wait_share",
+    "lock_samples",
+    "lock_waits_by_statement",
+)
+
+
+async def durable_concurrency(p: Params) -> dict[str, Any]:
+    """``pg_concurrency`` again on a server that flushes each commit to disk before it answers
+    (``fsync`` and ``synchronous_commit`` on, as in production): a lock a write holds until its
+    commit is held for the flush too, so writes that waited for each other would show here most."""
+    with running_server(durable=True) as server, proxy(server, p) as (port, proxy_pid):
+        raw = server.fresh_database()
+        dbname = raw.split("/", 3)[3].split("?", 1)[0]
+        with LockSampler(server.url(), dbname) as sampler:
+            assert server.proc is not None
+            got = await concurrency(pg_url_through(raw, port), p, sampler, proxy_pid, server.proc.pid)
+    return {k: got[k] for k in DURABLE_KEYS}
+
+
 async def run(p: Params, say: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with running_server() as server, proxy(server, p) as (port, proxy_pid):
@@ -385,6 +413,9 @@ async def run(p: Params, say: Any) -> dict[str, Any]:
                 pg_url_through(raw, port), p, sampler, proxy_pid, server.proc.pid
             )
         say(f"  {out['pg_concurrency']}")
+        say("pg_concurrency on a durable server")
+        out["pg_concurrency"]["durable"] = await durable_concurrency(p)
+        say(f"  {out['pg_concurrency']['durable']}")
         runs: dict[str, dict[str, Any]] = {"limited": {}, "unlimited": {}}
         with cpu_limits() as limits:
             if limits.root is None:

@@ -39,6 +39,22 @@ def pg_writes(r: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
         f"| {c.get('rounds')} rounds | {c.get('one_post_ms')} | {c.get('burst_16_ms')} | {c.get('ratio_16_to_1')} |",
     ]
+    durable = c.get("durable")
+    if isinstance(durable, dict):
+        out.append(
+            f"| the same, the server flushing each commit to disk | {durable.get('one_post_ms')} "
+            f"| {durable.get('burst_16_ms')} | {durable.get('ratio_16_to_1')} |"
+        )
+        out += [
+            "",
+            _fill(
+                "The tests' PostgreSQL server does not flush commits to disk; the second row is a server "
+                "that does (`fsync` and `synchronous_commit` on, as in production), where a lock a write "
+                "held until its commit would be held for the flush too: there a share of "
+                f"{durable.get('lock_wait_share')} of the busy backends sampled ({durable.get('lock_samples')} "
+                "samples) waited for a lock."
+            ),
+        ]
     if c.get("replica_cpu_ms_per_burst") is not None:
         out += [
             "",

@@ -55,6 +55,9 @@ class PgServer:
     bin_dir: Path
     root: Path
     port: int = 5432
+    #: Each commit flushed to disk before it is answered (a production server's settings);
+    #: otherwise none is (the tests' speed: nothing here outlives the server's directory).
+    durable: bool = False
     proc: subprocess.Popen[bytes] | None = None
     _counter: itertools.count[int] = field(default_factory=itertools.count)
     #: Databases the tests are done with, dropped together (see :meth:`drop_database`).
@@ -116,12 +119,8 @@ class PgServer:
                 str(self.port),
                 "-c",
                 "listen_addresses=",
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
+                *([] if self.durable else ["-c", "fsync=off", "-c", "synchronous_commit=off"]),
+                *([] if self.durable else ["-c", "full_page_writes=off"]),
                 "-c",
                 "max_connections=300",
                 "-c",
@@ -207,11 +206,12 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def running_server() -> Iterator[PgServer]:
-    """Start a server in a new temp directory; stop it and remove the directory at the end."""
+def running_server(*, durable: bool = False) -> Iterator[PgServer]:
+    """Start a server in a new temp directory; stop it and remove the directory at the end.
+    ``durable``: each commit is flushed to disk, as on a production server."""
     bin_dir = find_bin()
     root = Path(tempfile.mkdtemp(prefix="nymph-pg-"))
-    server = PgServer(bin_dir=bin_dir, root=root)
+    server = PgServer(bin_dir=bin_dir, root=root, durable=durable)
     try:
         server.init()
         server.start()

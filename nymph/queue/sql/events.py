@@ -300,8 +300,11 @@ def read(conn: Conn, *, ns: str, after: int | None, limit: int, where: EventFilt
 
 def prune(conn: Conn, *, before: float, limit: int) -> int:
     """Remove the oldest events up to the first one at or after ``before`` (at most ``limit``),
-    raising the floor to the last seq removed; returns how many went."""
-    rows = conn.execute("SELECT seq, at FROM events ORDER BY seq LIMIT ?", (limit,)).fetchall()
+    raising the floor to the last seq removed; returns how many went. Events not sealed yet
+    (PostgreSQL) wait for their seq: the sweeper seals them."""
+    rows = conn.execute(
+        "SELECT seq, at FROM events WHERE seq IS NOT NULL ORDER BY seq LIMIT ?", (limit,)
+    ).fetchall()
     cut: int | None = None
     for r in rows:
         if float(r["at"]) >= before:
