@@ -25,6 +25,7 @@ from nymph.daemon.leases import LeaseLedger
 from nymph.daemon.logfollow import LogFollowers
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.nodeinfo import NodeInfo
+from nymph.daemon.nodelabels import label_node_pods
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.podreaper import Reaper
 from nymph.daemon.pullwatch import PullWatch
@@ -44,7 +45,7 @@ from nymph.kube.api import ApiApplier, make_api_client
 from nymph.kube.applier import Applier
 from nymph.kube.kubectl import Kubectl
 from nymph.kube.watch import PodWatcher
-from nymph.launch.names import LABEL_MANAGED
+from nymph.launch.names import node_selector
 from nymph.logsetup import get_logger
 from nymph.protocol import TaskKind
 
@@ -289,13 +290,13 @@ class Daemon:
             w = PodWatcher(
                 api=api,
                 namespace=ns,
-                label_selector=f"{LABEL_MANAGED}=true",
+                label_selector=node_selector(self.node),
                 on_event=self._on_pod_event(followers, uploads, pulls),
                 on_restart=self._watch_restart_counter(ns),
             )
             self.watchers[ns] = w
             self.tracker.follow(w)
-            self.loops.append(guarded(f"watch:{ns}", w.run))
+            self.loops.append(guarded(f"watch:{ns}", self._labelled_then(api, ns, w.run)))
         self.loops.append(
             guarded(
                 "reconcile",
@@ -344,6 +345,21 @@ class Daemon:
             await api.close()
         self.log.info("daemon stopped")
         return 0
+
+    def _labelled_then(
+        self, api: kclient.ApiClient, namespace: str, watch: Callable[[], Awaitable[None]]
+    ) -> Callable[[], Awaitable[None]]:
+        """``watch``, after the node's Pods in ``namespace`` that an older daemon rendered got the
+        node label the watch selects on (:mod:`nymph.daemon.nodelabels`): their changes then
+        reach the watch's first list, before anything reconciles against it."""
+        node = self.node
+
+        async def run() -> None:
+            if node is not None:
+                await label_node_pods(api, namespaces=[namespace], node=node)
+            await watch()
+
+        return run
 
     async def _sync_audit(self) -> None:
         """Records no batch or send made durable (a reap, a log gap) are within a second."""

@@ -74,8 +74,8 @@ class EventDecision:
 # --- pure ----------------------------------------------------------------------------------------
 
 
-def pod_node(pod: Mapping[str, Any]) -> str | None:
-    """The node a nymph Pod is pinned to (its hostname affinity), else where it was bound."""
+def pinned_node(pod: Mapping[str, Any]) -> str | None:
+    """The node a nymph Pod is pinned to (the hostname affinity a daemon renders), if any."""
     spec = pod.get("spec") or {}
     try:
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -87,7 +87,15 @@ def pod_node(pod: Mapping[str, Any]) -> str | None:
                     return str(expr["values"][0])
     except (KeyError, TypeError):
         pass
-    node = spec.get("nodeName")
+    return None
+
+
+def pod_node(pod: Mapping[str, Any]) -> str | None:
+    """The node a nymph Pod is pinned to (its hostname affinity), else where it was bound."""
+    pinned = pinned_node(pod)
+    if pinned is not None:
+        return pinned
+    node = (pod.get("spec") or {}).get("nodeName")
     return str(node) if node else None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from collections.abc import Iterable
@@ -18,8 +19,11 @@ LABEL_PROVIDER = "lakeshore.provider"
 RESERVED_LABEL_KEYS = frozenset({LABEL_MANAGED, LABEL_NAMESPACE, LABEL_PROVIDER})
 #: The launch group a Pod belongs to (set by the queue on every member of a group).
 LABEL_GROUP = "nymph.io/group"
+#: The node a daemon renders a Pod for (:func:`node_label`): each daemon watches its own node's
+#: Pods only, so a Pod's changes go to one daemon, not to one per node.
+LABEL_NODE = "nymph.io/node"
 #: Label keys only nymph sets: a launch tag on one of them is dropped.
-NYMPH_LABEL_KEYS = RESERVED_LABEL_KEYS | {LABEL_GROUP}
+NYMPH_LABEL_KEYS = RESERVED_LABEL_KEYS | {LABEL_GROUP, LABEL_NODE}
 
 _LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -164,6 +168,20 @@ def selector_labels(*, owner_namespace: str, provider: str) -> dict[str, str]:
         LABEL_NAMESPACE: owner_namespace,
         LABEL_PROVIDER: slugify(provider),
     }
+
+
+def node_label(node: str) -> str:
+    """The :data:`LABEL_NODE` value of ``node`` (a DNS subdomain): the name itself when it is a
+    label value (at most 63 characters), else ``sha256-`` and 48 hex digits of its digest."""
+    if len(node) <= 63 and _LABEL_NAME_RE.match(node):
+        return node
+    return "sha256-" + hashlib.sha256(node.encode()).hexdigest()[:48]
+
+
+def node_selector(node: str | None) -> str:
+    """The label selector of the nymph Pods a daemon on ``node`` follows (all, without a node)."""
+    managed = f"{LABEL_MANAGED}=true"
+    return managed if node is None else f"{managed},{LABEL_NODE}={node_label(node)}"
 
 
 def label_selector(labels: dict[str, str]) -> str:

@@ -158,6 +158,8 @@ def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str |
             labels[k] = v
     if spec.group_id is not None:
         labels[names.LABEL_GROUP] = spec.group_id
+    if node is not None:
+        labels[names.LABEL_NODE] = names.node_label(node)
     labels = dict(sorted(labels.items()))
 
     env: list[dict[str, str]] = [{"name": k, "value": v} for k, v in spec.env]

@@ -318,3 +318,25 @@ async def test_daemon_restarts_after_a_kill_between_an_audit_record_and_its_head
     assert res.returncode == 0, res.stderr
     events = [json.loads(line).get("event") for line in log.read_text().splitlines()]
     assert "head-recovered" in events and "torn-tail-truncated" in events
+
+
+async def test_a_running_pod_of_an_older_daemon_is_followed_after_an_upgrade(stack: Stack) -> None:
+    """A daemon watches only Pods labelled with its node. A Pod an older daemon rendered has no
+    such label: the new daemon on that node gives it the label before its watch starts, then
+    follows the launch to its end as if it had applied it."""
+    iid = await launch(stack.queue, tags={"sim.nymph.io/run": "6s"})
+    await wait_state(stack.queue, iid, {"running"}, timeout=60)
+    stack.daemon.kill()
+    stack.kube.api(
+        "PATCH",
+        f"/api/v1/namespaces/{stack.namespace}/pods/{iid}",
+        {"metadata": {"labels": {"nymph.io/node": None}}},
+        content_type="application/merge-patch+json",
+    )
+    d2 = stack.new_daemon()
+    d2.start()
+    stack.daemon = d2
+    inst = await wait_state(stack.queue, iid, {"stopped"}, timeout=90)
+    assert inst["reason"] == "Completed", inst
+    pod = stack.kube.api("GET", f"/api/v1/namespaces/{stack.namespace}/pods/{iid}")
+    assert pod["metadata"]["labels"]["nymph.io/node"] == NODE

@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from nymph.errors import ValidationError
 from nymph.launch.config import Mode, Provider
+from nymph.launch.names import node_label, node_selector
 from nymph.launch.render import heredoc_command, heredoc_delimiter, render_pod, to_json, to_yaml, workdir_path
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 
@@ -82,6 +84,36 @@ def test_daemon_path_pins_node_and_mounts_workdir() -> None:
     c = pod["spec"]["containers"][0]
     assert c["volumeMounts"] == [{"name": "workdir", "mountPath": "/workdir"}]
     assert {"name": "NYMPH_WORKDIR", "value": "/workdir"} in c["env"]
+
+
+def test_a_pod_rendered_for_a_node_carries_its_node_label_and_no_tag_can_forge_it() -> None:
+    """A daemon watches its own node's Pods by the node label: the Pod rendered for a node
+    carries it (the queue's render, for no node, does not), and a launch's tag of that key is
+    dropped, as tags on nymph's other keys are."""
+    forged = build_launch_spec(
+        provider=Provider(name="p", kwargs={"namespace": "jobs"}),
+        mode=Mode(name="m", fields={"image": "busybox"}),
+        body={"script": "true", "tags": {"nymph.io/node": "node-b"}},
+        instance_id=IID,
+        owner_namespace="team-a",
+    )
+    assert render_pod(forged, node="node-a")["metadata"]["labels"]["nymph.io/node"] == "node-a"
+    assert "nymph.io/node" not in render_pod(forged)["metadata"]["labels"]
+    assert node_selector("node-a") == "lakeshore=true,nymph.io/node=node-a"
+    assert node_selector(None) == "lakeshore=true"
+
+
+@given(
+    st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,12}", fullmatch=True)
+)
+def test_every_node_name_has_a_label_value_of_its_own(node: str) -> None:
+    """A node name (a DNS subdomain, up to 253 characters) that is a label value is its own
+    label; a longer one gets a digest, which is still a valid label value, so every node's
+    Pods can be selected."""
+    value = node_label(node)
+    assert len(value) <= 63 and re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", value)
+    assert (value == node) == (len(node) <= 63)
+    assert node_label(node + "x") != value
 
 
 @pytest.mark.parametrize("root", ["relative/path", "/"])
