@@ -46,10 +46,13 @@ async def test_a_daemon_watch_sees_its_own_nodes_pods_only(kube: LocalCluster, n
     api = await make_api_client(kubeconfig=str(kube.kubeconfig))
     seen: list[tuple[str, str]] = []
     first = asyncio.Event()
+    touched = asyncio.Event()
 
     async def on_event(kind: str, pod: dict[str, Any]) -> None:
         seen.append((kind, pod["metadata"]["name"]))
         first.set()
+        if (pod["metadata"].get("labels") or {}).get("touched") and pod["metadata"]["name"].endswith("a"):
+            touched.set()
 
     watcher = PodWatcher(api=api, namespace=namespace, label_selector=node_selector("node-a"), on_event=on_event)
     task = asyncio.create_task(watcher.run())
@@ -63,9 +66,7 @@ async def test_a_daemon_watch_sees_its_own_nodes_pods_only(kube: LocalCluster, n
                 {"metadata": {"labels": {"touched": "yes"}}},
                 content_type="application/merge-patch+json",
             )
-        async with asyncio.timeout(20):
-            while ("MODIFIED", "lakeshore-0000000a") not in seen:
-                await asyncio.sleep(0.05)
+        await asyncio.wait_for(touched.wait(), 20)
         assert {name for _, name in seen} == {"lakeshore-0000000a"}
     finally:
         task.cancel()
