@@ -37,7 +37,9 @@ def _rendered(namespace: str, iid: str, node: str, *, legacy: bool = False) -> d
 
 
 def _labels(kube: LocalCluster, namespace: str, name: str) -> dict[str, str]:
-    return dict(kube.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")["metadata"].get("labels") or {})
+    return dict(
+        kube.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")["metadata"].get("labels") or {}
+    )
 
 
 async def test_a_daemon_watch_sees_its_own_nodes_pods_only(kube: LocalCluster, namespace: str) -> None:
@@ -54,7 +56,9 @@ async def test_a_daemon_watch_sees_its_own_nodes_pods_only(kube: LocalCluster, n
         if (pod["metadata"].get("labels") or {}).get("touched") and pod["metadata"]["name"].endswith("a"):
             touched.set()
 
-    watcher = PodWatcher(api=api, namespace=namespace, label_selector=node_selector("node-a"), on_event=on_event)
+    watcher = PodWatcher(
+        api=api, namespace=namespace, label_selector=node_selector("node-a"), on_event=on_event
+    )
     task = asyncio.create_task(watcher.run())
     try:
         await asyncio.wait_for(first.wait(), 20)

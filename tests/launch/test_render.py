@@ -104,7 +104,9 @@ def test_a_pod_rendered_for_a_node_carries_its_node_label_and_no_tag_can_forge_i
 
 
 @given(
-    st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,12}", fullmatch=True)
+    st.from_regex(
+        r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,12}", fullmatch=True
+    )
 )
 def test_every_node_name_has_a_label_value_of_its_own(node: str) -> None:
     """A node name (a DNS subdomain, up to 253 characters) that is a label value is its own
