@@ -6,9 +6,10 @@ notifications, every change made on either replica exactly once and in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,25 @@ def _instances(db: str, *ids: str) -> None:
             )
 
 
+@contextlib.contextmanager
+def _stream_db(pg_server: PgServer) -> Iterator[tuple[psycopg.Connection[Any], ...]]:
+    """A fresh migrated database with two queued instances, and three connections to it."""
+    from nymph.queue.pgdb import connect_and_migrate
+
+    db = pg_server.fresh_database()
+    try:
+        connect_and_migrate(db)
+        _instances(db, "lakeshore-00000001", "lakeshore-00000002")
+        conns = tuple(psycopg.connect(db, autocommit=True, row_factory=pg_row_factory) for _ in range(3))
+        try:
+            yield conns
+        finally:
+            for conn in conns:
+                conn.close()
+    finally:
+        pg_server.drop_database(db)
+
+
 def _change(iid: str, what: str) -> Callable[[PgConn], tuple[None, frozenset[str]]]:
     # as the backend runs a write
     return events.collecting(lambda c: events.record(c, instance_id=iid, changes=[what], at=1.0))
@@ -53,89 +73,67 @@ def test_writes_never_wait_for_each_other_and_a_later_cursor_is_never_visible_fi
     still open (nothing they share is locked). Cursors come after the commit, from a sealing
     statement: the second's event gets one and is read; the first's, committed later, gets a
     larger one, so a follower that read the second's never misses the first's."""
-    from nymph.queue.pgdb import connect_and_migrate
+    with _stream_db(pg_server) as (first, second, reader):
+        pf = PgConn(first)
+        first.execute("BEGIN")
+        _change("lakeshore-00000001", "state")(pf)
+        pf.flush()  # its event is inserted; the transaction stays open
+        done = threading.Event()
 
-    db = pg_server.fresh_database()
-    try:
-        connect_and_migrate(db)
-        _instances(db, "lakeshore-00000001", "lakeshore-00000002")
-        first = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
-        second = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
-        reader = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
-        with first, second, reader:
-            pf = PgConn(first)
-            first.execute("BEGIN")
-            _change("lakeshore-00000001", "state")(pf)
-            pf.flush()  # its event is inserted; the transaction stays open
-            done = threading.Event()
+        def later() -> None:
+            second.execute("BEGIN")
+            pg = PgConn(second)
+            _change("lakeshore-00000002", "node")(pg)
+            pg.commit()
+            done.set()
 
-            def later() -> None:
-                second.execute("BEGIN")
-                pg = PgConn(second)
-                _change("lakeshore-00000002", "node")(pg)
-                pg.commit()
-                done.set()
-
-            t = threading.Thread(target=later, name="second-writer")
-            t.start()
-            assert done.wait(10), "the second write waited for the first"
-            t.join(10)
-            assert _stream(reader) == [(None, "node")]  # committed, not sealed: not readable yet
-            assert events.seal(PgConn(reader, single=True)) == frozenset({"default"})
-            [(node_seq, _)] = _stream(reader)
-            assert isinstance(node_seq, int)
-            pf.commit()
-            assert events.seal(PgConn(reader, single=True)) == frozenset({"default"})
-            state_seq = {c: q for q, c in _stream(reader)}["state"]
-            assert isinstance(state_seq, int) and state_seq > node_seq
-            assert events.seal(PgConn(reader, single=True)) == frozenset()  # nothing left
-    finally:
-        pg_server.drop_database(db)
+        t = threading.Thread(target=later, name="second-writer")
+        t.start()
+        assert done.wait(10), "the second write waited for the first"
+        t.join(10)
+        assert _stream(reader) == [(None, "node")]  # committed, not sealed: not readable yet
+        assert events.seal(PgConn(reader, single=True)) == frozenset({"default"})
+        [(node_seq, _)] = _stream(reader)
+        assert isinstance(node_seq, int)
+        pf.commit()
+        assert events.seal(PgConn(reader, single=True)) == frozenset({"default"})
+        state_seq = {c: q for q, c in _stream(reader)}["state"]
+        assert isinstance(state_seq, int) and state_seq > node_seq
+        assert events.seal(PgConn(reader, single=True)) == frozenset()  # nothing left
 
 
 def test_two_sealing_statements_at_once_never_give_a_cursor_twice(pg_server: PgServer) -> None:
     """A sealing statement that waits for another's commit leaves alone what that one sealed
     meanwhile, and gives what is still unsealed cursors above that one's: no event gets two
     cursors, no cursor goes to two events, and the later statement's are the larger."""
-    from nymph.queue.pgdb import connect_and_migrate
-
-    db = pg_server.fresh_database()
-    try:
-        connect_and_migrate(db)
-        _instances(db, "lakeshore-00000001", "lakeshore-00000002")
-        holder = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
-        other = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
-        writer = psycopg.connect(db, autocommit=True, row_factory=pg_row_factory)
-        with holder, other, writer:
-            for what in ("state", "reason"):
-                w = PgConn(writer)
-                writer.execute("BEGIN")
-                _change("lakeshore-00000001", what)(w)
-                w.commit()
-            holder.execute("BEGIN")
-            assert events.seal(PgConn(holder)) == frozenset({"default"})  # holds the counter
-            first_given = {c: q for q, c in _stream(holder)}
+    with _stream_db(pg_server) as (holder, other, writer):
+        for what in ("state", "reason"):
             w = PgConn(writer)
             writer.execute("BEGIN")
-            _change("lakeshore-00000002", "node")(w)
+            _change("lakeshore-00000001", what)(w)
             w.commit()
-            sealed: list[frozenset[str]] = []
-            t = threading.Thread(target=lambda: sealed.append(events.seal(PgConn(other, single=True))))
-            t.start()
-            t.join(0.5)
-            assert t.is_alive(), "the second sealing statement did not wait for the first"
-            holder.execute("COMMIT")
-            t.join(10)
-            assert sealed == [frozenset({"default"})]
-            rows = {c: q for q, c in _stream(writer)}
-            seqs = list(rows.values())
-            assert all(isinstance(q, int) for q in seqs) and len(set(seqs)) == 3
-            # what the first gave stands (a follower may have read it): not given again
-            assert {c: rows[c] for c in ("state", "reason")} == first_given
-            assert rows["node"] > max(rows["state"], rows["reason"])  # type: ignore[operator]
-            assert rows["state"] < rows["reason"]  # type: ignore[operator]
-    finally:
-        pg_server.drop_database(db)
+        holder.execute("BEGIN")
+        assert events.seal(PgConn(holder)) == frozenset({"default"})  # holds the counter
+        first_given = {c: q for q, c in _stream(holder)}
+        w = PgConn(writer)
+        writer.execute("BEGIN")
+        _change("lakeshore-00000002", "node")(w)
+        w.commit()
+        sealed: list[frozenset[str]] = []
+        t = threading.Thread(target=lambda: sealed.append(events.seal(PgConn(other, single=True))))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "the second sealing statement did not wait for the first"
+        holder.execute("COMMIT")
+        t.join(10)
+        assert sealed == [frozenset({"default"})]
+        rows = {c: q for q, c in _stream(writer)}
+        seqs = list(rows.values())
+        assert all(isinstance(q, int) for q in seqs) and len(set(seqs)) == 3
+        # what the first gave stands (a follower may have read it): not given again
+        assert {c: rows[c] for c in ("state", "reason")} == first_given
+        assert rows["node"] > max(rows["state"], rows["reason"])  # type: ignore[operator]
+        assert rows["state"] < rows["reason"]  # type: ignore[operator]
 
 
 async def test_a_follower_on_one_replica_gets_every_change_made_on_both(
