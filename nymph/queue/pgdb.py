@@ -255,7 +255,7 @@ class PgDatabase:
                 log.warning(
                     "events not sealed yet; the next read or sweep seals them", error=exc.__class__.__name__
                 )
-                error = exc if isinstance(exc, Unavailable | DatabaseError) else Unavailable(UNREACHABLE)
+                error = exc  # a lost database is already Unavailable (see _run)
             else:
                 if namespaces and any(wake for _, wake in asked):
                     self.events_written(namespaces)

@@ -18,8 +18,11 @@ import psycopg
 from nymph.client import QueueClient
 from nymph.client.events import events_page, follow_events
 from nymph.protocol import EventJSON, now
+from nymph.queue.errors import Unavailable
+from nymph.queue.pgdb import PgDatabase
 from nymph.queue.sql import events
 from nymph.queue.sql.dialect import PgConn, pg_row_factory
+from tests.support.latency_proxy import LatencyProxy, pg_url_through
 from tests.support.pg_server import PgServer
 from tests.support.queue_helpers import FAST, add_kind, open_queue
 
@@ -232,4 +235,32 @@ async def test_events_without_cursors_are_sealed_by_a_read_and_by_the_sweep(
     finally:
         await q.close()
         await runner.cleanup()
+        pg_server.drop_database(db)
+
+
+async def test_a_seal_that_cannot_reach_the_database_answers_every_caller(pg_server: PgServer) -> None:
+    """Stream reads whose seal cannot reach the database are each told so (the 503 error), none
+    waits for ever, and the events are left without cursors for a later seal."""
+    db = pg_server.fresh_database()
+    proxy = LatencyProxy(target_unix=str(pg_server.socket_dir / f".s.PGSQL.{pg_server.port}"), delay=0.0005)
+    await proxy.start()
+    pg = PgDatabase(url=pg_url_through(db, proxy.port), pool_size=2, timeout=2)
+    try:
+        await pg.open()
+        await pg.write(
+            lambda c: events.record_created(
+                c, ns="team-a", provider="p", group=None, instance_ids=["lakeshore-0000000a"], at=1.0
+            )
+        )
+        await proxy.close()
+        got = await asyncio.wait_for(
+            asyncio.gather(pg.seal_events(), pg.seal_events(), return_exceptions=True), 60
+        )
+        assert [type(g) for g in got] == [Unavailable, Unavailable], got
+        with psycopg.connect(db, autocommit=True) as direct:
+            assert direct.execute("SELECT seq FROM events").fetchall() == [(None,)]
+            assert events.seal(PgConn(direct, single=True)) == frozenset({"team-a"})
+    finally:
+        await pg.close()
+        await proxy.close()
         pg_server.drop_database(db)
