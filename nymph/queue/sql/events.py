@@ -3,8 +3,9 @@ the change inside its own transaction (synchronous SQL), and read back in cursor
 
 An event is a snapshot of the instance right after the change (state, reason, message, exit
 code, attempt, group, node, waiting reason and its kind) with the names of what changed. Its
-``seq`` is its cursor. Cursor order is commit order on both backends, so a reader that has seen
-``seq`` N can never later find a new event at N or below (nothing is skipped on a reconnect):
+``seq`` is its cursor, given only to a committed event and above every cursor given before, on
+both backends, so a reader that has seen ``seq`` N can never later find a new event at N or
+below (nothing is skipped on a reconnect):
 
 * SQLite has one writer at a time, and ``AUTOINCREMENT`` hands out increasing values;
 * PostgreSQL runs writes at once, so a write transaction inserts its events without a seq,
