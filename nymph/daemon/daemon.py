@@ -356,7 +356,7 @@ class Daemon:
 
         async def run() -> None:
             if node is not None:
-                await label_node_pods(api, namespaces=[namespace], node=node)
+                await label_node_pods(api, namespace=namespace, node=node)
             await watch()
 
         return run

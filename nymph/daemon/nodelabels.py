@@ -9,7 +9,7 @@ of their labels). Once every Pod of an older version is gone, the list that find
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -35,35 +35,36 @@ def rendered_for(pod: Mapping[str, Any], node: str) -> bool:
     return pinned_node(pod) == node and ANNOTATION_LAUNCH in annotations
 
 
-async def label_node_pods(api: client.ApiClient, *, namespaces: Iterable[str], node: str) -> int:
-    """Give the nymph Pods of ``namespaces`` pinned to ``node`` and without a node label that
+async def label_node_pods(api: client.ApiClient, *, namespace: str, node: str) -> int:
+    """Give the nymph Pods of ``namespace`` rendered for ``node`` and without a node label that
     label; how many were given it. A Pod gone meanwhile is skipped, a patch refused by the
     daemon's role ends it with a warning; anything else raises (the caller runs it again)."""
     v1 = client.CoreV1Api(api)
-    value = node_label(node)
+    patch = {"metadata": {"labels": {LABEL_NODE: node_label(node)}}}
+    data = await raw_json(
+        v1.list_namespaced_pod(namespace, label_selector=UNLABELLED, _preload_content=False)
+    )
     count = 0
-    for ns in namespaces:
-        data = await raw_json(v1.list_namespaced_pod(ns, label_selector=UNLABELLED, _preload_content=False))
-        for pod in data.get("items") or []:
-            if not rendered_for(pod, node):
-                continue
-            name = pod["metadata"]["name"]
-            patch = {"metadata": {"labels": {LABEL_NODE: value}}}
-            try:
-                await raw_json(v1.patch_namespaced_pod(name, ns, patch, _preload_content=False))
-            except NotFound:
-                continue
-            except Forbidden as exc:
-                # a role without "patch" on pods (nymph's own roles have it): the watch runs
-                # without them rather than not at all
-                log.warning(
-                    "cannot label the node's Pods rendered before node labels; they are not "
-                    "followed: give the daemon's role the patch verb on pods",
-                    namespace=ns,
-                    error=str(exc)[:300],
-                )
-                return count
-            count += 1
+    for pod in data.get("items") or []:
+        if not rendered_for(pod, node):
+            continue
+        try:
+            await raw_json(
+                v1.patch_namespaced_pod(pod["metadata"]["name"], namespace, patch, _preload_content=False)
+            )
+        except NotFound:
+            continue
+        except Forbidden as exc:
+            # a role without "patch" on pods (nymph's own roles have it): the watch runs
+            # without them rather than not at all
+            log.warning(
+                "cannot label the node's Pods rendered before node labels; they are not "
+                "followed: give the daemon's role the patch verb on pods",
+                namespace=namespace,
+                error=str(exc)[:300],
+            )
+            break
+        count += 1
     if count:
         log.info("labelled the node's Pods rendered before node labels", node=node, pods=count)
     return count

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from nymph.queue.db import Backend
 from nymph.queue.notify import KeyedSignal
 from nymph.queue.sql import events as sql
+from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.events import EventFilter, EventPage
 
 
@@ -26,10 +27,12 @@ class EventFeed:
     async def page(self, *, ns: str, after: int | None, limit: int, where: EventFilter) -> EventPage:
         """A page of ``ns``'s events after ``after``; events committed before this call are in it
         or after it, never left behind unsealed (PostgreSQL: they are sealed, then read)."""
-        page = await self.db.read(lambda conn: sql.read(conn, ns=ns, after=after, limit=limit, where=where))
+
+        def read(conn: Conn) -> EventPage:
+            return sql.read(conn, ns=ns, after=after, limit=limit, where=where)
+
+        page = await self.db.read(read)
         if page.unsealed:
             await self.db.seal_events()
-            page = await self.db.read(
-                lambda conn: sql.read(conn, ns=ns, after=after, limit=limit, where=where)
-            )
+            page = await self.db.read(read)
         return page

@@ -234,9 +234,9 @@ class PgDatabase:
         """Seal the events committed before this call (by a sealing statement that starts after
         it; calls that come together share one); with ``wake``, wake the followers of the
         namespaces it sealed events of."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._pool is None:
             raise DatabaseError("the queue database is not open")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._seals_asked.append((done, wake))
         if self._sealer is None or self._sealer.done():
             self._sealer = asyncio.get_running_loop().create_task(self._seal(), name="nymph-queue-pg-seal")

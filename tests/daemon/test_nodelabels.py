@@ -95,8 +95,8 @@ async def test_pods_of_an_older_daemon_get_their_node_label_and_no_other_pod_is_
     before = {name: _labels(kube, namespace, name) for name in pods}
     api = await make_api_client(kubeconfig=str(kube.kubeconfig))
     try:
-        assert await label_node_pods(api, namespaces=[namespace], node="node-a") == 1
-        assert await label_node_pods(api, namespaces=[namespace], node="node-a") == 0  # done once
+        assert await label_node_pods(api, namespace=namespace, node="node-a") == 1
+        assert await label_node_pods(api, namespace=namespace, node="node-a") == 0  # done once
     finally:
         await api.close()
     after = {name: _labels(kube, namespace, name) for name in pods}
