@@ -9,7 +9,10 @@ psycopg connection pool behind it, so that :class:`PgDatabase` offers exactly
 
 Concurrency across replicas: write transactions run at once, on any replica, as ``READ
 COMMITTED`` (each statement sees what was committed when it started), so writes to different
-launches never wait for each other. What keeps them correct is in the SQL
+launches never wait for each other. A write begins its transaction only when it needs one
+(:class:`~nymph.queue.sql.dialect.PgConn`): plain reads before its first write run as
+statements of their own, and a write whose rows make one statement sends it alone, without
+``BEGIN`` or ``COMMIT``. What keeps them correct is in the SQL
 (:mod:`nymph.queue.sql.dialect`'s lock helpers): a write that decides from a row locks it
 first (an instance's row, by :func:`~nymph.queue.sql.rows.fetch_instance`: the writes of one
 instance run one after another; a task's row when a completion reads it; a report stream's
@@ -45,6 +48,7 @@ import psycopg
 import psycopg_pool
 import structlog
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
 from nymph.queue import loopconn
 from nymph.queue.broadcast import coalesce
@@ -134,8 +138,10 @@ def connect_and_migrate(url: str, *, timeout: float = 10.0) -> int:
         raise DatabaseError(f"cannot open the queue database ({describe(url)}): {exc}") from None
 
 
-def _rollback(raw: psycopg.Connection[Any], begin: str | None) -> None:
-    if begin is not None:  # (a statement of its own has nothing to roll back)
+def _rollback(raw: psycopg.Connection[Any]) -> None:
+    """Roll back the transaction under way, if one is (a statement of its own, or a write that
+    never began its transaction, has nothing to roll back)."""
+    if raw.info.transaction_status != TransactionStatus.IDLE:
         with contextlib.suppress(psycopg.Error):
             raw.execute("ROLLBACK")
 
@@ -303,15 +309,15 @@ class PgDatabase:
             try:
                 assert aconn is not None
                 raw = self._twin(aconn)
-                conn = PgConn(raw, writing=writing, single=begin is None)
-                if begin is not None:
+                conn = PgConn(raw, writing=writing, single=begin is None, begin=begin if writing else None)
+                if begin is not None and not writing:
                     conn.send(begin)  # sent with the first statement: no round trip of its own
                 try:
                     result = fn(conn)
                     if begin is not None:
                         conn.commit()
                 except _CONFLICTS as exc:
-                    _rollback(raw, begin)
+                    _rollback(raw)
                     conflicts += 1
                     if conflicts == WRITE_ATTEMPTS:
                         answer = _unique_conflict(exc)
@@ -325,7 +331,7 @@ class PgDatabase:
                     # dropping every dead connection at once. Once the COMMIT was sent,
                     # whether it happened is unknown: the caller is told (a 503).
                     if conn.commit_sent or not (raw.closed or raw.broken):
-                        _rollback(raw, begin)
+                        _rollback(raw)
                         raise
                     reconnects += 1
                     if reconnects == 3:
@@ -335,7 +341,7 @@ class PgDatabase:
                     await_only(pool.check())
                     continue
                 except BaseException:
-                    _rollback(raw, begin)
+                    _rollback(raw)
                     raise
                 else:
                     return result

@@ -41,6 +41,9 @@ class LatencyProxy:
     #: Round trips so far, over all connections: the times a client sent something after it
     #: had last received (or first), however its bytes were split into chunks.
     round_trips: int = 0
+    #: Round trips under way now (sent, not answered yet), and the most seen at once.
+    in_flight: int = 0
+    most_in_flight: int = 0
     _server: asyncio.Server | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
@@ -81,9 +84,13 @@ class LatencyProxy:
         def up(data: bytes) -> None:
             if not talking[0]:
                 self.round_trips += 1
+                self.in_flight += 1
+                self.most_in_flight = max(self.most_in_flight, self.in_flight)
                 talking[0] = True
 
         def down(data: bytes) -> None:
+            if talking[0]:
+                self.in_flight -= 1
             talking[0] = False
 
         for src, dst, name, seen in ((reader, up_writer, "up", up), (up_reader, writer, "down", down)):

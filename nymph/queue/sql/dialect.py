@@ -161,9 +161,19 @@ class PgConn:
     """A psycopg connection speaking the shared SQL (see the module docstring); ``writing``: in
     a write transaction (which locks what it reads before writing), not a read-only one."""
 
-    def __init__(self, raw: psycopg.Connection[Any], *, writing: bool = True, single: bool = False) -> None:
+    def __init__(
+        self,
+        raw: psycopg.Connection[Any],
+        *,
+        writing: bool = True,
+        single: bool = False,
+        begin: str | None = None,
+    ) -> None:
         self.raw = raw
         self.writing = writing
+        #: A ``READ COMMITTED`` write's ``BEGIN``, sent only when the write needs it (see
+        #: :meth:`_begin_if_needed`); None: the caller began the transaction, or there is none.
+        self._begin = begin
         #: Outside a transaction (autocommit): one statement only, the next one is refused.
         self._statements_left = 1 if single else -1
         #: Whether the ``COMMIT`` was sent (after that, a lost connection leaves it unknown).
@@ -188,10 +198,23 @@ class PgConn:
 
     def commit(self) -> None:
         """``COMMIT``, in one round trip with the statements :meth:`send` queued and the
-        :meth:`at_commit` one."""
+        :meth:`at_commit` one. A write that has not begun its transaction (it only read, each
+        read its own snapshot) and whose writes make one statement (:func:`_merged`) sends that
+        statement alone: one statement is atomic by itself, and no ``BEGIN`` or ``COMMIT`` is
+        needed; nothing at all when it wrote nothing."""
         if self._last is not None:
             self._queued.append(self._last)
             self._last = None
+        if self._begin is not None:
+            statements = list(_merged(self._queued))
+            if len(statements) <= 1:
+                self._queued = []
+                self._begin = None
+                for sqls, parameters in statements:
+                    self.commit_sent = True
+                    self.raw.execute(_with(sqls), parameters)
+                return
+            self._begin_now()
         self.commit_sent = True
         if not self._queued:
             self.raw.execute("COMMIT")
@@ -203,6 +226,8 @@ class PgConn:
     def flush(self) -> None:
         """Run what :meth:`send` and :meth:`at_commit` left, without committing (a transaction
         committed by its caller)."""
+        if self._begin is not None and self._queued:
+            self._begin_now()
         if self._last is not None:
             self._queued.append(self._last)
             self._last = None
@@ -212,8 +237,22 @@ class PgConn:
 
     def _run_queued(self) -> None:
         queued, self._queued = self._queued, []
-        for sql, parameters in queued:
-            self.raw.execute(translate(sql), _params(parameters))
+        for sqls, parameters in _merged(queued):
+            self.raw.execute(_with(sqls), parameters)
+
+    def _begin_if_needed(self, sql: str) -> None:
+        """Begin the transaction before ``sql`` unless it is a plain read with nothing written
+        before it. Each statement of a ``READ COMMITTED`` transaction reads what was committed
+        when it started, as a statement of its own does; a plain read locks nothing, so it
+        needs no transaction. A write, a read that locks (a row, an advisory lock) and every
+        read after a write run in the transaction."""
+        if self._begin is not None and (self._queued or not _plain_read(sql)):
+            self._begin_now()
+
+    def _begin_now(self) -> None:
+        assert self._begin is not None
+        self._queued.insert(0, (self._begin, ()))
+        self._begin = None
 
     def _in_transaction(self) -> None:
         if self._statements_left >= 0:
@@ -227,6 +266,7 @@ class PgConn:
 
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
         self._spend(1)
+        self._begin_if_needed(sql)
         if not self._queued:
             cur: Cursor = self.raw.execute(translate(sql), _params(parameters))
             return cur
@@ -238,6 +278,8 @@ class PgConn:
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> Cursor:
         """One statement over many rows (a bulk insert): psycopg pipelines them."""
         self._in_transaction()
+        if self._begin is not None:
+            self._begin_now()
         if self._queued:
             with self.raw.pipeline():
                 self._run_queued()
@@ -245,6 +287,66 @@ class PgConn:
         cur.executemany(translate(sql), [[_text(v) for v in params] for params in seq_of_parameters])
         out: Cursor = cur
         return out
+
+
+def _merged(queued: Sequence[tuple[str, Any]]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """The statements :meth:`PgConn.send` queued, in order, as few statements as they can be
+    without changing what they do: a run of plain ``INSERT ... VALUES`` into different tables
+    becomes one statement (:func:`_with`), which PostgreSQL runs at once, its foreign keys
+    checked at its end; what one statement writes is never read by another of its run, and each
+    table keeps its rows' order. Every other statement goes as it is."""
+    run: list[str] = []
+    values: list[Any] = []
+    tables: set[str] = set()
+    for sql, parameters in queued:
+        table = _plain_insert(sql) if not isinstance(parameters, Mapping) else None
+        if run and (table is None or table in tables):
+            yield tuple(run), values
+            run, values, tables = [], [], set()
+        if table is None:
+            yield (sql,), _params(parameters)
+            continue
+        run.append(sql)
+        values.extend(_params(parameters))
+        tables.add(table)
+    if run:
+        yield tuple(run), values
+
+
+_LOCKS = re.compile(
+    r"\b(?:FOR\s+(?:UPDATE|SHARE|NO\s+KEY|KEY\s+SHARE)|INSERT|UPDATE|DELETE|MERGE|NEXTVAL|SETVAL)\b|ADVISORY|NOTIFY",
+    re.IGNORECASE,
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_read(sql: str) -> bool:
+    """Whether ``sql`` is a ``SELECT`` that writes and locks nothing."""
+    return sql.lstrip()[:6].upper() == "SELECT" and _LOCKS.search(sql) is None
+
+
+_INSERT = re.compile(r"\s*INSERT\s+INTO\s+([A-Za-z_][A-Za-z0-9_]*)\s*\([^()]*\)\s*VALUES\s*\(", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_insert(sql: str) -> str | None:
+    """The table a plain ``INSERT INTO t (...) VALUES (...)`` (no ``SELECT``, ``RETURNING`` or
+    conflict clause) writes to; None for any other statement."""
+    m = _INSERT.match(sql)
+    upper = sql.upper()
+    if m is None or any(k in upper for k in ("SELECT", "RETURNING", "CONFLICT", ";", "WITH")):
+        return None
+    return m.group(1).lower()
+
+
+@functools.lru_cache(maxsize=256)
+def _with(sqls: tuple[str, ...]) -> str:
+    """One statement of ``sqls`` (see :func:`_merged`): all but the last as ``WITH`` parts."""
+    *first, last = sqls
+    if not first:
+        return translate(last)
+    parts = ", ".join(f"w{i} AS ({translate(sql)})" for i, sql in enumerate(first))
+    return f"WITH {parts} {translate(last)}"
 
 
 def _params(parameters: Any) -> Any:

@@ -131,8 +131,9 @@ def _on_path(provider: Provider, direct: bool | None) -> None:
 
 #: A launch's provider, its mode and its namespace's quota, in one statement (one row whatever
 #: exists: a body is NULL where there is none, and the quota's columns where the namespace has
-#: no quota). One statement, not three: on PostgreSQL it travels with the BEGIN, and every
-#: statement costs a replica CPU of its own (its parameters, its result, psycopg's pipeline).
+#: no quota). One statement, not three: on PostgreSQL a plain read, sent before the write's
+#: transaction needs to begin, and every statement costs a replica CPU of its own (its
+#: parameters, its result, psycopg's pipeline).
 LAUNCH_CATALOG = (
     "SELECT (SELECT body FROM providers WHERE namespace = ? AND name = ?) AS provider_body, "
     "(SELECT body FROM modes WHERE namespace = ? AND name = ?) AS mode_body, "
