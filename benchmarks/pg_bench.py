@@ -9,7 +9,10 @@ a process of its own), as a database in another machine of the zone would:
 * ``pg_concurrency``: one replica. The time of one launch POST (the median of ``rounds``, one at
   a time), and of 16 POSTs of different launches sent at once (the median of ``rounds``
   bursts); ``ratio_16_to_1`` is the second over the first (target <= 2.0: with writes waiting
-  for each other 16 would take about 16 times one). The tests' server does not flush commits to
+  for each other 16 would take about 16 times one). The POSTs come from a lean load generator
+  (:mod:`benchmarks.rawpost`), whose CPU takes little from the two cores the replica,
+  PostgreSQL and the proxy share; the same run with nymph's own client as the load is kept
+  beside it (``queue_client``). The tests' server does not flush commits to
   disk; the same is measured again on one that does (``durable``: ``fsync`` and
   ``synchronous_commit`` on, as in production), where a lock held until a commit is held for
   its flush too. Beside it, what else bounds a burst: the
@@ -44,6 +47,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -52,7 +56,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +68,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.cpulimit import CpuLimits, cpu_limits  # noqa: E402
+from benchmarks.rawpost import RawPoster  # noqa: E402
 from benchmarks.scoreboard.procstat import context_switches, cpu  # noqa: E402
 from nymph.client import DaemonIdentity, QueueClient  # noqa: E402
 from nymph.logsetup import configure_logging  # noqa: E402
@@ -209,6 +214,16 @@ async def _launch(user: QueueClient, team: int) -> str:
     return str(got["instanceId"])
 
 
+async def _raw_launch(poster: RawPoster, team: int) -> str:
+    """The same launch POST as :func:`_launch`, from the lean load generator."""
+    status, got = await poster.post(
+        f"/v1/namespaces/team-{team}/providers/bench/launch", {"mode": "tiny", "script": "true"}
+    )
+    if status != 202:
+        raise RuntimeError(f"launch answered {status}: {got}")
+    return str(got["instanceId"])
+
+
 # --- the measurements ----------------------------------------------------------------------
 
 
@@ -256,13 +271,25 @@ class LockSampler:
 
 
 async def concurrency(
-    db: str, p: Params, sampler: LockSampler, proxy_pid: int, pg_pid: int
+    db: str, p: Params, sampler: LockSampler, proxy_pid: int, pg_pid: int, *, lean: bool = True
 ) -> dict[str, Any]:
+    """``lean``: POSTs from :class:`~benchmarks.rawpost.RawPoster` (the figure), else from
+    nymph's own client (shown beside it: its CPU shares the cores with what is timed)."""
     async with replicas(db, 1) as r:
         await _teams(r, 1)
-        async with QueueClient(base_url=r.urls[0], token=r.user_token, timeout=60) as user:
+        async with contextlib.AsyncExitStack() as stack:
+            launch: Callable[[int], Awaitable[str]]
+            if lean:
+                poster = RawPoster(r.urls[0], r.user_token)
+                stack.callback(poster.close)
+                launch = functools.partial(_raw_launch, poster)
+            else:
+                client = await stack.enter_async_context(
+                    QueueClient(base_url=r.urls[0], token=r.user_token, timeout=60)
+                )
+                launch = functools.partial(_launch, client)
             for _ in range(p.warmup_bursts):  # warm up (connections, caches), unmeasured
-                await asyncio.gather(*(_launch(user, 0) for _ in range(BURST)))
+                await asyncio.gather(*(launch(0) for _ in range(BURST)))
             one: list[float] = []
             burst: list[float] = []
             spent = collections.Counter[str]()
@@ -278,10 +305,10 @@ async def concurrency(
             switches = context_switches(r.procs[0].pid)
             for _ in range(p.rounds):
                 t0 = time.perf_counter()
-                await _launch(user, 0)
+                await launch(0)
                 one.append(time.perf_counter() - t0)
                 c0, t0 = cpus(), time.perf_counter()
-                await asyncio.gather(*(_launch(user, 0) for _ in range(BURST)))
+                await asyncio.gather(*(launch(0) for _ in range(BURST)))
                 burst.append(time.perf_counter() - t0)
                 spent.update({k: v - c0[k] for k, v in cpus().items()})
             switches = context_switches(r.procs[0].pid) - switches
@@ -290,7 +317,7 @@ async def concurrency(
             # process) take nothing from the bursts that are timed.
             for _ in range(p.rounds):
                 sampler.on.set()
-                await asyncio.gather(*(_launch(user, 0) for _ in range(BURST)))
+                await asyncio.gather(*(launch(0) for _ in range(BURST)))
                 sampler.on.clear()
     one_ms, burst_ms = statistics.median(one) * 1000, statistics.median(burst) * 1000
     per_burst = {k: round(1000 * v / p.rounds, 1) for k, v in spent.items()}
@@ -388,6 +415,10 @@ DURABLE_KEYS = (
 )
 
 
+#: What the run with nymph's own client as the load reports.
+CLIENT_KEYS = ("one_post_ms", "burst_16_ms", "ratio_16_to_1", "cpu_ms_per_burst", "cpu_floor_ms")
+
+
 async def durable_concurrency(p: Params) -> dict[str, Any]:
     """``pg_concurrency`` again on a server that flushes each commit to disk before it answers
     (``fsync`` and ``synchronous_commit`` on, as in production): a lock a write holds until its
@@ -413,6 +444,15 @@ async def run(p: Params, say: Any) -> dict[str, Any]:
                 pg_url_through(raw, port), p, sampler, proxy_pid, server.proc.pid
             )
         say(f"  {out['pg_concurrency']}")
+        say("pg_concurrency with nymph's own client as the load")
+        raw = server.fresh_database()
+        dbname = raw.split("/", 3)[3].split("?", 1)[0]
+        with LockSampler(server.url(), dbname) as sampler:
+            got = await concurrency(
+                pg_url_through(raw, port), p, sampler, proxy_pid, server.proc.pid, lean=False
+            )
+        out["pg_concurrency"]["queue_client"] = {k: got[k] for k in CLIENT_KEYS}
+        say(f"  {out['pg_concurrency']['queue_client']}")
         say("pg_concurrency on a durable server")
         out["pg_concurrency"]["durable"] = await durable_concurrency(p)
         say(f"  {out['pg_concurrency']['durable']}")

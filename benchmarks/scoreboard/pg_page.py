@@ -39,6 +39,23 @@ def pg_writes(r: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
         f"| {c.get('rounds')} rounds | {c.get('one_post_ms')} | {c.get('burst_16_ms')} | {c.get('ratio_16_to_1')} |",
     ]
+    client = c.get("queue_client")
+    if isinstance(client, dict):
+        out.append(
+            f"| the same, sent by nymph's own client (`QueueClient`) | {client.get('one_post_ms')} "
+            f"| {client.get('burst_16_ms')} | {client.get('ratio_16_to_1')} |"
+        )
+    if isinstance(client, dict) and isinstance(c.get("cpu_ms_per_burst"), dict):
+        out += [
+            "",
+            _fill(
+                "The first row's POSTs come from a lean load generator (`benchmarks/rawpost.py`: a "
+                "request written and its answer read by its length); the second's from nymph's own "
+                "client, whose CPU shares the cores with what is timed: the lean generator took "
+                f"{c['cpu_ms_per_burst'].get('load')} ms of CPU per burst, nymph's client "
+                f"{(client.get('cpu_ms_per_burst') or {}).get('load')} ms."
+            ),
+        ]
     durable = c.get("durable")
     if isinstance(durable, dict):
         out.append(
@@ -48,7 +65,7 @@ def pg_writes(r: dict[str, Any]) -> str:
         out += [
             "",
             _fill(
-                "The tests' PostgreSQL server does not flush commits to disk; the second row is a server "
+                "The tests' PostgreSQL server does not flush commits to disk; the last row is a server "
                 "that does (`fsync` and `synchronous_commit` on, as in production), where a lock a write "
                 "held until its commit would be held for the flush too: there a share of "
                 f"{durable.get('lock_wait_share')} of the busy backends sampled ({durable.get('lock_samples')} "
