@@ -295,9 +295,10 @@ async def concurrency(
             spent = collections.Counter[str]()
 
             def cpus() -> dict[str, float]:
+                # (this load's own CPU is read apart, next to the burst: these reads of /proc
+                # cost more than a burst's POSTs)
                 return {
                     "replica": cpu(r.procs[0].pid).own,
-                    "load": _own_cpu(),
                     "proxy": cpu(proxy_pid).own,
                     "postgres": tree_cpu(pg_pid),
                 }
@@ -307,9 +308,11 @@ async def concurrency(
                 t0 = time.perf_counter()
                 await launch(0)
                 one.append(time.perf_counter() - t0)
-                c0, t0 = cpus(), time.perf_counter()
+                c0 = cpus()
+                load0, t0 = _own_cpu(), time.perf_counter()
                 await asyncio.gather(*(launch(0) for _ in range(BURST)))
                 burst.append(time.perf_counter() - t0)
+                spent["load"] += _own_cpu() - load0
                 spent.update({k: v - c0[k] for k, v in cpus().items()})
             switches = context_switches(r.procs[0].pid) - switches
             # The lock sampler queries the server every millisecond or so: it runs in bursts of
