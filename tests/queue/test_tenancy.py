@@ -4,6 +4,7 @@ ServiceAccounts they may run as, over real HTTP, refused when saved and again at
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,7 @@ async def test_service_accounts_come_only_from_the_operators_list(q: Queue) -> N
     task = await q.store.db.read(
         lambda conn: conn.execute("SELECT spec FROM tasks WHERE kind = 'launch'").fetchone()
     )
-    assert '"serviceAccount": "trainer"' in task["spec"]
+    assert json.loads(task["spec"])["serviceAccount"] == "trainer"
     # another team's allow-list is not this team's
     B = "/v1/namespaces/team-b"
     await q.call("POST", B + "/providers", json_body=provider("team-b"))

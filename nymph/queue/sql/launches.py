@@ -172,7 +172,7 @@ def accept(
     ``image_pull_timeout`` (the queue's) fills in a spec whose mode names none. ``direct``: the
     path the caller runs; a provider that dispatches the other way raises :class:`WrongPath`
     before anything is written."""
-    digest = idempotency.body_digest(body)
+    digest = idempotency.body_digest(body) if idempotency_key is not None else ""
     replay = idempotency.replay(conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest)
     if replay is not None:
         if direct is not None:

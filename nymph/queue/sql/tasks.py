@@ -7,8 +7,21 @@ import json
 import secrets
 from typing import Any
 
+import orjson
+
 from nymph.queue.sql.dialect import Conn, send
 from nymph.queue.sql.schedule import group_of, priority_of
+
+
+def spec_text(spec: dict[str, Any]) -> str:
+    """A task's spec as stored: JSON by orjson (a launch's spec is encoded at every launch);
+    what orjson cannot encode (an integer past 64 bits a launch's fields may hold) by the
+    standard library. A spec holds no NaN or lone surrogate: a request body with one is refused
+    (:func:`nymph.queue.http.bodies.read_object`)."""
+    try:
+        return orjson.dumps(spec).decode()
+    except TypeError:
+        return json.dumps(spec)
 
 
 def new_task_id() -> str:
@@ -44,7 +57,7 @@ def insert_task(
             kube_ns,
             provider,
             instance_id,
-            json.dumps(spec) if spec is not None else None,
+            spec_text(spec) if spec is not None else None,
             requester,
             after,
             grace,
