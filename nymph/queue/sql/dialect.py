@@ -226,11 +226,11 @@ class PgConn:
     def flush(self) -> None:
         """Run what :meth:`send` and :meth:`at_commit` left, without committing (a transaction
         committed by its caller)."""
-        if self._begin is not None and self._queued:
-            self._begin_now()
         if self._last is not None:
             self._queued.append(self._last)
             self._last = None
+        if self._begin is not None and self._queued:
+            self._begin_now()
         if self._queued:
             with self.raw.pipeline():
                 self._run_queued()
@@ -246,7 +246,7 @@ class PgConn:
         when it started, as a statement of its own does; a plain read locks nothing, so it
         needs no transaction. A write, a read that locks (a row, an advisory lock) and every
         read after a write run in the transaction."""
-        if self._begin is not None and (self._queued or not _plain_read(sql)):
+        if self._begin is not None and (self._queued or self._last is not None or not _plain_read(sql)):
             self._begin_now()
 
     def _begin_now(self) -> None:
