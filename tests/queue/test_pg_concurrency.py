@@ -28,18 +28,6 @@ BURST = 16
 
 
 @pytest.fixture
-def proxied(pg_server: PgServer) -> Iterator[tuple[str, LatencyProxy]]:
-    """A fresh database and the latency proxy in front of the server (both gone at the end)."""
-    db = pg_server.fresh_database()
-    socket = str(pg_server.socket_dir / f".s.PGSQL.{pg_server.port}")
-    try:
-        with running_proxy(target_unix=socket) as proxy:
-            yield db, proxy
-    finally:
-        pg_server.drop_database(db)
-
-
-@pytest.fixture
 def far_proxied(pg_server: PgServer) -> Iterator[tuple[str, LatencyProxy]]:
     """Like ``proxied``, 5 ms each way: a launch then waits mostly for its round trips, so what
     16 at once take shows whether they wait for each other, not this machine's CPU."""

@@ -6,15 +6,14 @@ for the rules."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
 from nymph.queue.pgdb import PgDatabase
 from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, _merged, _plain_read, _with, lock_key, send
-from tests.support.latency_proxy import LatencyProxy, pg_url_through, running_proxy
-from tests.support.pg_server import PgServer
+from tests.support.latency_proxy import LatencyProxy, pg_url_through
 
 SCHEMA = (
     "CREATE TABLE parent (k INTEGER PRIMARY KEY, v TEXT)",
@@ -77,17 +76,6 @@ def test_only_a_select_that_locks_and_writes_nothing_runs_before_the_transaction
     sql: str, plain: bool
 ) -> None:
     assert _plain_read(sql) is plain
-
-
-@pytest.fixture
-def proxied(pg_server: PgServer) -> Iterator[tuple[str, LatencyProxy]]:
-    db = pg_server.fresh_database()
-    socket = str(pg_server.socket_dir / f".s.PGSQL.{pg_server.port}")
-    try:
-        with running_proxy(target_unix=socket) as proxy:
-            yield db, proxy
-    finally:
-        pg_server.drop_database(db)
 
 
 @pytest.fixture

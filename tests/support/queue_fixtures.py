@@ -23,6 +23,7 @@ import pytest
 import structlog
 
 from nymph.queue.models import QueueSettings
+from tests.support.latency_proxy import LatencyProxy, running_proxy
 from tests.support.pg_server import PgServer, PgUnavailable, running_server
 from tests.support.queue_helpers import FAST, Queue, Served, add_kind, open_queue
 
@@ -54,6 +55,19 @@ def pg_server() -> Iterator[PgServer]:
         pytest.skip(str(exc))
     with ctx as server:
         yield server
+
+
+@pytest.fixture
+def proxied(pg_server: PgServer) -> Iterator[tuple[str, LatencyProxy]]:
+    """A fresh database on the session's server and a latency proxy in front of the server
+    (1 ms each way, :mod:`tests.support.latency_proxy`); both gone at the end."""
+    db = pg_server.fresh_database()
+    socket = str(pg_server.socket_dir / f".s.PGSQL.{pg_server.port}")
+    try:
+        with running_proxy(target_unix=socket) as proxy:
+            yield db, proxy
+    finally:
+        pg_server.drop_database(db)
 
 
 @pytest.fixture
