@@ -103,6 +103,7 @@ def test_encodings_methods_and_sizes(tenants: Tenants, http: Checked) -> None:
         ("JSON nested 100000 deep", b"[" * 100_000 + b"]" * 100_000, {}),
         ("object nested 100000 deep", b'{"a":' * 100_000 + b"1" + b"}" * 100_000, {}),
         ("NaN", b'{"mode":"py","script":"x","tags":{"a":NaN}}', {}),
+        ("a number past a float", b'{"mode":"py","script":"x","tags":{"a":1e400}}', {}),
         ("lone surrogate", b'{"mode":"py","script":"\\ud800"}', {}),
         ("invalid UTF-8", b'{"mode":"py","script":"\xff\xfe"}', {}),
         ("NUL in script", json.dumps(launch_body(script="print(1)\x00\n")).encode(), {}),

@@ -26,6 +26,15 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    """A JSON number as a float; one too large for a float (``1e400``) is refused like
+    ``Infinity``, not read as it."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number too large for a float")
+    return value
+
+
 #: Content codings a request body may use (applied in the order the header lists them).
 ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")
 
@@ -97,13 +106,13 @@ async def read_object(
             return {}
         raise Unprocessable("the request needs a JSON object body", code="missing_body")
     try:
-        data = json.loads(raw, parse_constant=_no_constants)
+        data = json.loads(raw, parse_constant=_no_constants, parse_float=_finite)
         if b"\\u" in raw:  # only escapes can smuggle in unpaired surrogates
             json.dumps(data, ensure_ascii=False).encode("utf-8")
     except (ValueError, UnicodeError, RecursionError):
         raise BadRequest(
-            "the request body is not valid JSON (or holds NaN, Infinity, unpaired surrogates or "
-            "absurd nesting): send a plain JSON object",
+            "the request body is not valid JSON (or holds NaN, Infinity, a number too large for a "
+            "float, unpaired surrogates or absurd nesting): send a plain JSON object",
             code="invalid_json",
         ) from None
     if not isinstance(data, dict):

@@ -16,8 +16,8 @@ from nymph.queue.sql.schedule import group_of, priority_of
 def spec_text(spec: dict[str, Any]) -> str:
     """A task's spec as stored: JSON by orjson (a launch's spec is encoded at every launch);
     what orjson cannot encode (an integer past 64 bits a launch's fields may hold) by the
-    standard library. A spec holds no NaN or lone surrogate: a request body with one is refused
-    (:func:`nymph.queue.http.bodies.read_object`)."""
+    standard library. A spec holds no NaN, infinity or lone surrogate (which orjson would not
+    keep): a request body with one is refused (:func:`nymph.queue.http.bodies.read_object`)."""
     try:
         return orjson.dumps(spec).decode()
     except TypeError:
