@@ -6,14 +6,17 @@ for the rules."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
+from nymph.queue.errors import Unavailable
 from nymph.queue.pgdb import PgDatabase
 from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, _merged, _plain_read, _with, lock_key, send
 from tests.support.latency_proxy import LatencyProxy, pg_url_through
+from tests.support.pg_server import PgServer
 
 SCHEMA = (
     "CREATE TABLE parent (k INTEGER PRIMARY KEY, v TEXT)",
@@ -207,3 +210,33 @@ async def test_a_lock_taken_by_a_read_is_held_until_the_write_ends(
     assert held == [(False, False)]
     assert other_can_lock() == (True, True)
     assert await _count(pg, "log") == 1
+
+
+async def test_a_lone_write_whose_answer_is_lost_is_told_and_never_run_again(pg_server: PgServer) -> None:
+    """A write sent as one statement without a transaction, whose connection is lost before its
+    answer: the caller is told the database is unreachable, and the write is not run again (it
+    may have happened, as a COMMIT whose answer was lost may have)."""
+    db = pg_server.fresh_database()
+    proxy = LatencyProxy(target_unix=str(pg_server.socket_dir / f".s.PGSQL.{pg_server.port}"), delay=0.05)
+    await proxy.start()
+    pg = PgDatabase(url=pg_url_through(db, proxy.port), pool_size=1)
+    try:
+        await pg.open()
+        await pg.write(lambda c: c.execute("CREATE TABLE log (id BIGSERIAL PRIMARY KEY, what TEXT)"))
+        runs: list[int] = []
+
+        def write(c: Conn) -> None:
+            runs.append(1)
+            send(c, "INSERT INTO log (what) VALUES (?)", ("once",))
+
+        sent = asyncio.create_task(pg.write(write))
+        await asyncio.sleep(0.02)  # sent; its answer cannot be back before 0.1 s
+        assert proxy.in_flight == 1
+        proxy.cut()  # a connection made now would work: running the write again would succeed
+        with pytest.raises(Unavailable):
+            await sent
+        assert runs == [1]
+    finally:
+        await pg.close()
+        await proxy.close()
+        pg_server.drop_database(db)

@@ -52,6 +52,12 @@ class LatencyProxy:
         self._server = await asyncio.start_server(self._accepted, host="127.0.0.1", port=0)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
+    def cut(self) -> None:
+        """Close every connection under way (as a network that drops them would); new ones are
+        still taken."""
+        for w in list(self._writers):
+            w.close()
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -82,6 +88,11 @@ class LatencyProxy:
         talking = [False]  # the client sent last, on this connection
 
         def up(data: bytes) -> None:
+            if not data:  # the client left (its last message is answered by no one)
+                if talking[0]:
+                    self.in_flight -= 1
+                talking[0] = False
+                return
             if not talking[0]:
                 self.round_trips += 1
                 self.in_flight += 1
@@ -89,6 +100,8 @@ class LatencyProxy:
                 talking[0] = True
 
         def down(data: bytes) -> None:
+            if not data:
+                return
             if talking[0]:
                 self.in_flight -= 1
             talking[0] = False
@@ -111,6 +124,7 @@ class LatencyProxy:
                 data = await src.read(_CHUNK)
                 last = max(loop.time() + self.delay, last + 1e-6)
                 if not data:
+                    seen(data)
                     break
                 seen(data)
                 loop.call_at(last, _deliver, dst, data)
