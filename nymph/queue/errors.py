@@ -94,7 +94,8 @@ class Unprocessable(ServiceError):
 
 
 class Unavailable(ServiceError):
-    """The database cannot be reached right now (503): nothing was accepted; retry."""
+    """The database cannot be reached right now (503). Its detail says whether nothing was
+    changed (retry), or a change was sent and its outcome is not known."""
 
     status = 503
     default_code = "database_unavailable"

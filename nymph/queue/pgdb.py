@@ -70,6 +70,12 @@ CHANNEL = "nymph_queue"
 #: its connection).
 LOCK_POLL = 2.0
 UNREACHABLE = "the queue database cannot be reached right now: nothing was changed; retry shortly"
+#: A write whose statement or COMMIT was sent, and whose connection was lost before the answer.
+OUTCOME_UNKNOWN = (
+    "the queue database was lost before it confirmed this change, so whether it was made is not "
+    "known: check before sending it again (a launch sent with an Idempotency-Key can be sent "
+    "again safely)"
+)
 #: How many times a write is run from its start when it meets another write (see the module doc).
 WRITE_ATTEMPTS = 6
 #: Broadcasts sent in one statement at most.
@@ -330,7 +336,11 @@ class PgDatabase:
                     # committed: nothing happened, so run it again on another one, after
                     # dropping every dead connection at once. Once the COMMIT was sent,
                     # whether it happened is unknown: the caller is told (a 503).
-                    if conn.commit_sent or not (raw.closed or raw.broken):
+                    lost = raw.closed or raw.broken
+                    if conn.commit_sent and lost:
+                        log.warning("database lost before a write's answer; its outcome is unknown")
+                        raise Unavailable(OUTCOME_UNKNOWN) from None
+                    if not lost:
                         _rollback(raw)
                         raise
                     reconnects += 1

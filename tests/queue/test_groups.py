@@ -131,7 +131,7 @@ async def test_group_counts_pages_and_an_idempotent_stop(kind: Queue) -> None:
     assert (await kind.call("GET", NS + "/groups/group-000000000000")).status == 404
 
 
-_STATEMENTS = ("execute", "executemany", "send", "at_commit")
+_STATEMENTS = ("execute", "executemany", "send")
 
 
 class _Statements:
@@ -157,9 +157,6 @@ class _Statements:
 
     def send(self, *args: Any) -> Any:
         return self._call("send", args)
-
-    def at_commit(self, *args: Any) -> Any:
-        return self._call("at_commit", args)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.conn, name)

@@ -216,7 +216,7 @@ async def test_a_transaction_goes_to_the_loop_once_per_round_trip(
         c.execute("INSERT INTO trips VALUES (?, ?)", (1, "one"))
         for k in range(2, 7):
             c.send("INSERT INTO trips VALUES (?, ?)", (k, str(k)))
-        c.at_commit("UPDATE trips SET v = v || '!' WHERE k = ?", (1,))
+        c.send("UPDATE trips SET v = v || '!' WHERE k = ?", (1,))
         return int(first[0])
 
     assert await pg.write(write) == 0

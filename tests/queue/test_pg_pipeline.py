@@ -28,7 +28,7 @@ def test_statements_sent_later_run_in_order_and_fail_their_transaction(pg_server
             conn.send("INSERT INTO t (k) VALUES (?)", (2,))
             assert [int(r[0]) for r in conn.execute("SELECT k FROM t ORDER BY k").fetchall()] == [1, 2]
             conn.send("INSERT INTO t (k) VALUES (?)", (3,))
-            conn.at_commit("UPDATE t SET k = k + 10 WHERE k = ?", (3,))
+            conn.send("UPDATE t SET k = k + 10 WHERE k = ?", (3,))
             conn.commit()
             assert keys() == [1, 2, 13]
 

@@ -214,8 +214,8 @@ async def test_a_lock_taken_by_a_read_is_held_until_the_write_ends(
 
 async def test_a_lone_write_whose_answer_is_lost_is_told_and_never_run_again(pg_server: PgServer) -> None:
     """A write sent as one statement without a transaction, whose connection is lost before its
-    answer: the caller is told the database is unreachable, and the write is not run again (it
-    may have happened, as a COMMIT whose answer was lost may have)."""
+    answer: the caller is told its outcome is not known (never that nothing changed), and the
+    write is not run again (it may have happened, as a COMMIT whose answer was lost may have)."""
     db = pg_server.fresh_database()
     proxy = LatencyProxy(target_unix=str(pg_server.socket_dir / f".s.PGSQL.{pg_server.port}"), delay=0.05)
     await proxy.start()
@@ -233,8 +233,9 @@ async def test_a_lone_write_whose_answer_is_lost_is_told_and_never_run_again(pg_
         await asyncio.sleep(0.02)  # sent; its answer cannot be back before 0.1 s
         assert proxy.in_flight == 1
         proxy.cut()  # a connection made now would work: running the write again would succeed
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable, match="whether it was made is not known") as lost:
             await sent
+        assert "nothing was changed" not in str(lost.value)
         assert runs == [1]
     finally:
         await pg.close()

@@ -178,8 +178,6 @@ class PgConn:
         self._statements_left = 1 if single else -1
         #: Whether the ``COMMIT`` was sent (after that, a lost connection leaves it unknown).
         self.commit_sent = False
-        #: A statement the transaction runs last, sent with its COMMIT (see :meth:`commit`).
-        self._last: tuple[str, Any] | None = None
         #: Statements whose results are not read, not sent yet (see :meth:`send`).
         self._queued: list[tuple[str, Any]] = []
 
@@ -190,27 +188,18 @@ class PgConn:
         self._in_transaction()
         self._queued.append((sql, parameters))
 
-    def at_commit(self, sql: str, parameters: Any = (), /) -> None:
-        """Run ``sql`` as the transaction's last statement, in the same round trip as its
-        ``COMMIT``: what it locks is held for the commit alone, not for a round trip more."""
-        self._in_transaction()
-        self._last = (sql, parameters)
-
     def commit(self) -> None:
-        """``COMMIT``, in one round trip with the statements :meth:`send` queued and the
-        :meth:`at_commit` one. A write that has not begun its transaction (it only read, each
+        """``COMMIT``, in one round trip with the statements :meth:`send` queued. A write that has not begun its transaction (it only read, each
         read its own snapshot) and whose writes make one statement (:func:`_merged`) sends that
         statement alone: one statement is atomic by itself, and no ``BEGIN`` or ``COMMIT`` is
         needed; nothing at all when it wrote nothing."""
-        if self._last is not None:
-            self._queued.append(self._last)
-            self._last = None
         if self._begin is not None:
             statements = list(_merged(self._queued))
             if len(statements) <= 1:
                 self._queued = []
                 self._begin = None
-                for sqls, parameters in statements:
+                if statements:
+                    [(sqls, parameters)] = statements
                     self.commit_sent = True
                     self.raw.execute(_with(sqls), parameters)
                 return
@@ -224,11 +213,8 @@ class PgConn:
             self.raw.execute("COMMIT")
 
     def flush(self) -> None:
-        """Run what :meth:`send` and :meth:`at_commit` left, without committing (a transaction
-        committed by its caller)."""
-        if self._last is not None:
-            self._queued.append(self._last)
-            self._last = None
+        """Run what :meth:`send` left, without committing (a transaction committed by its
+        caller)."""
         if self._begin is not None and self._queued:
             self._begin_now()
         if self._queued:
@@ -246,7 +232,7 @@ class PgConn:
         when it started, as a statement of its own does; a plain read locks nothing, so it
         needs no transaction. A write, a read that locks (a row, an advisory lock) and every
         read after a write run in the transaction."""
-        if self._begin is not None and (self._queued or self._last is not None or not _plain_read(sql)):
+        if self._begin is not None and (self._queued or not _plain_read(sql)):
             self._begin_now()
 
     def _begin_now(self) -> None:
