@@ -3,6 +3,7 @@ body, the database file (or its WAL) in clear, or a temp dir after the call."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -271,3 +272,36 @@ async def test_a_missing_secret_key_file_is_named_in_the_answer_not_a_bare_500(t
     finally:
         await q.close()
         await runner.cleanup()
+
+
+async def test_a_value_read_for_calls_is_reused_briefly_and_a_change_here_is_seen_at_once(
+    squeue: Queue,
+) -> None:
+    """A call's credential (``max_age``) is read from the store again only once it is that old:
+    a value another replica wrote meanwhile is used from then on, and one written through this
+    replica (put, delete) at once. A read without ``max_age`` always reads the store."""
+    from nymph.queue.direct.wiring import SECRETS
+    from nymph.queue.errors import NotFound
+    from nymph.queue.sql import secrets as secret_sql
+
+    store = squeue.app[SECRETS]
+    await store.put(ns="default", name="kc", value="first-value")
+    assert await store.plaintext(ns="default", name="kc", max_age=0.3) == "first-value"
+
+    async def elsewhere(value: str) -> None:  # as another replica writes it: not through this store
+        blob = store.box.seal(ns="default", name="kc", value=value, have_secrets=True)
+        await store.db.write(
+            lambda c: secret_sql.put(c, ns="default", name="kc", ciphertext=blob, ts=time.time())
+        )
+
+    await elsewhere("second-value")
+    assert await store.plaintext(ns="default", name="kc", max_age=0.3) == "first-value"
+    assert await store.plaintext(ns="default", name="kc") == "second-value"
+    await asyncio.sleep(0.35)
+    assert await store.plaintext(ns="default", name="kc", max_age=0.3) == "second-value"
+
+    await store.put(ns="default", name="kc", value="third-value")
+    assert await store.plaintext(ns="default", name="kc", max_age=60) == "third-value"
+    await store.delete(ns="default", name="kc")
+    with pytest.raises(NotFound):
+        await store.plaintext(ns="default", name="kc", max_age=60)

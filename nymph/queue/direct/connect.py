@@ -45,6 +45,9 @@ class Connector:
         self.secrets = secrets
         self.settings = settings
         self.clients = ClientCache()
+        #: A connection's fingerprint for the secret values it was made from (see
+        #: :meth:`_fingerprint`): a kubeconfig is hashed once per value read, not at every call.
+        self._prints: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {}
 
     def check_user_text(self, text: str, *, what: str) -> None:
         """Refuse a user-supplied kubeconfig that carries a field outside the allow-list, or
@@ -143,23 +146,37 @@ class Connector:
             name = ref["$secret"]
             # a missing one: the resolver says which secret is missing, and how to create it
             with contextlib.suppress(NotFound):
-                values[name] = await self.secrets.plaintext(ns=ns, name=name)
+                values[name] = await self.secrets.plaintext(
+                    ns=ns, name=name, max_age=self.settings.secret_reread
+                )
         return FetchedSecrets(values=values, namespace=ns)
 
-    def _fingerprint(self, *, ns: str, conn: Connection, resolver: FetchedSecrets) -> str:
+    def _fingerprint(self, *, key: str, conn: Connection, resolver: FetchedSecrets) -> str:
         """Changes when the credential behind ``conn`` does: the secret's content, or the
-        kubeconfig file's identity and times (a hash, held in memory only)."""
-        h = hashlib.sha256(json.dumps([ns, conn.key()]).encode())
-        for name in sorted(resolver.values):
-            h.update(b"\0" + name.encode() + b"\0" + resolver.values[name].encode())
+        kubeconfig file's identity and times (a hash, held in memory only). ``key``: the
+        connection's key in :attr:`clients`."""
         ref = conn.kubeconfig
-        if isinstance(ref, str) and looks_like_path(ref):
+        by_path = isinstance(ref, str) and looks_like_path(ref)
+        values = tuple(sorted(resolver.values.items()))
+        if not by_path:
+            known = self._prints.get(key)
+            if known is not None and known[0] == values:
+                return known[1]
+        h = hashlib.sha256(key.encode())
+        for name, value in values:
+            h.update(b"\0" + name.encode() + b"\0" + value.encode())
+        if by_path:
+            assert isinstance(ref, str)
             try:
                 st = os.stat(os.path.realpath(os.path.expanduser(ref)))
                 h.update(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}".encode())
             except (OSError, ValueError):  # ValueError: a NUL byte
                 h.update(b"missing")  # opening it says why
-        return h.hexdigest()
+            return h.hexdigest()
+        if len(self._prints) >= 1024:
+            self._prints.clear()
+        self._prints[key] = (values, h.hexdigest())
+        return self._prints[key][1]
 
     @contextlib.asynccontextmanager
     async def api(self, *, ns: str, conn: Connection, what: str) -> AsyncIterator[client.ApiClient]:
@@ -184,8 +201,9 @@ class Connector:
                     namespace=ns,
                 )
 
-            fingerprint = self._fingerprint(ns=ns, conn=conn, resolver=resolver)
-            used = self.clients.use(json.dumps([ns, conn.key()]), fingerprint, opener)
+            key = json.dumps([ns, conn.key()])
+            fingerprint = self._fingerprint(key=key, conn=conn, resolver=resolver)
+            used = self.clients.use(key, fingerprint, opener)
             api = await used.__aenter__()
         except Exception as exc:
             raise service_error(exc, what=what) from None

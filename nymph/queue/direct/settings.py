@@ -34,6 +34,10 @@ class DirectSettings:
     #: How often the watch set and the reaper are looked at.
     interval: float = 2.0
     log_limit_bytes: int = 256 * 1024
+    #: A ``$secret`` kubeconfig read for a call is used again for this long before the store is
+    #: read again: a change made through another replica takes effect within it (through this
+    #: one, at once); 0: read at every call.
+    secret_reread: float = 2.0
     #: Where kubeconfigs are staged during a call (None: the system temp dir).
     tmp_root: str | None = None
 
