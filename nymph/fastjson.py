@@ -1,12 +1,18 @@
-"""Decoding the JSON the API server sends (a Pod's document at every change a watch reports,
-and the answers of the API calls), and encoding what is sent to it (a Pod's manifest).
+"""JSON by orjson, on the hot paths: the API server's documents (a Pod's at every change a watch
+reports, the answers of API calls, a Pod's manifest sent), the queue's answers and stored task
+specs, and the log lines of every process.
 
-orjson decodes a Pod's document in well under half the standard library's time, and a daemon
-decodes several per launch. What orjson refuses but JSON allows (a lone surrogate escape) goes
-to the standard library, and what is not JSON at all is refused with a :class:`ValueError`
-either way. The one difference: orjson reads an integer past 64 bits as a float. Kubernetes'
-types hold no such integer (its integer fields are int32 or int64), so no document of the
-API server's has one; this module is for those documents only.
+orjson encodes and decodes in well under half the standard library's time. What orjson
+refuses but JSON allows (a lone surrogate escape, an integer past 64 bits, a key that is not a
+string) goes to the standard library, and what is not JSON at all is refused with a
+:class:`ValueError` either way. The differences that remain:
+
+- decoding, orjson reads an integer past 64 bits as a float. Kubernetes' types hold no such
+  integer (int32 or int64), and the queue decodes request bodies with the standard library
+  (:mod:`nymph.queue.http.bodies`); what must read such an integer back exactly uses
+  :func:`json.loads`;
+- encoding, orjson writes NaN and infinity as ``null`` where the standard library writes
+  ``NaN`` (which is not JSON). The queue refuses a request body that holds one.
 """
 
 from __future__ import annotations
@@ -25,6 +31,14 @@ def dumps(obj: Any) -> bytes:
         return orjson.dumps(obj)
     except TypeError:
         return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def dumps_text(obj: Any) -> str:
+    """:func:`dumps` as text."""
+    try:
+        return orjson.dumps(obj).decode()
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":"))
 
 
 def loads(data: str | bytes) -> Any:

@@ -8,6 +8,7 @@ every string value registered with :func:`register_secret` is masked wherever it
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -15,6 +16,7 @@ import threading
 from collections.abc import MutableMapping
 from typing import Any
 
+import orjson
 import structlog
 
 REDACTED = "[redacted]"
@@ -67,6 +69,15 @@ def redact_processor(
     return event_dict
 
 
+def _json_line(event_dict: Any, default: Any = None, **_kw: Any) -> str:
+    """A log line's JSON by orjson; what it refuses (an integer past 64 bits, a key that is
+    not a string) by the standard library, as structlog's own renderer would."""
+    try:
+        return orjson.dumps(event_dict, default=default).decode()
+    except TypeError:
+        return json.dumps(event_dict, default=default)
+
+
 class _Stderr:
     """Writes to whatever ``sys.stderr`` is at the time of the write (not at configuration),
     so a logger configured under a test's captured stderr keeps working after it closes."""
@@ -88,7 +99,9 @@ def configure_logging(*, fmt: str = "auto", level: str = "info", stream: Any = N
         lvl = logging.INFO
     use_console = fmt == "console" or (fmt == "auto" and hasattr(stream, "isatty") and stream.isatty())
     renderer: Any = (
-        structlog.dev.ConsoleRenderer(colors=False) if use_console else structlog.processors.JSONRenderer()
+        structlog.dev.ConsoleRenderer(colors=False)
+        if use_console
+        else structlog.processors.JSONRenderer(serializer=_json_line)
     )
     structlog.configure(
         processors=[

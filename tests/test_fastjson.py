@@ -1,6 +1,7 @@
-"""The API server's JSON (whose integers fit in 64 bits, as Kubernetes' types do) decodes to
+"""JSON whose integers fit in 64 bits (the API server's, as Kubernetes' types are) decodes to
 exactly what the standard library gives, whichever decoder takes it, and what is not JSON is
-refused the same way."""
+refused the same way; what is encoded, as bytes or text, reads back as the standard library's
+encoding does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nymph.kube import fastjson
+from nymph import fastjson
 
 DOCUMENTS = st.recursive(
     st.none()
@@ -61,3 +62,9 @@ def test_what_is_not_json_is_refused_with_a_value_error(text: str | bytes) -> No
 )
 def test_what_is_encoded_decodes_to_what_the_standard_library_makes_of_it(obj: Any) -> None:
     assert json.loads(fastjson.dumps(obj)) == json.loads(json.dumps(obj))
+    assert json.loads(fastjson.dumps_text(obj)) == json.loads(json.dumps(obj))
+
+
+@given(DOCUMENTS)
+def test_any_document_encoded_as_text_reads_back_as_itself(doc: Any) -> None:
+    assert json.loads(fastjson.dumps_text(doc)) == doc

@@ -31,3 +31,23 @@ def test_registered_secrets_masked_anywhere() -> None:
     out = buf.getvalue()
     assert "very-secret-value" not in out
     assert REDACTED in out
+
+
+class _Opaque:
+    def __repr__(self) -> str:
+        return "<opaque thing>"
+
+
+def test_json_lines_keep_what_orjson_refuses_and_name_what_is_not_json() -> None:
+    """A value JSON cannot hold is written as its repr, and an integer past 64 bits or a key
+    that is not a string is still written: a log call never fails for the value it carries."""
+    buf = io.StringIO()
+    configure_logging(fmt="json", stream=buf)
+    log = structlog.get_logger()
+    log.info("odd", thing=_Opaque(), big=2**70, counts={1: "one"}, text="caf\u00e9")
+    rec = json.loads(buf.getvalue())
+    assert rec["thing"] == "<opaque thing>"
+    assert rec["big"] == 2**70
+    assert rec["counts"] == {"1": "one"}
+    assert rec["text"] == "caf\u00e9"
+    assert rec["event"] == "odd" and rec["level"] == "info"

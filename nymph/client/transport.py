@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypedDict, cast
 from urllib.parse import quote
 
+from nymph import fastjson
 from nymph.client import plainhttp
 from nymph.client.errors import BY_CODE, BY_STATUS, QueueError, QueueUnavailable, safe_url
 from nymph.netaddr import DEFAULT_URL as DEFAULT_URL
@@ -141,7 +142,8 @@ class Transport:
         if self._session is None:
             import aiohttp
 
-            self._session = aiohttp.ClientSession()
+            # requests' JSON bodies (a daemon's claims, reports and completions) by orjson
+            self._session = aiohttp.ClientSession(json_serialize=fastjson.dumps_text)
             self._own_session = True
         return self._session
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from nymph import fastjson
 from nymph.daemon.durable import replace_atomically
 
 #: Rewrite the file when it holds more than this many lines per live mark (and at least
@@ -31,7 +32,7 @@ MIN_LINES_TO_COMPACT = 4096
 
 def _line(name: str, value: dict[str, Any] | None) -> bytes:
     rec: dict[str, Any] = {"n": name} if value is None else {"n": name, "v": value}
-    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+    return fastjson.dumps(rec) + b"\n"
 
 
 def _records(data: bytes) -> Iterator[tuple[str, dict[str, Any] | None]]:

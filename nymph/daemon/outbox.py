@@ -22,13 +22,13 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
-import json
 import random
 import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any, Unpack
 
+from nymph import fastjson
 from nymph.daemon.durable import (
     TornAppend,
     Writer,
@@ -162,7 +162,7 @@ class Outbox:
 
     def _append(self, item: dict[str, Any]) -> int:
         """Append one item (fsynced); returns its line index in the file."""
-        data = (json.dumps(item, separators=(",", ":")) + "\n").encode("utf-8")
+        data = fastjson.dumps(item) + b"\n"
         if self._repair_to is not None:
             truncate_to(self.file, self._repair_to)
             self._repair_to = None

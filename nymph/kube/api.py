@@ -17,8 +17,9 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import kube_config
 
+from nymph import fastjson
 from nymph.errors import ValidationError
-from nymph.kube import fastjson, rawcall
+from nymph.kube import rawcall
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.errors import Conflict, Invalid, KubeError, NotFound, Unavailable, from_status
 from nymph.kube.kubectl import FIELD_MANAGER

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nymph import fastjson
 from nymph.errors import ValidationError
-from nymph.kube import fastjson
 from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.binaries import kubectl_path
 from nymph.kube.errors import Invalid, KubeError, NotFound, Unavailable, classify_kubectl

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 from kubernetes_asyncio import client
 
-from nymph.kube import fastjson
+from nymph import fastjson
 
 JSON = "application/json"
 

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from nymph.kube import fastjson
+from nymph import fastjson
 from nymph.kube.api import raw_json
 from nymph.kube.errors import KubeError
 from nymph.logsetup import get_logger
@@ -47,7 +47,7 @@ class RawWatch(watch.Watch):
 
     def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
         """The event, as the client's own method gives it (``raw_object`` the object, and the
-        watch's resourceVersion kept), decoded by :mod:`nymph.kube.fastjson`: a Pod's document
+        watch's resourceVersion kept), decoded by :mod:`nymph.fastjson`: a Pod's document
         at every change is most of what a watch costs. An error event, or anything not an
         event, goes to the client's method, which raises as it always has."""
         try:

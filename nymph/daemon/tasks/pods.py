@@ -10,10 +10,10 @@ server's message.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from nymph import fastjson
 from nymph.daemon.tasks.apply import apply_each
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.identity import (
@@ -126,7 +126,7 @@ def _render(ctx: TaskContext, task: TaskJSON) -> _Ready | None:
         manifest = render_pod(spec, node=ctx.node, workdir_root=str(ctx.workdir_root))
         identity = annotate(manifest, launch_identity(spec))
         # Serialize it as the appliers will (JSON), so a Pod that cannot travel fails here, alone.
-        json.dumps(manifest)
+        fastjson.dumps(manifest)
         sha = manifest_sha256(manifest)
     except ValidationError as exc:
         ctx.refuse_spec(task, what="launch", error=exc)

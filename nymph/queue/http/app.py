@@ -24,6 +24,7 @@ from nymph.queue.console import app as console
 from nymph.queue.db import Backend, Database
 from nymph.queue.direct import wiring as direct
 from nymph.queue.errors import Forbidden
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.keys import AUTH, METRICS, PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.middlewares import auth_middleware, error_middleware
 from nymph.queue.http.routes import catalog as catalog_routes
@@ -65,7 +66,7 @@ def open_backend(target: Path | str) -> tuple[Backend, Path | None]:
 
 async def healthz(request: web.Request) -> web.Response:
     await request.app[STORE].db.read(lambda conn: conn.execute("SELECT 1").fetchone())
-    return web.json_response({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 async def metrics(request: web.Request) -> web.Response:

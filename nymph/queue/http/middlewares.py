@@ -21,6 +21,7 @@ from aiohttp import web
 from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unauthorized
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.keys import AUTH, PRINCIPAL, SESSIONS
 from nymph.queue.models import Principal, Role
 from nymph.queue.secrets import SecretKeyError
@@ -59,22 +60,22 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ServiceError as exc:
-        return web.json_response(error_body(code=exc.code, detail=exc.detail), status=exc.status)
+        return json_response(error_body(code=exc.code, detail=exc.detail), status=exc.status)
     except SecretKeyError as exc:
         # The queue's own set-up (its secret key file), which its operator must fix: say what.
         log.error("secret key problem", method=request.method, path=request.path, detail=str(exc))
-        return web.json_response(error_body(code="secret_key", detail=str(exc)), status=500)
+        return json_response(error_body(code="secret_key", detail=str(exc)), status=500)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code, detail = _HTTP_CODES.get(exc.status, ("http_error", exc.reason))
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        return web.json_response(error_body(code=code, detail=detail), status=exc.status, headers=headers)
+        return json_response(error_body(code=code, detail=detail), status=exc.status, headers=headers)
     except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
         raise
     except Exception:
         log.exception("unhandled error", method=request.method, path=request.path)
-        return web.json_response(
+        return json_response(
             error_body(code="internal", detail="the queue hit an unexpected error: see its log"),
             status=500,
         )

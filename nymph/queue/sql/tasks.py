@@ -3,25 +3,19 @@ the caller's transaction), which files a launch under its scheduling group and p
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
 
-import orjson
-
+from nymph import fastjson
 from nymph.queue.sql.dialect import Conn, send
 from nymph.queue.sql.schedule import group_of, priority_of
 
 
 def spec_text(spec: dict[str, Any]) -> str:
-    """A task's spec as stored: JSON by orjson (a launch's spec is encoded at every launch);
-    what orjson cannot encode (an integer past 64 bits a launch's fields may hold) by the
-    standard library. A spec holds no NaN, infinity or lone surrogate (which orjson would not
+    """A task's spec as stored (:func:`nymph.fastjson.dumps_text`: a launch's spec is encoded
+    at every launch). A spec holds no NaN, infinity or lone surrogate (which orjson would not
     keep): a request body with one is refused (:func:`nymph.queue.http.bodies.read_object`)."""
-    try:
-        return orjson.dumps(spec).decode()
-    except TypeError:
-        return json.dumps(spec)
+    return fastjson.dumps_text(spec)
 
 
 def new_task_id() -> str:
@@ -84,7 +78,7 @@ def insert_launch_tasks(
             spec["namespace"],
             provider,
             spec["instanceId"],
-            json.dumps(spec),
+            spec_text(spec),
             requester,
             ts,
             ts,

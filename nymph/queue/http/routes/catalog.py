@@ -23,6 +23,7 @@ from nymph.launch.config import (
 from nymph.queue import tenancy
 from nymph.queue.direct.wiring import CONNECTOR
 from nymph.queue.errors import BadRequest, NotFound
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.http.paging import listing
@@ -126,7 +127,7 @@ async def _check_mode_provider(request: web.Request, mode: Mode) -> None:
 
 
 def _json(data: Any, *, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status)
+    return json_response(data, status=status)
 
 
 # --- providers -----------------------------------------------------------------------------

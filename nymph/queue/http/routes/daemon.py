@@ -27,6 +27,7 @@ from nymph.launch.placement import NodeOffer
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
 from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unprocessable
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.caller import daemon_session
 from nymph.queue.http.keys import METRICS, PRINCIPAL, SESSIONS, SETTINGS, STORE
@@ -92,7 +93,7 @@ async def register(request: web.Request) -> web.Response:
         session=registered.session.session_id,
         bootstrap=request[PRINCIPAL].token_id,
     )
-    return web.json_response(
+    return json_response(
         SessionJSON(
             sessionToken=registered.credential,
             daemonId=daemon_id,
@@ -204,7 +205,7 @@ async def claim(request: web.Request) -> web.Response:
             count=len(result.tasks),
             tasks=[t["taskId"] for t in result.tasks[:20]],
         )
-    return web.json_response({"tasks": result.tasks})
+    return json_response({"tasks": result.tasks})
 
 
 @routes.post("/v1/dispatch/renew")
@@ -222,7 +223,7 @@ async def renew(request: web.Request) -> web.Response:
     renewed, lost = await request.app[STORE].renew(
         session=session, task_ids=task_ids, lease_seconds=lease_seconds
     )
-    return web.json_response(RenewAnswer(renewed=renewed, lost=lost))
+    return json_response(RenewAnswer(renewed=renewed, lost=lost))
 
 
 @routes.post("/v1/dispatch/release")
@@ -230,7 +231,7 @@ async def release(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
     task_ids = f.strings("taskIds", max_items=_MAX_IDS)
     released = await request.app[STORE].release(session=_session(request, f), task_ids=task_ids)
-    return web.json_response({"released": released})
+    return json_response({"released": released})
 
 
 def _completion(f: Fields) -> TaskCompletion:
@@ -249,7 +250,7 @@ async def complete(request: web.Request) -> web.Response:
     f = Fields(await read_object(request))
     item = _completion(f)
     body = await request.app[STORE].complete(session=_session(request, f), item=item)
-    return web.json_response(body)
+    return json_response(body)
 
 
 @routes.post("/v1/dispatch/completions")
@@ -276,7 +277,7 @@ async def complete_batch(request: web.Request) -> web.Response:
             answers.append({"taskId": task_id, "httpStatus": outcome.status, "body": error})
         else:
             answers.append({"taskId": task_id, "httpStatus": 200, "body": outcome})
-    return web.json_response({"answers": answers})
+    return json_response({"answers": answers})
 
 
 def _report(raw: dict[str, Any], index: int) -> Report:
@@ -329,7 +330,7 @@ async def report(request: web.Request) -> web.Response:
     session = _session(request, f)
     with logged_refusal(session=session, route="report"):
         accepted, last = await request.app[STORE].report(session=session, stream=stream, reports=reports)
-    return web.json_response(ReportAck(accepted=accepted, lastSeq=last))
+    return json_response(ReportAck(accepted=accepted, lastSeq=last))
 
 
 @routes.post("/v1/dispatch/logs")
@@ -355,4 +356,4 @@ async def active(request: web.Request) -> web.Response:
             code="wrong_node",
         )
     items = await request.app[STORE].active(session=session)
-    return web.json_response({"items": items})
+    return json_response({"items": items})

@@ -17,6 +17,7 @@ from nymph.launch.placement import parse_quantity
 from nymph.launch.podpolicy import PodPolicyError, check_manifests
 from nymph.queue import tenancy
 from nymph.queue.errors import BadRequest, Unavailable
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, idempotency_key, read_object
 from nymph.queue.http.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.models import TenancySettings
@@ -66,7 +67,7 @@ def check_dockyard(
 
 
 def _json(data: Any, *, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status)
+    return json_response(data, status=status)
 
 
 @routes.post(NS + "/providers/{name}/dockyard")

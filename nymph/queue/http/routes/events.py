@@ -21,6 +21,7 @@ import json
 from aiohttp import web
 
 from nymph.queue.errors import BadRequest, Gone
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import query_flag
 from nymph.queue.http.keys import STORE
 from nymph.queue.http.middlewares import error_body
@@ -68,7 +69,7 @@ async def list_events(request: web.Request) -> web.StreamResponse:
     feed = request.app[STORE].events
     if not (follow or sse):
         page = await feed.page(ns=ns, after=after, limit=limit, where=where)
-        return web.json_response({"items": page.items, "continue": str(page.next_cursor)})
+        return json_response({"items": page.items, "continue": str(page.next_cursor)})
     waiter = _Waiter(feed.added, ns)
     try:
         first = await feed.page(ns=ns, after=after, limit=limit, where=where)  # a 410 is still an answer

@@ -8,6 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from nymph.queue.direct.wiring import DISPATCHERS
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import idempotency_key, read_object
 from nymph.queue.http.keys import PRINCIPAL, STORE
 from nymph.queue.http.paging import listing
@@ -27,13 +28,13 @@ async def launch_group(request: web.Request) -> web.Response:
     accepted = await request.app[STORE].groups.launch(
         ns=m["ns"], provider=m["name"], body=data, idempotency_key=key, principal=request[PRINCIPAL]
     )
-    return web.json_response(accepted, status=202)
+    return json_response(accepted, status=202)
 
 
 @routes.get(NS + "/groups/{id}")
 async def get_group(request: web.Request) -> web.Response:
     m = request.match_info
-    return web.json_response(await request.app[STORE].groups.get(ns=m["ns"], group_id=m["id"]))
+    return json_response(await request.app[STORE].groups.get(ns=m["ns"], group_id=m["id"]))
 
 
 @routes.get(NS + "/groups/{id}/instances")
@@ -43,7 +44,7 @@ async def group_instances(request: web.Request) -> web.Response:
     found = await request.app[STORE].groups.instances(
         ns=m["ns"], group_id=m["id"], page=paged.request(request)
     )
-    return web.json_response(paged.answer(found))
+    return json_response(paged.answer(found))
 
 
 @routes.delete(NS + "/groups/{id}")

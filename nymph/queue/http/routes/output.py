@@ -23,6 +23,7 @@ from aiohttp import web
 
 from nymph.protocol import now
 from nymph.queue.errors import NotInstanceDaemon, ServiceError, Unprocessable
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, query_flag, query_int, read_object
 from nymph.queue.http.caller import daemon_session
 from nymph.queue.http.keys import STORE
@@ -76,7 +77,7 @@ async def get_logs(request: web.Request) -> web.StreamResponse:
     if text:
         return web.Response(body=data or b"", content_type="text/plain", charset="utf-8", headers=headers)
     logs = None if data is None else data.decode("utf-8", errors="replace")
-    return web.json_response({"instanceId": m["id"], "logs": logs}, headers=headers)
+    return json_response({"instanceId": m["id"], "logs": logs}, headers=headers)
 
 
 async def _follow(request: web.Request, *, since: int) -> web.StreamResponse:
@@ -178,7 +179,7 @@ async def log_chunk(request: web.Request) -> web.Response:
             final=chunk.final,
             note=chunk.note,
         )
-    return web.json_response(_answer(st, chunk.instance_id))
+    return json_response(_answer(st, chunk.instance_id))
 
 
 @routes.post("/v1/dispatch/logchunks/batch")
@@ -215,4 +216,4 @@ async def log_chunk_batch(request: web.Request) -> web.Response:
             answers.append(
                 {"instanceId": instance_id, "httpStatus": 200, "body": _answer(outcome, instance_id)}
             )
-    return web.json_response({"answers": answers})
+    return json_response({"answers": answers})

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from nymph.errors import ValidationError
 from nymph.queue.errors import BadRequest, Forbidden
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import read_object
 from nymph.queue.http.keys import PRINCIPAL, STORE
 from nymph.queue.models import Principal, Role
@@ -29,7 +30,7 @@ def _admin(principal: Principal, what: str) -> None:
 
 @routes.get("/v1/namespaces/{ns}/quota")
 async def get_quota(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[STORE].quotas.get(request.match_info["ns"]))
+    return json_response(await request.app[STORE].quotas.get(request.match_info["ns"]))
 
 
 @routes.put("/v1/namespaces/{ns}/quota")
@@ -43,10 +44,10 @@ async def put_quota(request: web.Request) -> web.Response:
         raise BadRequest(str(exc), code="invalid_quota") from None
     # A raised limit may let queued launches start: every waiting claim looks again.
     store.tasks_changed.notify_all()
-    return web.json_response(answer)
+    return json_response(answer)
 
 
 @routes.get("/v1/quotas")
 async def list_quotas(request: web.Request) -> web.Response:
     _admin(request[PRINCIPAL], "listing every namespace's quota")
-    return web.json_response({"items": await request.app[STORE].quotas.list()})
+    return json_response({"items": await request.app[STORE].quotas.list()})

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from nymph.launch.results import BadResultPath, check_result_path
 from nymph.queue.errors import BadRequest, Unprocessable
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.caller import daemon_session
 from nymph.queue.http.keys import STORE
@@ -25,7 +26,7 @@ _MAX_CHUNK = 512 * 1024
 async def list_results(request: web.Request) -> web.Response:
     m = request.match_info
     body = await request.app[STORE].output.results(ns=m["ns"], provider=m["name"], instance_id=m["id"])
-    return web.json_response(body)
+    return json_response(body)
 
 
 @routes.get(NS + "/providers/{name}/instances/{id}/results/{path:.+}")
@@ -83,4 +84,4 @@ async def put_result(request: web.Request) -> web.Response:
             eof=eof,
             error=error,
         )
-    return web.json_response({"size": size})
+    return json_response({"size": size})

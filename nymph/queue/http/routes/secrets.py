@@ -8,6 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from nymph.queue.direct.wiring import CONNECTOR, SECRETS
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.keys import STORE
 from nymph.queue.http.paging import listing
@@ -27,14 +28,14 @@ async def put_secret(request: web.Request) -> web.Response:
     configs = [p.get("kwargs") for p in await store.list_providers(ns=m["ns"])]
     configs += [md.get("fields") for md in await store.list_modes(ns=m["ns"])]
     await request.app[CONNECTOR].check_secret(ns=m["ns"], name=m["name"], value=value, configs=configs)
-    return web.json_response(await request.app[SECRETS].put(ns=m["ns"], name=m["name"], value=value))
+    return json_response(await request.app[SECRETS].put(ns=m["ns"], name=m["name"], value=value))
 
 
 @routes.get(NS + "/secrets")
 async def list_secrets(request: web.Request) -> web.Response:
     ns = request.match_info["ns"]
     paged = listing("secrets", ns)
-    return web.json_response(
+    return json_response(
         paged.answer(await request.app[STORE].lists.secrets(ns=ns, page=paged.request(request)))
     )
 

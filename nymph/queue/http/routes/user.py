@@ -17,6 +17,7 @@ from nymph.launch.state import InstanceState
 from nymph.protocol import InstanceJSON
 from nymph.queue.direct.wiring import DISPATCHERS
 from nymph.queue.errors import BadRequest
+from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, idempotency_key, query_int, query_number, read_object
 from nymph.queue.http.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.http.paging import listing
@@ -28,7 +29,7 @@ _STATES = frozenset(s.value for s in InstanceState)
 
 
 def _json(data: Any, *, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status)
+    return json_response(data, status=status)
 
 
 # --- launches and instances ----------------------------------------------------------------
