@@ -12,11 +12,12 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nymph import fastjson
 from nymph.errors import ConfigError, ValidationError
 from nymph.launch import names
 from nymph.launch.config import Mode, Provider, check_dispatch_kwargs
 from nymph.launch.podpolicy import check_pod_spec
-from nymph.launch.render import manifest_sha256, render_pod
+from nymph.launch.render import render_pod
 from nymph.launch.runlimits import apply_runtime_limits
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState
@@ -73,7 +74,7 @@ def build_spec(
             launch_uid=new_launch_uid(),
         )
         pod = render_pod(spec, node=RENDER_CHECK_NODE, workdir_root=RENDER_CHECK_ROOT)
-        manifest_sha256(pod)
+        fastjson.dumps(pod)  # it travels as JSON (and is hashed as JSON): refused here if it cannot
         # what nymph renders is held to the Pod policy too (a rule broken here is nymph's bug,
         # or a mode field that reached the Pod unchecked)
         check_pod_spec(pod["spec"], where=f"Pod/{spec.instance_id} spec", workdir_root=RENDER_CHECK_ROOT)
