@@ -40,6 +40,8 @@ class SecretStore:
         self.box = box
         #: (ns, name) -> (when read, value): values read for calls, used again for ``max_age``.
         self._recent: dict[tuple[str, str], tuple[float, str]] = {}
+        #: Counts this replica's changes: a read that a change overtook is not kept.
+        self._changes = 0
 
     async def check(self) -> None:
         """At start: a database that holds secrets needs the key that opens them."""
@@ -54,7 +56,7 @@ class SecretStore:
         have = await self.db.read(sql.sample) is not None
         blob = self.box.seal(ns=ns, name=name, value=value, have_secrets=have)
         created = await self.db.write(lambda conn: sql.put(conn, ns=ns, name=name, ciphertext=blob, ts=now()))
-        self._recent.pop((ns, name), None)
+        self._changed(ns, name)
         log.info("secret stored", namespace=ns, name=name, created=created)
         items = await self.list(ns=ns)
         return next(i for i in items if i["name"] == name)
@@ -64,7 +66,7 @@ class SecretStore:
 
     async def delete(self, *, ns: str, name: str) -> None:
         await self.db.write(lambda conn: sql.delete(conn, ns=ns, name=name))
-        self._recent.pop((ns, name), None)
+        self._changed(ns, name)
         log.info("secret removed", namespace=ns, name=name)
 
     async def plaintext(self, *, ns: str, name: str, max_age: float = 0.0) -> str:
@@ -77,11 +79,16 @@ class SecretStore:
             hit = self._recent.get(key)
             if hit is not None and time.monotonic() - hit[0] < max_age:
                 return hit[1]
+        changes = self._changes
         blob = await self.db.read_one(lambda conn: sql.get(conn, ns=ns, name=name))
         value = self.box.open(ns=ns, name=name, blob=blob)
-        if max_age > 0:
+        if max_age > 0 and changes == self._changes:
             self._keep(key, value, max_age)
         return value
+
+    def _changed(self, ns: str, name: str) -> None:
+        self._changes += 1
+        self._recent.pop((ns, name), None)
 
     def _keep(self, key: tuple[str, str], value: str, max_age: float) -> None:
         now_ = time.monotonic()

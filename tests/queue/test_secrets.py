@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -305,3 +306,30 @@ async def test_a_value_read_for_calls_is_reused_briefly_and_a_change_here_is_see
     await store.delete(ns="default", name="kc")
     with pytest.raises(NotFound):
         await store.plaintext(ns="default", name="kc", max_age=60)
+
+
+async def test_a_read_that_a_change_overtakes_is_not_kept(
+    squeue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value read for calls whose answer comes back after this replica changed the secret is
+    not kept: the next call uses the new value, not the one read before the change."""
+    from nymph.queue.direct.wiring import SECRETS
+
+    store = squeue.app[SECRETS]
+    await store.put(ns="default", name="kc", value="old-value")
+    real = store.db.read_one
+    hold = asyncio.Event()
+
+    async def slow_read(fn: Any) -> Any:
+        got = await real(fn)  # read before the change...
+        await hold.wait()  # ...answered after it
+        return got
+
+    monkeypatch.setattr(store.db, "read_one", slow_read)
+    reading = asyncio.create_task(store.plaintext(ns="default", name="kc", max_age=60))
+    await asyncio.sleep(0.05)
+    monkeypatch.setattr(store.db, "read_one", real)
+    await store.put(ns="default", name="kc", value="new-value")
+    hold.set()
+    assert await reading == "old-value"
+    assert await store.plaintext(ns="default", name="kc", max_age=60) == "new-value"
