@@ -23,6 +23,11 @@ REDACTED = "[redacted]"
 _SENSITIVE_KEY = re.compile(r"(token|password|passwd|secret|kubeconfig|authorization|credential)", re.I)
 _lock = threading.Lock()
 _secrets: set[str] = set()
+#: The registered secrets, longest first (so one inside another is masked whole): rebuilt at
+#: each change, read without the lock at every log line.
+_by_length: tuple[str, ...] = ()
+#: Whether an event key names a secret, by key (a process logs a few dozen distinct keys).
+_key_verdicts: dict[str, bool] = {}
 
 
 def register_secret(value: str) -> None:
@@ -30,29 +35,41 @@ def register_secret(value: str) -> None:
     if isinstance(value, str) and len(value) >= 6:
         with _lock:
             _secrets.add(value)
+            _rebuild()
 
 
 def forget_secret(value: str) -> None:
     with _lock:
         _secrets.discard(value)
+        _rebuild()
+
+
+def _rebuild() -> None:
+    global _by_length
+    _by_length = tuple(sorted(_secrets, key=len, reverse=True))
 
 
 def redact_text(text: str) -> str:
-    with _lock:
-        known = sorted(_secrets, key=len, reverse=True)
-    for s in known:
+    for s in _by_length:
         if s in text:
             text = text.replace(s, REDACTED)
     return text
 
 
+def _sensitive_key(key: str) -> bool:
+    verdict = _key_verdicts.get(key)
+    if verdict is None:
+        verdict = bool(_SENSITIVE_KEY.search(key))
+        if len(_key_verdicts) < 4096:
+            _key_verdicts[key] = verdict
+    return verdict
+
+
 def _redact_value(value: Any) -> Any:
     if isinstance(value, str):
-        return redact_text(value)
+        return redact_text(value) if _by_length else value
     if isinstance(value, dict):
-        return {
-            k: (REDACTED if _SENSITIVE_KEY.search(str(k)) else _redact_value(v)) for k, v in value.items()
-        }
+        return {k: (REDACTED if _sensitive_key(str(k)) else _redact_value(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_redact_value(v) for v in value)
     return value
@@ -62,7 +79,7 @@ def redact_processor(
     _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
     for key in list(event_dict):
-        if key != "event" and _SENSITIVE_KEY.search(key) and event_dict[key] is not None:
+        if key != "event" and _sensitive_key(key) and event_dict[key] is not None:
             event_dict[key] = REDACTED
         else:
             event_dict[key] = _redact_value(event_dict[key])

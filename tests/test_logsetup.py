@@ -51,3 +51,25 @@ def test_json_lines_keep_what_orjson_refuses_and_name_what_is_not_json() -> None
     assert rec["counts"] == {"1": "one"}
     assert rec["text"] == "caf\u00e9"
     assert rec["event"] == "odd" and rec["level"] == "info"
+
+
+def test_the_longest_registered_secret_is_masked_whole_and_a_forgotten_one_no_longer() -> None:
+    """Secrets are masked longest first (one that holds another is not left half shown), the
+    same keys are judged sensitive at every line, and a forgotten value is shown again."""
+    from nymph.logsetup import redact_text
+
+    register_secret("abcdef")
+    register_secret("xxabcdefyy")
+    try:
+        assert redact_text("a xxabcdefyy b abcdef") == f"a {REDACTED} b {REDACTED}"
+        buf = io.StringIO()
+        configure_logging(fmt="json", stream=buf)
+        for _ in range(2):  # the second line judges the keys from what the first learnt
+            structlog.get_logger().info("x", api_token="t0k3n-value", note="has xxabcdefyy in it")
+        for line in buf.getvalue().splitlines():
+            rec = json.loads(line)
+            assert rec["api_token"] == REDACTED and rec["note"] == f"has {REDACTED} in it"
+    finally:
+        forget_secret("abcdef")
+        forget_secret("xxabcdefyy")
+    assert redact_text("a xxabcdefyy b abcdef") == "a xxabcdefyy b abcdef"
