@@ -60,6 +60,24 @@ def test_what_could_change_meaning_is_never_merged() -> None:
     assert got[5][1] == {"k": 3, "v": "d"}
 
 
+def test_a_run_is_cut_before_it_passes_the_parameter_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL takes at most 65,535 parameters in one statement: a run of inserts that would
+    pass the limit goes as two statements, in order, each with its own parameters."""
+    from nymph.queue.sql import dialect
+
+    queued = [
+        ("INSERT INTO parent (k, v) VALUES (?, ?)", (1, "a")),
+        ("INSERT INTO child (k, parent, n) VALUES (?, ?, ?)", (10, 1, 0)),
+        ("INSERT INTO log (what) VALUES (?)", ("x",)),
+    ]
+    assert [len(sqls) for sqls, _ in _merged(queued)] == [3]
+    monkeypatch.setattr(dialect, "MAX_PARAMETERS", 4)
+    got = list(_merged(queued))
+    assert [sqls for sqls, _ in got] == [(queued[0][0],), (queued[1][0], queued[2][0])]
+    assert [list(params) for _, params in got] == [[1, "a"], [10, 1, 0, "x"]]
+    assert all(len(params) <= 4 for _, params in got)
+
+
 @pytest.mark.parametrize(
     ("sql", "plain"),
     [

@@ -275,6 +275,10 @@ class PgConn:
         return out
 
 
+#: PostgreSQL's limit on one statement's parameters: a run that would pass it is cut there.
+MAX_PARAMETERS = 65535
+
+
 def _merged(queued: Sequence[tuple[str, Any]]) -> Iterator[tuple[tuple[str, ...], Any]]:
     """The statements :meth:`PgConn.send` queued, in order, as few statements as they can be
     without changing what they do: a run of plain ``INSERT ... VALUES`` into different tables
@@ -286,14 +290,15 @@ def _merged(queued: Sequence[tuple[str, Any]]) -> Iterator[tuple[tuple[str, ...]
     tables: set[str] = set()
     for sql, parameters in queued:
         table = _plain_insert(sql) if not isinstance(parameters, Mapping) else None
-        if run and (table is None or table in tables):
+        own = _params(parameters)
+        if run and (table is None or table in tables or len(values) + len(own) > MAX_PARAMETERS):
             yield tuple(run), values
             run, values, tables = [], [], set()
         if table is None:
-            yield (sql,), _params(parameters)
+            yield (sql,), own
             continue
         run.append(sql)
-        values.extend(_params(parameters))
+        values.extend(own)
         tables.add(table)
     if run:
         yield tuple(run), values
