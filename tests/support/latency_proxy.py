@@ -132,11 +132,16 @@ class LatencyProxy:
             pass
         finally:
             done = loop.create_future()
-            loop.call_at(last, done.set_result, None)
+            loop.call_at(last, _settle, done)
             with contextlib.suppress(asyncio.CancelledError):
                 await done
             dst.close()
             self._writers.discard(dst)
+
+
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():  # cancelled when the proxy closed before it was due
+        done.set_result(None)
 
 
 def _deliver(dst: asyncio.StreamWriter, data: bytes) -> None:
