@@ -19,6 +19,7 @@ from nymph.queue.loopconn import LoopConnection, NotOnLoop, await_only
 from nymph.queue.pgdb import PgDatabase
 from nymph.queue.sql import events
 from nymph.queue.sql.dialect import Conn, PgConn
+from tests.support.latency_proxy import LatencyProxy, pg_url_through
 from tests.support.pg_server import PgServer
 
 # --- the bridge alone ------------------------------------------------------------------------
@@ -194,12 +195,23 @@ async def test_a_loop_connection_used_from_a_thread_is_refused_not_blocked(pg_se
 
 
 async def test_a_transaction_goes_to_the_loop_once_per_round_trip(
-    pg: PgDatabase, monkeypatch: pytest.MonkeyPatch
+    proxied: tuple[str, LatencyProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """psycopg asks for a wait at every step of a statement; only the waits for the server's
-    answer go to the loop: a transaction of many statements in three round trips (its BEGIN
-    and first statement, an insert, the statements sent with its COMMIT) waits on the loop
-    three times, and what it wrote is there."""
+    answer go to the loop: a transaction of many statements in three round trips (a read, an
+    insert that begins the transaction, the statements sent with its COMMIT) waits on the loop
+    three times, and what it wrote is there. Through a proxy 1 ms each way, so that no answer
+    is already in when psycopg first asks (a local server's sometimes was: one wait fewer)."""
+    db, proxy = proxied
+    pg = PgDatabase(url=pg_url_through(db, proxy.port), pool_size=4)
+    await pg.open()
+    try:
+        await _round_trips(pg, monkeypatch)
+    finally:
+        await pg.close()
+
+
+async def _round_trips(pg: PgDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
     await pg.write(lambda c: c.execute("CREATE TABLE trips (k INTEGER PRIMARY KEY, v TEXT)"))
     waits: list[int] = []
     real = loopconn._ready_later
