@@ -18,6 +18,7 @@ string) goes to the standard library, and what is not JSON at all is refused wit
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -33,12 +34,13 @@ def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def dumps_text(obj: Any) -> str:
-    """:func:`dumps` as text."""
+def dumps_text(obj: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """:func:`dumps` as text; ``default`` turns what JSON cannot hold into what it can (as
+    :func:`json.dumps`'s)."""
     try:
-        return orjson.dumps(obj).decode()
+        return orjson.dumps(obj, default=default).decode()
     except TypeError:
-        return json.dumps(obj, separators=(",", ":"))
+        return json.dumps(obj, separators=(",", ":"), default=default)
 
 
 def loads(data: str | bytes) -> Any:

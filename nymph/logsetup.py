@@ -8,7 +8,6 @@ every string value registered with :func:`register_secret` is masked wherever it
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import sys
@@ -16,8 +15,9 @@ import threading
 from collections.abc import MutableMapping
 from typing import Any
 
-import orjson
 import structlog
+
+from nymph import fastjson
 
 REDACTED = "[redacted]"
 _SENSITIVE_KEY = re.compile(r"(token|password|passwd|secret|kubeconfig|authorization|credential)", re.I)
@@ -87,12 +87,8 @@ def redact_processor(
 
 
 def _json_line(event_dict: Any, default: Any = None, **_kw: Any) -> str:
-    """A log line's JSON by orjson; what it refuses (an integer past 64 bits, a key that is
-    not a string) by the standard library, as structlog's own renderer would."""
-    try:
-        return orjson.dumps(event_dict, default=default).decode()
-    except TypeError:
-        return json.dumps(event_dict, default=default)
+    """A log line's JSON (:func:`nymph.fastjson.dumps_text`, with structlog's ``default``)."""
+    return fastjson.dumps_text(event_dict, default=default)
 
 
 class _Stderr:

@@ -13,7 +13,6 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from nymph import fastjson
 from nymph.daemon.tasks.apply import apply_each
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tasks.identity import (
@@ -125,8 +124,8 @@ def _render(ctx: TaskContext, task: TaskJSON) -> _Ready | None:
         spec = LaunchSpec.from_json(raw)
         manifest = render_pod(spec, node=ctx.node, workdir_root=str(ctx.workdir_root))
         identity = annotate(manifest, launch_identity(spec))
-        # Serialize it as the appliers will (JSON), so a Pod that cannot travel fails here, alone.
-        fastjson.dumps(manifest)
+        # Its hash encodes it as JSON (strictly: UTF-8 text), so a Pod that cannot travel fails
+        # here, alone.
         sha = manifest_sha256(manifest)
     except ValidationError as exc:
         ctx.refuse_spec(task, what="launch", error=exc)
