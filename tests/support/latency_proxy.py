@@ -1,10 +1,12 @@
 """A TCP proxy on loopback that delays every byte by a fixed time each way: a database one
 network round trip away (as in any cloud), in front of the tests' PostgreSQL server.
 
-Each direction of each connection is a reader that sets a timer per chunk it reads, to write
-it ``delay`` later (each due after the one before, so the order is kept): a chunk waits
-``delay`` and no more, whatever is in flight behind it (the delay does not add up over a busy
-connection, as it would with a sleep per chunk in one loop).
+Each side of each connection is a protocol that sets a timer per chunk it reads, to write it
+to the other side ``delay`` later (each due after the one before, so the order is kept): a
+chunk waits ``delay`` and no more, whatever is in flight behind it (the delay does not add up
+over a busy connection, as it would with a sleep per chunk in one loop). A chunk costs one
+timer and no task switch, so the proxy takes little of the CPU that the processes it stands
+between share with it.
 
 :class:`LatencyProxy` runs in the caller's event loop; :func:`running_proxy` runs one in a
 thread of its own (so the code under test and the proxy do not share a loop); ``python -m
@@ -20,12 +22,11 @@ import contextlib
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 #: The delay each way that stands for a database in another machine of the same zone.
 DELAY = 0.001
-_CHUNK = 1 << 16
 
 
 @dataclass
@@ -45,24 +46,25 @@ class LatencyProxy:
     in_flight: int = 0
     most_in_flight: int = 0
     _server: asyncio.Server | None = None
+    #: Connections to the target under way (a client's bytes wait until it is made).
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    _sides: set[_Side] = field(default_factory=set)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accepted, host="127.0.0.1", port=0)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Side(self, client=True), host="127.0.0.1", port=0)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     def cut(self) -> None:
         """Close every connection under way (as a network that drops them would); new ones are
         still taken."""
-        for w in list(self._writers):
-            w.close()
+        for side in list(self._sides):
+            side.close()
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for w in list(self._writers):
-            w.close()
+        self.cut()
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
@@ -71,88 +73,124 @@ class LatencyProxy:
             await self._server.wait_closed()
             self._server = None
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self.target_unix is not None:
-            return await asyncio.open_unix_connection(self.target_unix)
-        return await asyncio.open_connection(self.target_host, self.target_port)
+    def _accepted(self, side: _Side) -> None:
+        """A client connected: connect to the target, then let its bytes through."""
+        task = asyncio.get_running_loop().create_task(self._connect(side), name="latency-proxy-connect")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _nodelay(writer)
+    async def _connect(self, client: _Side) -> None:
+        loop = asyncio.get_running_loop()
+        upstream = _Side(self, client=False)
+        upstream.peer, upstream.conn = client, client.conn  # the target may speak first
         try:
-            up_reader, up_writer = await self._connect()
+            if self.target_unix is not None:
+                await loop.create_unix_connection(lambda: upstream, self.target_unix)
+            else:
+                await loop.create_connection(lambda: upstream, self.target_host, self.target_port)
         except OSError:
-            writer.close()
+            client.close()
             return
-        _nodelay(up_writer)
-        self._writers.update((writer, up_writer))
-        talking = [False]  # the client sent last, on this connection
+        if client.transport is None or client.transport.is_closing():
+            upstream.close()
+            return
+        client.link(upstream)
 
-        def up(data: bytes) -> None:
-            if not data:  # the client left (its last message is answered by no one)
-                if talking[0]:
+    # -- round trips, told of what each side sends ----------------------------------------------
+
+    def _sent(self, conn: _Conn, *, by_client: bool, end: bool = False) -> None:
+        if by_client:
+            if end:  # the client left (its last message is answered by no one)
+                if conn.talking:
                     self.in_flight -= 1
-                talking[0] = False
-                return
-            if not talking[0]:
+                conn.talking = False
+            elif not conn.talking:
                 self.round_trips += 1
                 self.in_flight += 1
                 self.most_in_flight = max(self.most_in_flight, self.in_flight)
-                talking[0] = True
-
-        def down(data: bytes) -> None:
-            if not data:
-                return
-            if talking[0]:
+                conn.talking = True
+        elif not end:
+            if conn.talking:
                 self.in_flight -= 1
-            talking[0] = False
+            conn.talking = False
 
-        for src, dst, name, seen in ((reader, up_writer, "up", up), (up_reader, writer, "down", down)):
-            task = asyncio.create_task(self._pipe(src, dst, seen), name=f"latency-proxy-{name}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
-    async def _pipe(
-        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, seen: Callable[[bytes], None]
-    ) -> None:
-        """Copy ``src`` to ``dst``, each chunk written ``delay`` after it was read (a timer per
-        chunk, each due strictly after the one before: the order is kept); the end (or a broken
-        side) closes ``dst`` once everything read before it is delivered."""
+@dataclass
+class _Conn:
+    talking: bool = False  # the client sent last, on this connection
+
+
+class _Side(asyncio.Protocol):
+    """One socket of a proxied connection: what it reads is written to its peer ``delay``
+    later (a timer per chunk, each due strictly after the one before: the order is kept); its
+    end (or loss) closes the peer once everything read before it is delivered."""
+
+    def __init__(self, proxy: LatencyProxy, *, client: bool) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Side | None = None
+        self.conn = _Conn()
+        self.last = 0.0  # when the last chunk read here is due at the peer
+        self.ended = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.proxy._sides.add(self)
+        if self.client:
+            transport.pause_reading()  # until the target is connected
+            self.proxy._accepted(self)
+
+    def link(self, peer: _Side) -> None:
+        self.peer = peer
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:
+            return
+        self.proxy._sent(self.conn, by_client=self.client)
         loop = asyncio.get_running_loop()
-        last = 0.0
-        try:
-            while True:
-                data = await src.read(_CHUNK)
-                last = max(loop.time() + self.delay, last + 1e-6)
-                if not data:
-                    seen(data)
-                    break
-                seen(data)
-                loop.call_at(last, _deliver, dst, data)
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            done = loop.create_future()
-            loop.call_at(last, _settle, done)
-            with contextlib.suppress(asyncio.CancelledError):
-                await done
-            dst.close()
-            self._writers.discard(dst)
+        self.last = max(loop.time() + self.proxy.delay, self.last + 1e-6)
+        loop.call_at(self.last, self.peer.write, data)
 
+    def eof_received(self) -> bool:
+        self._end()
+        return True  # the peer's close closes this one
 
-def _settle(done: asyncio.Future[None]) -> None:
-    if not done.done():  # cancelled when the proxy closed before it was due
-        done.set_result(None)
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy._sides.discard(self)
+        self._end()
 
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
 
-def _deliver(dst: asyncio.StreamWriter, data: bytes) -> None:
-    if not dst.is_closing():
-        dst.write(data)
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
 
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
-def _nodelay(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.proxy._sent(self.conn, by_client=self.client, end=True)
+        if self.peer is None:
+            return
+        loop = asyncio.get_running_loop()
+        loop.call_at(max(loop.time() + self.proxy.delay, self.last + 1e-6), self.peer.close)
 
 
 @contextlib.contextmanager
