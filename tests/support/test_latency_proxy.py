@@ -64,3 +64,41 @@ async def test_a_target_that_cannot_be_reached_closes_the_client() -> None:
         writer.close()
     finally:
         await proxy.close()
+
+
+async def test_a_target_that_reads_nothing_holds_the_client_back() -> None:
+    """A target that stops reading makes the proxy stop reading from the client (the kernel's
+    buffers then hold the client back): what the proxy holds stays bounded, and every byte
+    still arrives, in order, once the target reads again."""
+    reading = asyncio.Event()
+    got = bytearray()
+    done = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reading.wait()
+        while data := await reader.read(1 << 16):
+            got.extend(data)
+        done.set()
+        writer.close()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxy = LatencyProxy(target_port=port, delay=0.001)
+    await proxy.start()
+    sent = bytes(range(256)) * (32 * 4096)  # 32 MiB
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(sent)
+        await asyncio.sleep(0.5)  # the client's bytes go as far as they can
+        held = sum(s.transport.get_write_buffer_size() for s in proxy._sides if s.transport is not None)
+        assert held < 4 << 20, f"the proxy holds {held} bytes for a target that reads nothing"
+        reading.set()
+        await writer.drain()
+        writer.write_eof()
+        await asyncio.wait_for(done.wait(), 30)
+        assert bytes(got) == sent
+        writer.close()
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()
