@@ -84,7 +84,8 @@ demo: install-demo deps envtest ## the main job: queue + daemon + a sample launc
 # One run against the local control plane: raw API server limit, nymph end to end, latency, CPU
 # per launch, idle footprint, queue claims; writes bench-results.json, adds the scheduler with a
 # backlog (schedule_bench.py, under "scheduling") and PostgreSQL 1 ms away (pg_bench.py, under
-# "pg_concurrency" and "pg_replicas"), then docs/performance.md from it. SOAK=1 adds
+# "pg_concurrency" and "pg_replicas"), the API server's CPU per create at set paces
+# (raw_paced.py, under "raw_paced"), then docs/performance.md from it. SOAK=1 adds
 # the 10,000-launch RSS soak.
 bench: install envtest ## the benchmark scoreboard: prints a table, writes bench-results.json and docs/performance.md (SOAK=1: 10,000-launch soak)
 	$(BIN)/python benchmarks/daemon_bench.py $(if $(SOAK),--soak 10000)
@@ -92,6 +93,7 @@ bench: install envtest ## the benchmark scoreboard: prints a table, writes bench
 	$(BIN)/python benchmarks/cli_startup.py
 	$(BIN)/python benchmarks/daemons_bench.py
 	$(BIN)/python benchmarks/pg_bench.py
+	$(BIN)/python benchmarks/raw_paced.py
 	$(BIN)/python benchmarks/daemon_bench.py --markdown bench-results.json > docs/performance.md
 	$(BIN)/python benchmarks/queue_bench.py --backend both
 	$(BIN)/python benchmarks/group_bench.py --write bench-results.json

@@ -123,23 +123,27 @@ async def raw_create(
     run: str,
     start: int = 0,
     settle_seconds: float = 30.0,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    """Create ``n`` Pods with ``concurrency`` workers, each as fast as the server answers;
+    """Create ``n`` Pods with ``concurrency`` workers, each as fast as the server answers (with
+    ``rate``: the i-th create starts no sooner than i / ``rate`` seconds after the first);
     creates/s from the first request to the last ADDED event, and per-create latency."""
     api = await make_api(kube)
     v1 = client.CoreV1Api(api)
     bodies = [raw_pod(namespace=namespace, index=start + i, node=node, run=run) for i in range(n)]
     lat: list[float] = []
     added: list[float] = []
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for b in bodies:
-        queue.put_nowait(b)
+    queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
+    for i, b in enumerate(bodies):
+        queue.put_nowait((i, b))
     try:
         async with AddedWatch(api, namespace) as watcher:
 
             async def worker() -> None:
                 while not queue.empty():
-                    body = queue.get_nowait()
+                    i, body = queue.get_nowait()
+                    if rate:
+                        await asyncio.sleep(t0 + i / rate - time.monotonic())
                     t = time.monotonic()
                     resp = await v1.create_namespaced_pod(namespace, body, _preload_content=False)
                     await resp.read()
@@ -159,6 +163,7 @@ async def raw_create(
     return {
         "launches": n,
         "concurrency": concurrency,
+        **({"paced_per_s": rate} if rate else {}),
         "per_s": round(n / (t_end - t0), 2),
         "create_p50_ms": pct(lat, 50),
         "create_p95_ms": pct(lat, 95),
@@ -166,6 +171,8 @@ async def raw_create(
         # The control plane's CPU per Pod until the last ADDED, and over the Pods' lives (until
         # the control plane is quiet again: scheduling, kwok's status updates, the watches).
         "cpu_ms_per_launch": {k: round(v * 1000 / n, 2) for k, v in window.items()},
+        # The cores each process used over that window (CPU-seconds a second).
+        "cores": {k: round(v / (t_end - t0), 2) for k, v in window.items()},
         "cpu_ms_per_pod_life": {k: round(v * 1000 / n, 2) for k, v in life.items()},
     }
 

@@ -420,6 +420,9 @@ everything on
 ({life.get("kube-apiserver")} ms over the Pods' lives).
   That window ends when the creates do, so the faster they go, the less of the status updates that
   follow each create it holds, and the more that figure moves from one run to the next.""")
+    paced = _paced(r, api_cpu)
+    if paced:
+        out.append(paced)
     if kc_cpu:
         out.append(f"""\
 - **kubectl** costs about {kc_cpu[0]:.0f}-{kc_cpu[-1]:.0f} ms of CPU per run here, most of it reading \
@@ -443,6 +446,44 @@ more than
   kubectl_single's ({a:.0f} against {b:.0f} ms, POST -> ADDED): kubectl's first run fills its cache
   with the API server's OpenAPI document.""")
     return "\n".join(out)
+
+
+def _paced(r: dict[str, Any], api_cpu: dict[str, float]) -> str:
+    """What ``benchmarks/raw_paced.py`` found (when the document holds its run): the API
+    server's CPU per create until the last ADDED, in a burst and at set paces."""
+    doc = r.get("raw_paced")
+    if not doc or not doc.get("paced"):
+        return ""
+    runs = [(f"burst ({doc['burst']['per_s']:.0f}/s)", None, doc["burst"])]
+    runs += [(f"{k}/s", float(k), v) for k, v in doc["paced"].items()]
+    lives = [v["apiserver_cpu_ms_per_pod_life"] for _, _, v in runs]
+    text = f"""\
+- **The API server's CPU per create depends on the pace.** `benchmarks/raw_paced.py` creates
+  {_n(doc["launches"])} raw Pods in a burst and then at set paces, on a control plane of its own
+  ({doc.get("when", "")}). The slower the creates, the more of each Pod's later life (binding,
+  kwok's status updates, the watches) falls before the last ADDED, while the CPU over the whole
+  lives stays at {min(lives)}-{max(lives)} ms:
+
+  | creates | API server CPU per create, to the last ADDED (ms) | its cores meanwhile | per Pod life (ms) |
+  |---|---|---|---|
+"""
+    text += "\n".join(
+        f"  | {name} | {v['apiserver_cpu_ms_per_create']} | {v['apiserver_cores']} | "
+        f"{v['apiserver_cpu_ms_per_pod_life']} |"
+        for name, _, v in runs
+    )
+    own = sum(float(api_cpu.get(k) or 0) for k in report.OWN)
+    api = r["nymph"].get("api", {}).get("throughput", {})
+    rate = api[max(api, key=int)]["per_s"] if api else None
+    if own and rate:
+        pace, _, near = min(runs[1:], key=lambda x: abs((x[1] or 0) - rate))
+        text += f"""
+
+  api mode ran at {rate:.0f} launches/s in the run above, with nymph's own CPU at {own:.2f} ms per
+  launch: {own / near["apiserver_cpu_ms_per_create"]:.2f}x the API server's per create at the \
+nearest pace ({pace}), and
+  {own / max(lives):.2f}x-{own / min(lives):.2f}x its CPU per Pod life."""
+    return text
 
 
 def page(results: dict[str, Any]) -> str:

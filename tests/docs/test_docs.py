@@ -258,7 +258,7 @@ def test_architecture_lists_every_import_contract() -> None:
 
 
 @pytest.mark.parametrize(
-    "drop", ["targets", "soak", "kubectl_invocation", "idle_daemon", "queue", "scheduling"]
+    "drop", ["targets", "soak", "kubectl_invocation", "idle_daemon", "queue", "scheduling", "raw_paced"]
 )
 def test_performance_page_renders_a_partial_run(drop: str) -> None:
     """A results document without a section (a smoke run has no targets and no soak) still makes
@@ -269,6 +269,39 @@ def test_performance_page_renders_a_partial_run(drop: str) -> None:
     assert text.startswith(page.HEADER) and "# Performance" in text
     if drop == "targets":
         assert "Against the targets" not in text
+    if drop == "raw_paced":
+        assert "depends on the pace" not in text
+
+
+def test_the_paced_comparison_takes_the_pace_nearest_api_modes_rate() -> None:
+    """nymph's CPU per launch is set against the API server's per create at the measured pace
+    nearest the rate api mode ran at."""
+    results = json.loads((REPO / "bench-results.json").read_text())
+    results["raw_paced"] = {
+        "launches": 1000,
+        "burst": {
+            "per_s": 400.0,
+            "apiserver_cpu_ms_per_create": 2.0,
+            "apiserver_cores": 0.8,
+            "apiserver_cpu_ms_per_pod_life": 10.0,
+        },
+        "paced": {
+            rate: {
+                "per_s": float(rate),
+                "apiserver_cpu_ms_per_create": ms,
+                "apiserver_cores": 0.5,
+                "apiserver_cpu_ms_per_pod_life": 10.0,
+            }
+            for rate, ms in (("50", 8.0), ("100", 5.0), ("200", 4.0))
+        },
+    }
+    api = results["nymph"]["api"]["throughput"]
+    top = api[max(api, key=int)]
+    top["per_s"] = 110.0
+    top["cpu_ms_per_launch"].update({"queue": 2.0, "daemon": 3.0, "kubectl": 0.0})
+    text = page.page(results)
+    assert "| 100/s | 5.0 | 0.5 | 10.0 |" in text
+    assert "1.00x the API server's per create at the nearest pace (100/s)" in " ".join(text.split())
 
 
 def test_performance_page_renders_a_run_of_some_configurations() -> None:
