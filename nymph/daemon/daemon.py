@@ -254,6 +254,7 @@ class Daemon:
             disk=self.disk,
             busy=leases.held_instances,
             logs_settled=lambda name: followers.settled(name) and uploads.settled(name),
+            log_shipped=followers.shipped,
         )
         # Pods whose image cannot be pulled are stopped after their image-pull timeout.
         pulls = PullWatch(

@@ -93,6 +93,13 @@ class LogFollowers:
         """Whether everything the Pod's container printed is in the outbox (or can never be)."""
         return name not in self.tasks
 
+    def shipped(self, name: str) -> bool:
+        """Whether the Pod's log was followed to its end and had output: its final chunk is in
+        the outbox, so the queue serves the whole log (a stream with no bytes is not: a tail
+        read later may still find what the follower could not)."""
+        cursor, final = self._load(name)
+        return final and cursor.offset > 0 and name not in self.tasks
+
     async def close(self) -> None:
         tasks = list(self.tasks.values())
         for t in tasks:

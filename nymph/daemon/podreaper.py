@@ -66,6 +66,7 @@ class Reaper:
         disk: DiskHealth | None = None,
         busy: Callable[[], Collection[str]] = frozenset,
         logs_settled: Callable[[str], bool] | None = None,
+        log_shipped: Callable[[str], bool] | None = None,
     ) -> None:
         self.w = settings
         #: The instance ids of the tasks this daemon holds (their workdirs are in use).
@@ -82,6 +83,9 @@ class Reaper:
         self.metrics = metrics
         #: Whether all a Pod's output was shipped (the live log follower is done with it).
         self.logs_settled = logs_settled or (lambda _name: True)
+        #: Whether the live follower shipped a Pod's log to its end, with output: the queue
+        #: then serves that log, and a tail read at reap time would only repeat its end.
+        self.log_shipped = log_shipped or (lambda _name: False)
 
     def due(self, name: str, track: Track, *, now: float) -> bool:
         """Whether a finished Pod has waited long enough to be reaped, and the queue has every
@@ -132,16 +136,23 @@ class Reaper:
         return len(due)
 
     async def reap(self, name: str, track: Track) -> None:
-        try:
-            text = await self.applier.pod_logs(
-                namespace=track.namespace, name=name, limit_bytes=self.w.log_limit_bytes
-            )
-        except Exception as exc:
-            text = f"(logs unavailable: {str(exc)[:200]})"
-        self.outbox.logs(instance_id=name, text=text)
+        if not self.log_shipped(name):
+            # The queue has no log of it to serve (the follower read none): keep its tail.
+            try:
+                text = await self.applier.pod_logs(
+                    namespace=track.namespace, name=name, limit_bytes=self.w.log_limit_bytes
+                )
+            except Exception as exc:
+                text = f"(logs unavailable: {str(exc)[:200]})"
+            self.outbox.logs(instance_id=name, text=text)
         result = "reaped"
+        # The Pod as the watch last saw it: the delete is bound to its uid, with no read first.
+        pod = self.tracker.pod_in_cache(track.namespace, name)
+        uid = (pod.get("metadata") or {}).get("uid") if pod is not None else None
         try:
-            await self.applier.delete_pod(namespace=track.namespace, name=name, grace_seconds=0)
+            await self.applier.delete_pod(
+                namespace=track.namespace, name=name, grace_seconds=0, uid=str(uid) if uid else None
+            )
             self.metrics.reaped.labels("pod").inc()
         except Exception as exc:
             result = f"pod delete failed: {str(exc)[:200]}"

@@ -179,10 +179,16 @@ class ApiApplier:
             return ApplyOutcome(namespace=ns, name=name, obj=fastjson.loads(raw))
         return ApplyOutcome(namespace=ns, name=name, error=status_error(resp.status, resp.reason, raw))
 
-    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    async def delete_pod(
+        self, *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
         """Delete the nymph Pod ``name``, as the kubectl applier does: only a Pod that carries
         nymph's label, and only the one read (a uid precondition), so a Pod nymph did not
-        create, or one that replaced it meanwhile, is never deleted. False when there is none."""
+        create, or one that replaced it meanwhile, is never deleted. False when there is none.
+
+        With ``uid`` (the Pod as the daemon's watch of nymph's Pods last saw it, label and all)
+        the Pod is not read first: the delete carries that uid as its precondition, so only
+        that Pod goes, and a Pod that has taken its name since is left (False)."""
         try:
             check_namespace(namespace)
             check_dns_subdomain(name, field="name")
@@ -190,18 +196,11 @@ class ApiApplier:
             raise Invalid(f"refusing to delete a Pod: {exc}") from None
         v1 = client.CoreV1Api(self.api)
         try:
-            # Read raw: deserializing a V1Pod would load dozens of model classes for two fields.
-            resp: Any = await v1.read_namespaced_pod(name, namespace, _preload_content=False)
-            try:
-                pod = await resp.read()
-            finally:
-                resp.release()
-            if not 200 <= resp.status <= 299:
-                raise status_error(resp.status, resp.reason, pod)
-            meta = fastjson.loads(pod).get("metadata") or {}
-            if (meta.get("labels") or {}).get(LABEL_MANAGED) != "true":
-                return False
-            body: Any = {"preconditions": {"uid": meta.get("uid")}}
+            if uid is None:
+                uid = await self._nymph_pod_uid(v1, namespace=namespace, name=name)
+                if uid is None:
+                    return False
+            body: Any = {"preconditions": {"uid": uid}}
             if grace_seconds is not None:
                 body["gracePeriodSeconds"] = grace_seconds
             # Raw again: the answer (the Pod, or a Status) is not needed, only whether it worked.
@@ -222,6 +221,22 @@ class ApiApplier:
                 return False
             raise error from exc
         return True
+
+    @staticmethod
+    async def _nymph_pod_uid(v1: client.CoreV1Api, *, namespace: str, name: str) -> str | None:
+        """The uid of the Pod ``name`` if it carries nymph's label (None if it does not)."""
+        # Read raw: deserializing a V1Pod would load dozens of model classes for two fields.
+        resp: Any = await v1.read_namespaced_pod(name, namespace, _preload_content=False)
+        try:
+            pod = await resp.read()
+        finally:
+            resp.release()
+        if not 200 <= resp.status <= 299:
+            raise status_error(resp.status, resp.reason, pod)
+        meta = fastjson.loads(pod).get("metadata") or {}
+        if (meta.get("labels") or {}).get(LABEL_MANAGED) != "true":
+            return None
+        return str(meta.get("uid") or "") or None
 
     async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
         v1 = client.CoreV1Api(self.api)

@@ -34,8 +34,12 @@ class Applier(Protocol):
     ) -> list[ApplyOutcome]:
         """Server-side apply (field manager ``nymph``); one outcome per manifest, same order."""
 
-    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
-        """Delete a Pod. True if a deletion was issued, False if it was already gone."""
+    async def delete_pod(
+        self, *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
+        """Delete a Pod. True if a deletion was issued, False if it was already gone. ``uid``:
+        the Pod as a watch of nymph's Pods saw it (an applier that can, deletes only that
+        Pod, without reading it first; False when another has taken its name)."""
 
     async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
         """The last ``limit_bytes`` of the user container's log."""

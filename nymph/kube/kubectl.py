@@ -157,9 +157,12 @@ class Kubectl:
                 outcomes.append(ApplyOutcome(namespace=ns, name=name, error=err))
         return outcomes
 
-    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    async def delete_pod(
+        self, *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
         """Delete the nymph Pod ``name``: selected by name *and* nymph's label, so a name that
-        is not a Pod name, or a Pod nymph did not create, is never deleted."""
+        is not a Pod name, or a Pod nymph did not create, is never deleted. kubectl deletes by
+        selector and takes no uid precondition: ``uid`` is not used."""
         try:
             check_namespace(namespace)
             check_dns_subdomain(name, field="name")

@@ -208,7 +208,9 @@ class ScriptedApplier:
             out.append(ApplyOutcome(NS, n, error=script.pop(0) if script else None, obj=dict(m)))
         return out
 
-    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    async def delete_pod(
+        self, *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
         return False
 
     async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
@@ -460,7 +462,9 @@ async def test_a_stop_with_a_hostile_id_never_reaches_the_applier(tmp_path: Path
     r = rig(tmp_path)
     calls: list[str] = []
 
-    async def delete_pod(*, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    async def delete_pod(
+        *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
         calls.append(name)
         return True
 

@@ -57,7 +57,9 @@ class Deleter:
     def __init__(self) -> None:
         self.deleted: list[tuple[str, int | None]] = []
 
-    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    async def delete_pod(
+        self, *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
         self.deleted.append((name, grace_seconds))
         return True
 

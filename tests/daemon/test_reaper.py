@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nymph.daemon.audit import AuditLog
+from nymph.daemon.logfollow import LogFollowers
 from nymph.daemon.metrics import Metrics
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.podreaper import REAP_CONCURRENCY, Reaper
 from nymph.daemon.settings import WorkSettings
 from nymph.daemon.tracker import Track, Tracker
 from nymph.daemon.workdirs import Workdirs
+from nymph.launch.logcursor import Cursor
 from nymph.launch.state import InstanceState, Reason
 
 
@@ -27,6 +32,8 @@ class SlowApplier:
         self.running = 0
         self.most = 0
         self.deleted: list[str] = []
+        self.logs_read: list[str] = []
+        self.uids: dict[str, str | None] = {}
 
     async def _call(self) -> None:
         self.running += 1
@@ -38,15 +45,25 @@ class SlowApplier:
 
     async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:
         await self._call()
+        self.logs_read.append(name)
         return f"log of {name}"
 
-    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    async def delete_pod(
+        self, *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
         await self._call()
         self.deleted.append(name)
+        self.uids[name] = uid
         return True
 
 
-def _reaper(tmp: Path, applier: SlowApplier, *, outbox: Outbox | None = None) -> tuple[Reaper, Tracker]:
+def _reaper(
+    tmp: Path,
+    applier: SlowApplier,
+    *,
+    outbox: Outbox | None = None,
+    log_shipped: Callable[[str], bool] | None = None,
+) -> tuple[Reaper, Tracker]:
     metrics = Metrics()
     outbox = outbox or Outbox(tmp / "state")
     workdirs = Workdirs(root=tmp)
@@ -60,6 +77,7 @@ def _reaper(tmp: Path, applier: SlowApplier, *, outbox: Outbox | None = None) ->
         workdirs=workdirs,
         audit=AuditLog(tmp / "audit.jsonl"),
         metrics=metrics,
+        log_shipped=log_shipped,
     )
     return reaper, tracker
 
@@ -114,3 +132,52 @@ async def test_a_pod_whose_log_cannot_be_saved_is_left_for_a_later_turn(tmp_path
     await reaper.reap_due(now=100.0)
     assert tracker.tracks[name].reaping is False and applier.deleted == []
     assert reaper.disk.ok is False
+
+
+@dataclass
+class WatchCache:
+    """What the tracker reads of a namespace's Pod watch."""
+
+    namespace: str
+    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    connected: bool = True
+
+
+async def test_a_pod_whose_log_was_shipped_whole_is_reaped_without_reading_its_log_again(
+    tmp_path: Path,
+) -> None:
+    """Once the live follower shipped a Pod's log to its end, with output, the queue serves that
+    log: reaping reads no tail and uploads none. A Pod whose stream shipped no bytes (the log
+    could not be read while it ran) or did not reach its end still has its tail kept."""
+    applier = SlowApplier(delay=0.0)
+    outbox = Outbox(tmp_path / "state")
+    metrics = Metrics()
+    followers = LogFollowers(
+        api=None,  # type: ignore[arg-type]  # no follower runs here: only the cursors are read
+        outbox=outbox,
+        tracker=Tracker(node="node-a", outbox=outbox, metrics=metrics, workdirs=Workdirs(root=tmp_path)),
+        state_dir=tmp_path / "state",
+    )
+    reaper, tracker = _reaper(tmp_path, applier, outbox=outbox, log_shipped=followers.shipped)
+    whole, empty, partway, unfollowed = _finished(tracker, 4, at=0.0)
+    followers.save(whole, Cursor(offset=120), final=True)
+    followers.save(empty, Cursor(offset=0), final=True)  # a final note, no output
+    followers.save(partway, Cursor(offset=64), final=False)
+    before = outbox.pending
+    assert await reaper.reap_due(now=100.0) == 4
+    assert sorted(applier.logs_read) == sorted([empty, partway, unfollowed])
+    assert outbox.pending - before == 3  # one tail each, none for the whole log
+    assert sorted(applier.deleted) == sorted([whole, empty, partway, unfollowed])
+    followers.cursors.close()
+
+
+async def test_the_reaper_binds_each_delete_to_the_pod_its_watch_saw(tmp_path: Path) -> None:
+    """A reaped Pod is deleted by the uid the watch cache holds for it (no read of the Pod
+    first); a Pod the cache no longer holds is deleted without one (the applier reads it)."""
+    applier = SlowApplier(delay=0.0)
+    reaper, tracker = _reaper(tmp_path, applier)
+    seen, unseen = _finished(tracker, 2, at=0.0)
+    cache = WatchCache("jobs", {seen: {"metadata": {"name": seen, "uid": "7f3c-uid-of-seen"}}})
+    tracker.follow(cache)
+    assert await reaper.reap_due(now=100.0) == 2
+    assert applier.uids == {seen: "7f3c-uid-of-seen", unseen: None}

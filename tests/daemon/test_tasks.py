@@ -195,7 +195,9 @@ class ScriptedApplier:
             ApplyOutcome("jobs", n, error=self.script[n].pop(0) if self.script[n] else None) for n in names
         ]
 
-    async def delete_pod(self, *, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    async def delete_pod(
+        self, *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
         raise AssertionError("not used")
 
     async def pod_logs(self, *, namespace: str, name: str, limit_bytes: int) -> str:

@@ -34,3 +34,27 @@ async def test_api_delete_takes_only_nymph_pods(kube: LocalCluster, namespace: s
         await api.close()
     names = {p["metadata"]["name"] for p in kube.api("GET", base)["items"]}
     assert "lakeshore-0000bbbb" in names and "lakeshore-0000aaaa" not in names
+
+
+async def test_a_delete_bound_to_a_uid_leaves_a_pod_that_took_the_name_since(
+    kube: LocalCluster, namespace: str
+) -> None:
+    """Given the uid its watch saw, the API client deletes that Pod and no other: a Pod created
+    under the same name since (a different uid) stays, even though it carries nymph's label,
+    because the client does not read the Pod again to learn its uid."""
+    base = f"/api/v1/namespaces/{namespace}/pods"
+    name = "lakeshore-0000dddd"
+    first = kube.api("POST", base, _pod(name, {"lakeshore": "true"}))
+    kube.api("DELETE", f"{base}/{name}", {"gracePeriodSeconds": 0})
+    second = kube.api("POST", base, _pod(name, {"lakeshore": "true"}))
+    old_uid, new_uid = first["metadata"]["uid"], second["metadata"]["uid"]
+    assert old_uid != new_uid
+    api = await make_api_client(kubeconfig=str(kube.kubeconfig))
+    try:
+        applier = ApiApplier(api)
+        assert not await applier.delete_pod(namespace=namespace, name=name, grace_seconds=0, uid=old_uid)
+        assert kube.api("GET", f"{base}/{name}")["metadata"]["uid"] == new_uid
+        assert await applier.delete_pod(namespace=namespace, name=name, grace_seconds=0, uid=new_uid)
+    finally:
+        await api.close()
+    assert name not in {p["metadata"]["name"] for p in kube.api("GET", base)["items"]}

@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
+from benchmarks.scoreboard import apicalls
 from nymph.kube.credentials import CredentialPolicy, staged_kubeconfig
 from nymph.kube.netguard import ServerPolicy
 from nymph.kube.pods import Connection, open_api
 from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.direct.wiring import CONNECTOR, DIRECT
+from nymph.queue.http.keys import STORE
 from tests.support.kube_fixtures import SaKubeconfig
 from tests.support.queue_helpers import FAST, Queue, open_queue
 
@@ -200,6 +202,37 @@ async def test_finished_direct_pods_are_reaped_and_still_listed(
             break
         await asyncio.sleep(0.1)
     assert watches == {}
+
+
+def _log_requests(kube: LocalCluster) -> int:
+    """How many requests for a Pod's log the API server has answered."""
+    return sum(n for key, n in apicalls.request_counts(kube).items() if key.endswith(" pods/log"))
+
+
+async def test_a_direct_pod_whose_log_is_stored_whole_is_reaped_without_reading_its_log(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
+) -> None:
+    """Once the queue holds a direct Pod's whole log (with output), neither its follower nor its
+    reaper asks the API server for that log again, and the stored log is what readers get."""
+    q = direct_queue
+    kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="whole-log")
+    r = await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+    await _provider(q, "short", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+    before = _log_requests(kube)
+    r = await _launch(q, "short", **{"sim.nymph.io/run": "1s"})
+    assert r.status == 202, r.body
+    iid = r.body["instanceId"]
+    # what the live follower stores of a log it read to its end (its container has not started)
+    await q.app[STORE].output.append(instance_id=iid, offset=0, data=b"hi\n", final=True)
+    await _wait_state(q, "short", iid, "stopped")
+    for _ in range(100):
+        if iid not in _pods(kube, namespace):
+            break
+        await asyncio.sleep(0.1)
+    assert iid not in _pods(kube, namespace)
+    assert _log_requests(kube) == before
+    r = await q.call("GET", f"{NS}/providers/short/instances/{iid}/logs")
+    assert r.status == 200 and r.body["logs"] == "hi\n", r.body
 
 
 async def test_a_launch_follows_its_provider_to_the_other_dispatch_path_at_once(

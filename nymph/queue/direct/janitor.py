@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import defaultdict
 from collections.abc import Callable
@@ -104,14 +105,19 @@ class Janitor:
             if self.busy(iid):
                 continue
             conn = Connection.from_json(json.loads(r["connection"]))
+            # The live follower stored the whole log: a tail read now would only repeat its end.
+            stored = await self.store.output.status(instance_id=iid)
             try:
                 async with self.connector.api(ns=ns, conn=conn, what=f"reaping Pod {iid}") as api:
-                    try:
-                        logs: str | None = await pods.pod_logs(
-                            api, namespace=conn.namespace, name=iid, limit_bytes=self.settings.log_limit_bytes
-                        )
-                    except Exception:
-                        logs = None
+                    logs: str | None = None
+                    if stored is None or not stored.whole:
+                        with contextlib.suppress(Exception):
+                            logs = await pods.pod_logs(
+                                api,
+                                namespace=conn.namespace,
+                                name=iid,
+                                limit_bytes=self.settings.log_limit_bytes,
+                            )
                     await pods.delete_pod(api, namespace=conn.namespace, name=iid, grace_seconds=0)
             except Exception as exc:
                 detail = (

@@ -32,6 +32,12 @@ class LogStatus:
     note: str | None = None
     updated_at: float | None = None
 
+    @property
+    def whole(self) -> bool:
+        """Whether the log is stored to its end and has output: readers get it, never a tail
+        kept besides (a tail is kept only for a log with no stored bytes)."""
+        return self.complete and self.total > 0
+
 
 @dataclass(frozen=True)
 class LogRead:
