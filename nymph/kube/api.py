@@ -226,14 +226,8 @@ class ApiApplier:
     async def _nymph_pod_uid(v1: client.CoreV1Api, *, namespace: str, name: str) -> str | None:
         """The uid of the Pod ``name`` if it carries nymph's label (None if it does not)."""
         # Read raw: deserializing a V1Pod would load dozens of model classes for two fields.
-        resp: Any = await v1.read_namespaced_pod(name, namespace, _preload_content=False)
-        try:
-            pod = await resp.read()
-        finally:
-            resp.release()
-        if not 200 <= resp.status <= 299:
-            raise status_error(resp.status, resp.reason, pod)
-        meta = fastjson.loads(pod).get("metadata") or {}
+        pod = await raw_json(v1.read_namespaced_pod(name, namespace, _preload_content=False))
+        meta = pod.get("metadata") or {}
         if (meta.get("labels") or {}).get(LABEL_MANAGED) != "true":
             return None
         return str(meta.get("uid") or "") or None

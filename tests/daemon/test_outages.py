@@ -185,7 +185,9 @@ async def test_finished_pods_are_reaped_several_at_once_and_not_while_disconnect
     r = rig(tmp_path)
     deleted: list[str] = []
 
-    async def slow_delete(*, namespace: str, name: str, grace_seconds: int | None) -> bool:
+    async def slow_delete(
+        *, namespace: str, name: str, grace_seconds: int | None, uid: str | None = None
+    ) -> bool:
         await asyncio.sleep(0.3)
         deleted.append(name)
         return True
