@@ -40,6 +40,7 @@ from nymph.kube.applier import ApplyOutcome, object_key
 from nymph.kube.kubectl import Kubectl, KubectlResult
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import TaskJSON, TaskKind
+from tests.support.watch_cache import WatchCache
 
 NS, OWNER, NODE = "jobs", "team", "node-a"
 
@@ -221,13 +222,6 @@ class ScriptedApplier:
 
 
 @dataclass
-class Cache:
-    namespace: str = NS
-    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
-    connected: bool = True
-
-
-@dataclass
 class Rig:
     root: Path
     disk: Disk
@@ -238,7 +232,7 @@ class Rig:
     claimer: Claimer
     ctx: TaskContext
     applier: ScriptedApplier
-    cache: Cache
+    cache: WatchCache
 
     def completions(self) -> dict[str, dict[str, Any]]:
         return {i["taskId"]: i for i in self.outbox.mem if i["kind"] == "complete"}
@@ -266,7 +260,7 @@ def rig(tmp_path: Path) -> Rig:
     )
     workdirs = Workdirs(root=tmp_path)
     tracker = Tracker(node=NODE, outbox=outbox, metrics=metrics, workdirs=workdirs)
-    cache = Cache()
+    cache = WatchCache(NS)
     tracker.follow(cache)
     applier = ScriptedApplier()
     ctx = TaskContext(

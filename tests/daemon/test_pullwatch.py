@@ -4,7 +4,6 @@ clock starts when the daemon first sees the failure and survives a daemon restar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.pullwait import ANNOTATION_PULL_TIMEOUT
 from nymph.launch.render import HOSTNAME_LABEL
+from tests.support.watch_cache import WatchCache
 
 IID = "lakeshore-0123abcd"
 
@@ -46,13 +46,6 @@ def pod(
     }
 
 
-@dataclass
-class Cache:
-    namespace: str = "jobs"
-    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
-    connected: bool = True
-
-
 class Deleter:
     def __init__(self) -> None:
         self.deleted: list[tuple[str, int | None]] = []
@@ -72,11 +65,11 @@ class Clock:
         return self.t
 
 
-def setup(tmp_path: Path, clock: Clock) -> tuple[PullWatch, Tracker, Cache, Deleter]:
+def setup(tmp_path: Path, clock: Clock) -> tuple[PullWatch, Tracker, WatchCache, Deleter]:
     tracker = Tracker(
         node="node-a", outbox=Outbox(tmp_path / "state"), metrics=Metrics(), workdirs=Workdirs(root=tmp_path)
     )
-    cache = Cache()
+    cache = WatchCache()
     tracker.follow(cache)
     deleter = Deleter()
     watch = PullWatch(
@@ -89,7 +82,7 @@ def setup(tmp_path: Path, clock: Clock) -> tuple[PullWatch, Tracker, Cache, Dele
     return watch, tracker, cache, deleter
 
 
-async def event(watch: PullWatch, tracker: Tracker, cache: Cache, kind: str, p: dict[str, Any]) -> None:
+async def event(watch: PullWatch, tracker: Tracker, cache: WatchCache, kind: str, p: dict[str, Any]) -> None:
     if kind == "DELETED":
         cache.cache.pop(p["metadata"]["name"], None)
     else:

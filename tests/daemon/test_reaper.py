@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from nymph.daemon.audit import AuditLog
 from nymph.daemon.logfollow import LogFollowers
@@ -20,6 +18,7 @@ from nymph.daemon.tracker import Track, Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.logcursor import Cursor
 from nymph.launch.state import InstanceState, Reason
+from tests.support.watch_cache import WatchCache
 
 
 class SlowApplier:
@@ -132,15 +131,6 @@ async def test_a_pod_whose_log_cannot_be_saved_is_left_for_a_later_turn(tmp_path
     await reaper.reap_due(now=100.0)
     assert tracker.tracks[name].reaping is False and applier.deleted == []
     assert reaper.disk.ok is False
-
-
-@dataclass
-class WatchCache:
-    """What the tracker reads of a namespace's Pod watch."""
-
-    namespace: str
-    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
-    connected: bool = True
 
 
 async def test_a_pod_whose_log_was_shipped_whole_is_reaped_without_reading_its_log_again(
