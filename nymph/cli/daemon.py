@@ -14,6 +14,7 @@ from typing import Any
 def cmd_daemon(args: argparse.Namespace) -> int:
     # Loaded only when the daemon runs: its Kubernetes client would add a second or more to the
     # start-up of every other command (there is no import cycle to avoid here).
+    from nymph import eventloop
     from nymph.daemon.daemon import run_locked
     from nymph.daemon.footprint import tune_process
     from nymph.daemon.settings import load_settings
@@ -45,7 +46,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         return await run_locked(settings, stopping=stopping)
 
     tune_process()  # before the loop and its threads exist
-    return asyncio.run(main())
+    return eventloop.run(main())
 
 
 #: The audit log's name under the daemon's root (``--workdir-root``), as the daemon writes it.
@@ -98,6 +99,8 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    from nymph import eventloop  # asyncio is imported only when a loop is made
+
     p = sub.add_parser(
         "daemon",
         help="run the per-node daemon: claim launches, apply Pods, watch, report, reap",
@@ -106,7 +109,7 @@ def register(sub: Any) -> None:
             "pinned to this node with a hostPath workdir, applies it with kubectl (server-side apply), "
             "watches its Pods and reports their state back. Settings come from --config FILE, then "
             "the environment (NYMPH_URL, NYMPH_TOKEN, NODE_NAME, NYMPH_NAMESPACES, NYMPH_WORKDIR_ROOT), "
-            "then these flags."
+            "then these flags. " + eventloop.HELP
         ),
     )
     p.add_argument(

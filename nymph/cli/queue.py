@@ -129,9 +129,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             image_pull_timeout=parse_duration(args.image_pull_timeout, "--image-pull-timeout"),
         ),
     )
-    import asyncio  # not to build the parser
+    from nymph import eventloop  # not to build the parser
 
-    asyncio.run(serve(db_path=_db_path(args), host=host, port=port, settings=settings))
+    eventloop.run(serve(db_path=_db_path(args), host=host, port=port, settings=settings))
     return 0
 
 
@@ -154,6 +154,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    from nymph import eventloop  # asyncio is imported only when a loop is made
+
     queue = sub.add_parser(
         "queue",
         help="run the control-plane queue, manage its tokens",
@@ -169,7 +171,7 @@ def register(sub: Any) -> None:
         "serve",
         help="serve the queue API",
         description="Serve the queue API until SIGTERM or SIGINT. Example: "
-        "nymph queue serve --db /var/lib/nymph/queue.db --listen 0.0.0.0:8700",
+        "nymph queue serve --db /var/lib/nymph/queue.db --listen 0.0.0.0:8700. " + eventloop.HELP,
     )
     p.add_argument("--db", help=db_help)
     p.add_argument(

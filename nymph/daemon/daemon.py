@@ -41,6 +41,7 @@ from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.daemon.workqueue import WorkQueue
+from nymph.eventloop import running_loop_name
 from nymph.kube.api import ApiApplier, make_api_client
 from nymph.kube.applier import Applier
 from nymph.kube.kubectl import Kubectl
@@ -284,6 +285,7 @@ class Daemon:
             queue=safe_url(s.queue.url),
             namespaces=list(s.kube.namespaces),
             apply_with=s.kube.apply_with,
+            event_loop=running_loop_name(),
         )
         self.loops.append(guarded("outbox", lambda: self.outbox.run(sender)))
         self.loops.append(guarded("nodeinfo", nodeinfo.run))

@@ -286,6 +286,8 @@ async def test_sigterm_exits_zero_and_probe_reports_rbac(stack: Stack) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert "dry-run apply" in res.stdout and "create pods" in res.stdout
     assert stack.daemon.terminate() == 0
+    log = (stack.daemon.root.parent / f"daemon-{stack.daemon.root.name}.log").read_text()
+    assert '"event_loop":"uvloop"' in log  # what the deployed daemon runs on
 
 
 def test_daemon_identity_cannot_read_secrets(stack: Stack) -> None:

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 import yaml
 
+from nymph import eventloop
 from nymph.queue.threads import CPU_WORKERS, BoundedExecutor, Stopping, run_cpu, start_cpu, stop_cpu
 from tests.support.harness import QueueProc
 
@@ -74,17 +75,20 @@ def test_shutdown_cancels_what_has_not_started_and_does_not_wait_for_what_has() 
     assert first.result(timeout=5) == "done"
 
 
-async def test_asyncio_run_returns_without_waiting_for_a_running_thread() -> None:
-    """As the default executor of a loop, a stuck thread does not hold up the loop's shutdown."""
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_the_loop_returns_without_waiting_for_a_running_thread(loop: str) -> None:
+    """As the default executor of a loop (asyncio's own and uvloop, which the queue runs on), a
+    stuck thread does not hold up the loop's shutdown."""
     release = threading.Event()
 
     async def main() -> None:
+        assert eventloop.running_loop_name() == loop
         asyncio.get_running_loop().set_default_executor(BoundedExecutor(workers=1))
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(asyncio.to_thread(release.wait, 60), 0.1)
 
     t0 = time.monotonic()
-    await asyncio.to_thread(asyncio.run, main())
+    await asyncio.to_thread(eventloop.run, main(), choice=loop)
     assert time.monotonic() - t0 < 5
     release.set()
 
@@ -144,6 +148,7 @@ async def test_sigterm_stops_a_busy_queue_within_its_grace_period(tmp_path: Path
     assert code == 0, log[-2000:]
     assert took < GRACE + 3, (took, count, one)
     assert "nymph queue: stopped" in log
+    assert '"event_loop":"uvloop"' in log  # what the deployed queue runs on
     # answered: refused by the budget (400) or, not started yet, "the queue is stopping" (503)
     assert set(answers) <= {400, 503, "ServerDisconnectedError"}, answers
     assert 503 in answers

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from nymph import netaddr
 from nymph.errors import ConfigError
+from nymph.eventloop import running_loop_name
 from nymph.queue.http.app import create_app
 from nymph.queue.http.keys import STORE
 from nymph.queue.http.server import make_runner
@@ -67,7 +68,7 @@ async def serve(
         url = _url(host, int(bound[1]))
         where = app[STORE].db.describe
         print(f"nymph queue: serving on {url} (db {where}; web console {url}/console/)", flush=True)
-        log.info("serving", url=url, db=where)
+        log.info("serving", url=url, db=where, event_loop=running_loop_name())
         await stop.wait()
         log.info("stopping")
     finally:
