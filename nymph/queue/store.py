@@ -258,11 +258,6 @@ class Store:
         if queued:
             self.tasks_changed.notify(1)
 
-    async def get_logs(self, *, ns: str, provider: str, instance_id: str) -> str | None:
-        return await self.db.read(
-            lambda conn: instances.get_logs(conn, ns=ns, provider=provider, instance_id=instance_id)
-        )
-
     async def probe(self, *, ns: str, provider: str, mode: str | None, principal: Principal) -> str:
         task_id = await self.db.write(
             lambda conn: launches.probe(

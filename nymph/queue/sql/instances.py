@@ -37,12 +37,6 @@ def get_instance(conn: Conn, *, ns: str, provider: str, instance_id: str) -> Ins
     return instances_json(conn, [instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)])[0]
 
 
-def get_logs(conn: Conn, *, ns: str, provider: str, instance_id: str) -> str | None:
-    instance_row(conn, ns=ns, provider=provider, instance_id=instance_id)
-    row = conn.execute("SELECT text FROM instance_logs WHERE instance_id = ?", (instance_id,)).fetchone()
-    return None if row is None else str(row[0])
-
-
 def get_task(conn: Conn, *, ns: str, task_id: str) -> TaskStatusJSON:
     row = conn.execute("SELECT * FROM tasks WHERE task_id = ? AND namespace = ?", (task_id, ns)).fetchone()
     if row is None:
