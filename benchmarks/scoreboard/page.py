@@ -224,11 +224,17 @@ the runs that made each change, not of the run above):
   on a real node it goes too). Reaping falls outside the window of the figures above
   (`--reap-after 600`).
 - The queue and the daemon run on uvloop (`nymph/eventloop.py`; `NYMPH_EVENT_LOOP=asyncio` runs
-  asyncio's own loop). Tried once before and not kept (3% less replica CPU then). `--only
-  api,direct --sizes 1000` with each loop in turn, four rounds, means: api queue + daemon 6.65
-  -> 6.40 ms per launch and 107 -> 125 launches/s (faster in three rounds of four); direct
-  5.95 -> 5.69 ms and 132 -> 129 launches/s. Each round alone is inside this machine's noise
-  (api 7.09 -> 6.46, 6.65 -> 6.05, 6.22 -> 6.05 and 6.63 -> 7.05 ms)."""
+  asyncio's own loop). Tried once before and not kept (3% less replica CPU then); the rest of
+  a launch's path has become cheaper since, so the loop's share of it is larger. `pg_bench.py`
+  with each loop in turn, two rounds: a replica's CPU per burst of 16 POSTs 13.3 and 15.3 ->
+  10.7 and 11.3 ms; one replica held to a quarter of a core 26.9 and 27.0 -> 34.6 and 33.7
+  launches/s, three 81.7 and 78.8 -> 91.1 and 97.8; one POST 6.4 and 7.1 -> 5.8 and 6.1 ms, a
+  burst 12.7 and 13.9 -> 12.1 and 12.2 ms (so `ratio_16_to_1`, 1.98 and 1.97 -> 2.07 and 1.99,
+  grows as the single POST gets faster). `--only api,direct --sizes 1000`, each loop in turn,
+  four rounds, means: api queue + daemon 6.65 -> 6.40 ms per launch and 107 -> 125 launches/s
+  (faster in three rounds of four); direct 5.95 -> 5.69 ms and 132 -> 129 launches/s. Each of
+  those rounds alone is inside this machine's noise (api 7.09 -> 6.46, 6.65 -> 6.05, 6.22 ->
+  6.05 and 6.63 -> 7.05 ms)."""
 
 
 def _n(x: int) -> str:
