@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nymph import eventloop  # imports asyncio only when a loop is made
+
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     # Loaded only when the daemon runs: its Kubernetes client would add a second or more to the
     # start-up of every other command (there is no import cycle to avoid here).
-    from nymph import eventloop
     from nymph.daemon.daemon import run_locked
     from nymph.daemon.footprint import tune_process
     from nymph.daemon.settings import load_settings
@@ -99,8 +100,6 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from nymph import eventloop  # asyncio is imported only when a loop is made
-
     p = sub.add_parser(
         "daemon",
         help="run the per-node daemon: claim launches, apply Pods, watch, report, reap",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import platformdirs
 
+from nymph import eventloop  # imports asyncio only when a loop is made
 from nymph.cli import user
 from nymph.cli.queueflags import _ns_map, _size, kubeconfig_dirs, tenancy_settings
 from nymph.errors import ConfigError
@@ -129,8 +130,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             image_pull_timeout=parse_duration(args.image_pull_timeout, "--image-pull-timeout"),
         ),
     )
-    from nymph import eventloop  # not to build the parser
-
     eventloop.run(serve(db_path=_db_path(args), host=host, port=port, settings=settings))
     return 0
 
@@ -154,8 +153,6 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from nymph import eventloop  # asyncio is imported only when a loop is made
-
     queue = sub.add_parser(
         "queue",
         help="run the control-plane queue, manage its tokens",
