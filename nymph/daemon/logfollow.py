@@ -10,7 +10,9 @@ for room in the outbox before it reads on (the API server and the node hold the 
 container has ended and its log is read to the end, the last chunk is ``final``; only then (or
 when there is no log to read) does :meth:`LogFollowers.settled` let the reaper delete the Pod. A
 node that serves no container logs (kwok: no kubelet) is noticed on the first answer and the
-follower stops with a note, without retrying.
+follower stops with a note, without retrying; when the node lists no address at all, the
+followers of the next Pods stop with the same note without asking, for a while
+(:mod:`nymph.kube.loglessnodes`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from nymph.daemon.marks import MarkBook
 from nymph.daemon.outbox import Outbox
 from nymph.daemon.tracker import Tracker
 from nymph.kube.logfollow import FollowSettings, follow_container_log
+from nymph.kube.loglessnodes import LoglessNodes
 from nymph.launch.logcursor import Cursor
 from nymph.launch.state import container_started, container_termination
 from nymph.logsetup import get_logger
@@ -56,6 +59,8 @@ class LogFollowers:
         self.settings = settings or FollowSettings()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.deleted: set[str] = set()
+        #: This node, when it lists no address: its Pods are not each asked for a log.
+        self.logless = LoglessNodes()
         self.log = get_logger("logs")
 
     # -- the watch's callback and the reaper's question -----------------------------------------
@@ -77,7 +82,8 @@ class LogFollowers:
             return
         if container_started(pod) and not self._load(name)[1]:
             namespace = str(meta.get("namespace") or "default")
-            task = asyncio.create_task(self._run(name, namespace), name=f"logs:{name}")
+            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            task = asyncio.create_task(self._run(name, namespace, node), name=f"logs:{name}")
             self.tasks[name] = task
             task.add_done_callback(functools.partial(self._done, name))
 
@@ -135,7 +141,7 @@ class LogFollowers:
         pod = self.tracker.pod_in_cache(namespace, name)
         return pod is None or container_termination(pod) is not None
 
-    async def _run(self, name: str, namespace: str) -> None:
+    async def _run(self, name: str, namespace: str, node: str) -> None:
         cursor, _ = self._load(name)
         await follow_container_log(
             self.api,
@@ -146,6 +152,8 @@ class LogFollowers:
             ended=lambda: self._ended(namespace, name),
             settings=self.settings,
             on_gap=lambda: self.on_gap(name, namespace),
+            node=node,
+            logless=self.logless,
         )
 
 

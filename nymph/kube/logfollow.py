@@ -7,7 +7,10 @@ of at most ``chunk_bytes`` (or whatever came within ``flush_seconds``) to a :cla
 which may make it wait (backpressure). A dropped stream is opened again from the cursor; when
 the container has ended and the stream is read to its end, the last chunk is ``final``. A node
 that serves no container log, a Pod gone, a container that never starts or a stream that keeps
-failing end it with a ``final`` chunk carrying a note: it never retries without bound.
+failing end it with a ``final`` chunk carrying a note: it never retries without bound. A node
+that lists no address serves no Pod's log: given its ``node`` and a
+:class:`nymph.kube.loglessnodes.LoglessNodes`, the followers of the other Pods on it end at
+once with the same note, without a request each.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Protocol
 from kubernetes_asyncio import client
 
 from nymph.kube.errors import KubeError, NotFound
-from nymph.kube.logstream import LogNotReady, NoContainerLog, open_log
+from nymph.kube.loglessnodes import LoglessNodes
+from nymph.kube.logstream import LogNotReady, NoContainerLog, NodeHasNoAddress, open_log
 from nymph.launch.logcursor import Chunker, Cursor, LineSplitter, Stamp, parse_line
 from nymph.logsetup import get_logger
 
@@ -81,11 +85,14 @@ async def follow_container_log(
     ended: Callable[[], bool],
     settings: FollowSettings | None = None,
     on_gap: Callable[[], None] | None = None,
+    node: str = "",
+    logless: LoglessNodes | None = None,
 ) -> None:
     """Follow the ``user`` container of Pod ``namespace/name`` until its log is complete;
     ``ended()`` says whether the container has ended (or the Pod is gone); ``on_gap()`` is
     called when a re-read finds that the node rotated unread lines away (the log then
-    carries :data:`nymph.launch.logcursor.ROTATED` there).
+    carries :data:`nymph.launch.logcursor.ROTATED` there). ``node`` (the key of the Pod's
+    node in ``logless``) skips the request when the node is known to serve no log.
 
     Once the container ended and a stream brought its last lines, one more read from the
     cursor confirms the end: a kubelet stuck on a rotated file ends its stream at that file's
@@ -102,6 +109,10 @@ async def follow_container_log(
         return Chunker.resume(at, on_gap=gap, leap_seconds=s.leap_seconds)
 
     chunker = resume(cursor)
+    why = logless.known(node) if logless is not None and node else None
+    if why is not None:
+        await _ship(sink, chunker, final=True, note=f"no container log: {why}")
+        return
     failures = confirms = 0
     idle_after = s.idle_reopen_seconds
     started = time.monotonic()
@@ -116,7 +127,16 @@ async def follow_container_log(
             await asyncio.sleep(1.0)
             continue
         except NoContainerLog as exc:
-            log.info("the node serves no container log; not following it", detail=exc.message[:200])
+            if isinstance(exc, NodeHasNoAddress) and logless is not None and node:
+                if logless.remember(node, exc.message[:300]):
+                    log.info(
+                        "the node serves no container log; not following it, nor for a while the"
+                        " log of any Pod on the node",
+                        detail=exc.message[:200],
+                        for_seconds=logless.ttl,
+                    )
+            else:
+                log.info("the node serves no container log; not following it", detail=exc.message[:200])
             await _ship(sink, chunker, final=True, note=f"no container log: {exc.message[:300]}")
             return
         except NotFound:

@@ -6,7 +6,8 @@ and ``b""`` when the API server ends the stream (the container ended, or the con
 closed). Errors are classified:
 :class:`LogNotReady` (the container has not started yet: ask again later),
 :class:`NoContainerLog` (the node serves no container logs at all, e.g. a kwok node without a
-kubelet: do not ask again), or a :class:`nymph.kube.errors.KubeError`.
+kubelet: do not ask again; :class:`NodeHasNoAddress` when the Node lists no address at all,
+which holds for every Pod on it), or a :class:`nymph.kube.errors.KubeError`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ _NO_KUBELET = re.compile(
     r"the server could not find the requested resource|404 page not found|no such host",
     re.I,
 )
+#: What the API server says when the Node lists no address to reach its kubelet at.
+_NO_ADDRESS = re.compile(r"no preferred addresses", re.I)
 _READ_SIZE = 64 * 1024
 
 
@@ -45,6 +48,11 @@ class NoContainerLog(KubeError):
     """The node serves no container log (no kubelet behind it)."""
 
 
+class NodeHasNoAddress(NoContainerLog):
+    """The Node lists no address to reach a kubelet at: no Pod on it has a log to read (see
+    :mod:`nymph.kube.loglessnodes`)."""
+
+
 def classify(status: int, message: str, *, said: str | None = None) -> KubeError:
     """The error of a log answer: recognised on everything the server ``said`` (default:
     ``message``), carrying only ``message`` (what may be relayed: a Status message)."""
@@ -52,7 +60,8 @@ def classify(status: int, message: str, *, said: str | None = None) -> KubeError
     if status == 400 and _NOT_READY.search(seen):
         return LogNotReady(message, status=status)
     if status in (400, 404, 500, 502, 503) and _NO_KUBELET.search(seen):
-        return NoContainerLog(message, status=status)
+        node_wide = _NO_ADDRESS.search(seen) is not None
+        return (NodeHasNoAddress if node_wide else NoContainerLog)(message, status=status)
     return from_status(status, message)
 
 

@@ -37,6 +37,12 @@ class Quota:
     max_runtime: int | None = None
     default_runtime: int | None = None
 
+    @property
+    def caps_starts(self) -> bool:
+        """Whether it can hold a launch back (a cap on running launches or on a resource):
+        without one, :func:`quota_blocks` never does, whatever the namespace holds."""
+        return self.max_running is not None or bool(self.resources)
+
 
 @dataclass(frozen=True)
 class Usage:

@@ -18,6 +18,7 @@ from nymph.client.logs import follow_log
 from nymph.client.results import download, list_results
 from nymph.localcluster import LocalCluster
 from tests.launch.test_real_node import python_image
+from tests.support.apicount import log_requests
 from tests.support.harness import (
     DaemonProc,
     QueueProc,
@@ -163,7 +164,8 @@ async def test_on_a_kwok_node_the_follower_stops_at_once(
     kube: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
     """No kubelet, no container log: the follower notices on the first answer, ships a final
-    chunk with a note, and never asks again; a followed log ends at once."""
+    chunk with a note, and never asks again; a followed log ends at once. The node lists no
+    address, so the next Pod on it is not asked for a log at all, and its log ends at once too."""
     q = QueueProc(tmp_path / "queue.db")
     d = DaemonProc(q, daemon_kubeconfig(kube, namespace, tmp_path), namespace, tmp_path / "root")
     try:
@@ -171,18 +173,24 @@ async def test_on_a_kwok_node_the_follower_stops_at_once(
         q.start()
         await setup_provider(q, namespace)
         d.start()
-        iid = await launch(q, tags={"sim.nymph.io/run": "1s"})
-        await wait_state(q, iid, {"stopped"}, timeout=60)
+        before = log_requests(kube)
+        iids = []
+        for _ in range(2):
+            iid = await launch(q, tags={"sim.nymph.io/run": "1s"})
+            await wait_state(q, iid, {"stopped"}, timeout=60)
+            iids.append(iid)
         async with q.client() as client:
-            got: list[bytes] = []
-            await asyncio.wait_for(
-                follow_log(client, provider="local", instance_id=iid, write=got.append), 30
-            )
-            assert got == []
+            for iid in iids:
+                got: list[bytes] = []
+                await asyncio.wait_for(
+                    follow_log(client, provider="local", instance_id=iid, write=got.append), 30
+                )
+                assert got == []
         await asyncio.sleep(3)  # a looping follower would have asked again by now
         lines = (tmp_path / "daemon-root.log").read_text().splitlines()
-        asked = [ln for ln in lines if iid in ln and "serves no container log" in ln]
-        assert len(asked) == 1, asked
+        asked = [ln for ln in lines if "serves no container log" in ln]
+        assert len(asked) == 1 and iids[0] in asked[0], asked
+        assert log_requests(kube) - before == 1
     finally:
         d.kill()
         q.kill()

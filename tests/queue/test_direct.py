@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import yaml
 
-from benchmarks.scoreboard import apicalls
 from nymph.kube.credentials import CredentialPolicy, staged_kubeconfig
 from nymph.kube.netguard import ServerPolicy
 from nymph.kube.pods import Connection, open_api
@@ -24,6 +23,7 @@ from nymph.localcluster import LocalCluster
 from nymph.queue.direct.settings import DirectSettings
 from nymph.queue.direct.wiring import CONNECTOR, DIRECT
 from nymph.queue.http.keys import STORE
+from tests.support.apicount import log_requests
 from tests.support.kube_fixtures import SaKubeconfig
 from tests.support.queue_helpers import FAST, Queue, open_queue
 
@@ -204,11 +204,6 @@ async def test_finished_direct_pods_are_reaped_and_still_listed(
     assert watches == {}
 
 
-def _log_requests(kube: LocalCluster) -> int:
-    """How many requests for a Pod's log the API server has answered."""
-    return sum(n for key, n in apicalls.request_counts(kube).items() if key.endswith(" pods/log"))
-
-
 async def test_a_direct_pod_whose_log_is_stored_whole_is_reaped_without_reading_its_log(
     kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
 ) -> None:
@@ -218,7 +213,7 @@ async def test_a_direct_pod_whose_log_is_stored_whole_is_reaped_without_reading_
     kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="whole-log")
     r = await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
     await _provider(q, "short", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
-    before = _log_requests(kube)
+    before = log_requests(kube)
     r = await _launch(q, "short", **{"sim.nymph.io/run": "1s"})
     assert r.status == 202, r.body
     iid = r.body["instanceId"]
@@ -230,9 +225,45 @@ async def test_a_direct_pod_whose_log_is_stored_whole_is_reaped_without_reading_
             break
         await asyncio.sleep(0.1)
     assert iid not in _pods(kube, namespace)
-    assert _log_requests(kube) == before
+    assert log_requests(kube) == before
     r = await q.call("GET", f"{NS}/providers/short/instances/{iid}/logs")
     assert r.status == 200 and r.body["logs"] == "hi\n", r.body
+
+
+async def test_direct_pods_on_a_node_without_an_address_are_asked_for_their_log_once(
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path, queue_db: Path | str
+) -> None:
+    """A kwok node lists no address, so it serves no container log: the first direct Pod's log
+    follower learns so from its one request, and the follower of the next Pod on that node
+    ends at once without one; both logs are complete, with the node's answer as their note."""
+    (tmp_path / "stage").mkdir()
+    # Pods are not reaped during the test: a reap reads the tail of a log that has no bytes.
+    settings = replace(
+        FAST, direct=replace(DIRECT_TEST_SETTINGS, tmp_root=str(tmp_path / "stage"), reap_after=600)
+    )
+    q, runner = await open_queue(tmp_path, settings, db=queue_db)
+    try:
+        kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="no-log")
+        await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+        await _provider(q, "nolog", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+        before = log_requests(kube)
+        iids = []
+        for _ in range(2):
+            r = await _launch(q, "nolog", **{"sim.nymph.io/run": "1s"})
+            assert r.status == 202, r.body
+            iids.append(r.body["instanceId"])
+            await _wait_state(q, "nolog", iids[-1], "stopped")
+            for _ in range(100):
+                st = await q.app[STORE].output.status(instance_id=iids[-1])
+                if st is not None and st.complete:
+                    break
+                await asyncio.sleep(0.1)
+            assert st is not None and st.complete and st.total == 0, st
+            assert (st.note or "").startswith("no container log: no preferred addresses"), st.note
+        assert log_requests(kube) - before == 1
+    finally:
+        await q.close()
+        await runner.cleanup()
 
 
 async def test_a_launch_follows_its_provider_to_the_other_dispatch_path_at_once(

@@ -115,6 +115,32 @@ def test_a_resource_quota_counts_the_requests() -> None:
     assert quota_blocks("a", quota, usage, {"memory": F(10**9)}) is None
 
 
+_amounts = st.fractions(min_value=0, max_value=10**6, max_denominator=1000)
+_requests = st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), _amounts, max_size=3)
+
+
+@given(
+    quota=st.builds(
+        Quota,
+        weight=st.fractions(min_value=F(1, 100), max_value=100, max_denominator=100),
+        max_running=st.none() | st.integers(0, 50),
+        resources=_requests,
+        max_runtime=st.none() | st.integers(1, 10**5),
+    ),
+    usage=st.builds(Usage, running=st.integers(0, 10**4), requests=_requests),
+    requests=_requests,
+)
+def test_a_quota_that_caps_nothing_never_holds_a_launch(
+    quota: Quota, usage: Usage, requests: dict[str, Fraction]
+) -> None:
+    """Direct launches skip reading the namespace's usage when its quota caps nothing: that is
+    only sound if such a quota passes every launch, whatever the namespace holds."""
+    if not quota.caps_starts:
+        assert quota_blocks("a", quota, usage, requests) is None
+    if quota_blocks("a", quota, usage, requests) is not None:
+        assert quota.caps_starts
+
+
 def test_a_launch_already_counted_is_never_held_by_its_own_quota() -> None:
     held = Candidate(seq=1, namespace="a", priority=0, queued_at=0.0, charged=True)
     got = pick_next([held], quotas={"a": Quota(max_running=1)}, usage={"a": Usage(running=1)}, totals={})

@@ -6,7 +6,9 @@ The Pod watch hands every event here (:meth:`DirectLogs.on_pod`); a follower sta
 container has started and ends when its log is complete. The resume cursor is the one kept with
 the stored log, so a queue restart goes on where the log stopped (the watch's first list
 starts the followers again). The reaper leaves a Pod alone while its log is being followed
-(:meth:`DirectLogs.busy`).
+(:meth:`DirectLogs.busy`). A node that lists no address serves no log: once one Pod on it was
+answered so, the others on it are not asked for a while (:mod:`nymph.kube.loglessnodes`, keyed
+by the connection and the node, as two clusters may name their nodes alike).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import structlog
 
 from nymph.kube.logfollow import FollowSettings, follow_container_log
+from nymph.kube.loglessnodes import LoglessNodes
 from nymph.kube.pods import Connection
 from nymph.launch.logcursor import Cursor
 from nymph.launch.state import container_started, container_termination
@@ -36,6 +39,7 @@ class DirectLogs:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         #: The last state of each followed Pod (None: deleted), for "has the container ended".
         self.pods: dict[str, dict[str, Any] | None] = {}
+        self.logless = LoglessNodes()
 
     def busy(self, instance_id: str) -> bool:
         return instance_id in self.tasks
@@ -52,7 +56,8 @@ class DirectLogs:
         if not await self.store.direct.is_direct(instance_id=name):
             return  # a daemon-path Pod with the same labels: its daemon follows it
         self.pods[name] = pod
-        task = asyncio.create_task(self._run(ns, conn, name), name=f"nymph-direct-logs-{name}")
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        task = asyncio.create_task(self._run(ns, conn, name, node), name=f"nymph-direct-logs-{name}")
         self.tasks[name] = task
         task.add_done_callback(functools.partial(self._done, name))
 
@@ -66,7 +71,7 @@ class DirectLogs:
         pod = self.pods.get(name)
         return pod is None or container_termination(pod) is not None
 
-    async def _run(self, ns: str, conn: Connection, name: str) -> None:
+    async def _run(self, ns: str, conn: Connection, name: str, node: str) -> None:
         st = await self.store.output.status(instance_id=name)
         if st is not None and st.complete:
             return
@@ -80,6 +85,8 @@ class DirectLogs:
                 sink=_StoreSink(self.store, name),
                 ended=lambda: self._ended(name),
                 settings=self.settings,
+                node=f"{conn.key()}\0{node}" if node else "",
+                logless=self.logless,
             )
 
     async def close(self) -> None:

@@ -93,7 +93,9 @@ def record_launch(
     # namespace's share and quota from its Pod's creation.
     requests = Needs.from_spec(spec.to_json()).requests
     lock_key(conn, NAMESPACE_KEYS, ns)  # the namespace's usage, read and charged, as a claim does
-    held = quota_blocks(ns, get_quota(conn, ns), usage(conn).get(ns, Usage()), requests)
+    quota = get_quota(conn, ns)
+    # what the namespace holds is read (every running launch) only when a cap may bind
+    held = quota_blocks(ns, quota, usage(conn).get(ns, Usage()), requests) if quota.caps_starts else None
     message = "" if held is None else f"held: {held}; its Pod is created when its turn comes"
     conn.execute(
         "UPDATE instances SET dispatch = 'direct', connection = ?, pod = ?, charge = ?, message = ? "
