@@ -234,7 +234,17 @@ the runs that made each change, not of the run above):
   four rounds, means: api queue + daemon 6.65 -> 6.40 ms per launch and 107 -> 125 launches/s
   (faster in three rounds of four); direct 5.95 -> 5.69 ms and 132 -> 129 launches/s. Each of
   those rounds alone is inside this machine's noise (api 7.09 -> 6.46, 6.65 -> 6.05, 6.22 ->
-  6.05 and 6.63 -> 7.05 ms)."""
+  6.05 and 6.63 -> 7.05 ms).
+- A node that lists no address (a kwok node, a virtual kubelet) serves no container log, which
+  the API server says as `no preferred addresses`: once one Pod's log follower was told so,
+  the followers of the next Pods on that node end at once with the same note, without a
+  request, for five minutes (`nymph/kube/loglessnodes.py`; the daemon and the direct path). A
+  refused connection or a timeout, which a restarting kubelet gives, still ends only the log of
+  the Pod that met it. `CONNECT pods/log` per launch 1.00 -> 0 on both paths.
+  `--only api,direct --sizes 1000 --latency-n 0 --idle-seconds 0`, the commit before and this
+  one in turn, three rounds: direct 5.28, 5.94, 5.65 -> 5.37, 4.47, 4.54 ms per launch (mean
+  5.62 -> 4.79) and 124 -> 162 launches/s; api, the daemon 3.70, 3.89, 3.80 -> 3.34, 3.11,
+  3.40 ms (queue + daemon 6.32 -> 5.86). On a real node the log is streamed as before."""
 
 
 def _n(x: int) -> str:
