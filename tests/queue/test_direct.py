@@ -39,28 +39,37 @@ DIRECT_TEST_SETTINGS = DirectSettings(
 )
 
 
-@pytest.fixture
-async def direct_queue(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
+async def _serve(tmp_path: Path, queue_db: Path | str, *, reap_after: float) -> AsyncIterator[Queue]:
     (tmp_path / "kubeconfigs").mkdir()
     (tmp_path / "stage").mkdir()
-    settings = replace(
-        FAST,
-        direct=DirectSettings(
-            kubeconfig_dirs=(tmp_path / "kubeconfigs",),
-            tmp_root=str(tmp_path / "stage"),
-            reap_after=0.5,
-            watch_idle=1.0,
-            interval=0.2,
-            # the test cluster's API server is on loopback, refused to user kubeconfigs by default
-            kube_server_allow=("127.0.0.1",),
-        ),
+    direct = DirectSettings(
+        kubeconfig_dirs=(tmp_path / "kubeconfigs",),
+        tmp_root=str(tmp_path / "stage"),
+        reap_after=reap_after,
+        watch_idle=1.0,
+        interval=0.2,
+        # the test cluster's API server is on loopback, refused to user kubeconfigs by default
+        kube_server_allow=("127.0.0.1",),
     )
-    q, runner = await open_queue(tmp_path, settings, db=queue_db)
+    q, runner = await open_queue(tmp_path, replace(FAST, direct=direct), db=queue_db)
     try:
         yield q
     finally:
         await q.close()
         await runner.cleanup()
+
+
+@pytest.fixture
+async def direct_queue(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
+    async for q in _serve(tmp_path, queue_db, reap_after=0.5):
+        yield q
+
+
+@pytest.fixture
+async def unreaped_queue(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
+    """A direct queue whose reaper leaves finished Pods alone for the whole test."""
+    async for q in _serve(tmp_path, queue_db, reap_after=3600.0):
+        yield q
 
 
 async def _provider(q: Queue, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -231,39 +240,31 @@ async def test_a_direct_pod_whose_log_is_stored_whole_is_reaped_without_reading_
 
 
 async def test_direct_pods_on_a_node_without_an_address_are_asked_for_their_log_once(
-    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path, queue_db: Path | str
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, unreaped_queue: Queue
 ) -> None:
     """A kwok node lists no address, so it serves no container log: the first direct Pod's log
     follower learns so from its one request, and the follower of the next Pod on that node
-    ends at once without one; both logs are complete, with the node's answer as their note."""
-    (tmp_path / "stage").mkdir()
-    # Pods are not reaped during the test: a reap reads the tail of a log that has no bytes.
-    settings = replace(
-        FAST, direct=replace(DIRECT_TEST_SETTINGS, tmp_root=str(tmp_path / "stage"), reap_after=600)
-    )
-    q, runner = await open_queue(tmp_path, settings, db=queue_db)
-    try:
-        kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="no-log")
-        await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
-        await _provider(q, "nolog", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
-        before = log_requests(kube)
-        iids = []
-        for _ in range(2):
-            r = await _launch(q, "nolog", **{"sim.nymph.io/run": "1s"})
-            assert r.status == 202, r.body
-            iids.append(r.body["instanceId"])
-            await _wait_state(q, "nolog", iids[-1], "stopped")
-            for _ in range(100):
-                st = await q.app[STORE].output.status(instance_id=iids[-1])
-                if st is not None and st.complete:
-                    break
-                await asyncio.sleep(0.1)
-            assert st is not None and st.complete and st.total == 0, st
-            assert (st.note or "").startswith("no container log: no preferred addresses"), st.note
-        assert log_requests(kube) - before == 1
-    finally:
-        await q.close()
-        await runner.cleanup()
+    ends at once without one; both logs are complete, with the node's answer as their note.
+    (Pods are not reaped meanwhile: a reap reads the tail of a log that has no bytes.)"""
+    q = unreaped_queue
+    kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="no-log")
+    await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+    await _provider(q, "nolog", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+    before = log_requests(kube)
+    iids = []
+    for _ in range(2):
+        r = await _launch(q, "nolog", **{"sim.nymph.io/run": "1s"})
+        assert r.status == 202, r.body
+        iids.append(r.body["instanceId"])
+        await _wait_state(q, "nolog", iids[-1], "stopped")
+        for _ in range(100):
+            st = await q.app[STORE].output.status(instance_id=iids[-1])
+            if st is not None and st.complete:
+                break
+            await asyncio.sleep(0.1)
+        assert st is not None and st.complete and st.total == 0, st
+        assert (st.note or "").startswith("no container log: no preferred addresses"), st.note
+    assert log_requests(kube) - before == 1
 
 
 async def test_a_launch_follows_its_provider_to_the_other_dispatch_path_at_once(
@@ -325,33 +326,25 @@ async def test_a_direct_launch_sent_again_with_its_key_gets_the_same_launch(
 
 
 async def test_stopping_a_finished_direct_instance_deletes_its_pod_now(
-    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, tmp_path: Path, queue_db: Path | str
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, unreaped_queue: Queue
 ) -> None:
     """DELETE of a direct instance that already ended removes its Pod at once (not after the
     reaper's delay) and keeps its history; a second DELETE is a 204 too."""
-    (tmp_path / "stage").mkdir()
-    settings = replace(
-        FAST, direct=replace(DIRECT_TEST_SETTINGS, tmp_root=str(tmp_path / "stage"), reap_after=3600.0)
-    )
-    q, runner = await open_queue(tmp_path, settings, db=queue_db)
-    try:
-        kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="stopper")
-        await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
-        await _provider(q, "done", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
-        r = await _launch(q, "done", **{"sim.nymph.io/run": "1s"})
-        assert r.status == 202, r.body
-        iid = r.body["instanceId"]
-        await _wait_state(q, "done", iid, "stopped")
-        assert iid in _pods(kube, namespace)  # the reaper would wait an hour
-        for _ in range(2):
-            r = await q.call("DELETE", f"{NS}/providers/done/instances/{iid}")
-            assert r.status == 204, r.body
-            assert iid not in _pods(kube, namespace)
-        r = await q.call("GET", f"{NS}/providers/done/instances/{iid}")
-        assert r.status == 200 and r.body["state"] == "stopped", r.body
-    finally:
-        await q.close()
-        await runner.cleanup()
+    q = unreaped_queue
+    kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="stopper")
+    await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
+    await _provider(q, "done", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
+    r = await _launch(q, "done", **{"sim.nymph.io/run": "1s"})
+    assert r.status == 202, r.body
+    iid = r.body["instanceId"]
+    await _wait_state(q, "done", iid, "stopped")
+    assert iid in _pods(kube, namespace)  # the reaper would wait an hour
+    for _ in range(2):
+        r = await q.call("DELETE", f"{NS}/providers/done/instances/{iid}")
+        assert r.status == 204, r.body
+        assert iid not in _pods(kube, namespace)
+    r = await q.call("GET", f"{NS}/providers/done/instances/{iid}")
+    assert r.status == 200 and r.body["state"] == "stopped", r.body
 
 
 async def test_one_client_serves_a_connection_until_its_secret_changes(
