@@ -100,11 +100,18 @@ class LogFollowers:
         return name not in self.tasks
 
     def shipped(self, name: str) -> bool:
-        """Whether the Pod's log was followed to its end and had output: its final chunk is in
-        the outbox, so the queue serves the whole log (a stream with no bytes is not: a tail
-        read later may still find what the follower could not)."""
+        """Whether the queue has all of the Pod's log it can get: its follower followed it to
+        its end, with its final chunk in the outbox, and it had output or this node serves no
+        log (a stream with no bytes is not otherwise: a tail read later may still find what the
+        follower could not; on a node that lists no address it would be refused the same way)."""
         cursor, final = self._load(name)
-        return final and cursor.offset > 0 and name not in self.tasks
+        if not final or name in self.tasks:
+            return False
+        return cursor.offset > 0 or self._logless_here()
+
+    def _logless_here(self) -> bool:
+        node = self.tracker.node
+        return bool(node) and self.logless.known(str(node)) is not None
 
     async def close(self) -> None:
         tasks = list(self.tasks.values())

@@ -194,3 +194,41 @@ async def test_on_a_kwok_node_the_follower_stops_at_once(
     finally:
         d.kill()
         q.kill()
+
+
+async def test_on_a_kwok_node_reaping_reads_no_log_tail(
+    kube: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """A Pod on a node that serves no log is reaped without a tail read, which would be refused
+    as its follower was: reaping two Pods adds no log request to the first follower's one, and
+    their logs stay as followed (empty, ended), with no refusal stored in their place."""
+    q = QueueProc(tmp_path / "queue.db")
+    d = DaemonProc(
+        q,
+        daemon_kubeconfig(kube, namespace, tmp_path),
+        namespace,
+        tmp_path / "root",
+        extra=("--reap-after", "1"),
+    )
+    try:
+        q.tokens()
+        q.start()
+        await setup_provider(q, namespace)
+        d.start()
+        before = log_requests(kube)
+        iids = []
+        for _ in range(2):
+            iid = await launch(q, tags={"sim.nymph.io/run": "1s"})
+            await wait_state(q, iid, {"stopped"}, timeout=60)
+            iids.append(iid)
+        deadline = time.monotonic() + 60
+        while [p for p in pods(kube, namespace) if p["metadata"]["name"] in iids]:
+            assert time.monotonic() < deadline, "the finished Pods were not reaped"
+            await asyncio.sleep(0.5)
+        assert log_requests(kube) - before == 1
+        async with q.client() as client:
+            for iid in iids:
+                assert await client.get_logs(provider="local", instance_id=iid) == ""
+    finally:
+        d.kill()
+        q.kill()

@@ -240,13 +240,14 @@ async def test_a_direct_pod_whose_log_is_stored_whole_is_reaped_without_reading_
 
 
 async def test_direct_pods_on_a_node_without_an_address_are_asked_for_their_log_once(
-    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, unreaped_queue: Queue
+    kube: LocalCluster, namespace: str, sa_kubeconfig: SaKubeconfig, direct_queue: Queue
 ) -> None:
     """A kwok node lists no address, so it serves no container log: the first direct Pod's log
     follower learns so from its one request, and the follower of the next Pod on that node
     ends at once without one; both logs are complete, with the node's answer as their note.
-    (Pods are not reaped meanwhile: a reap reads the tail of a log that has no bytes.)"""
-    q = unreaped_queue
+    Their reaps read no log tail either (it would be refused the same way): after both Pods
+    are reaped the API server has still been asked once, and the logs are as followed."""
+    q = direct_queue
     kc = sa_kubeconfig(namespace=namespace, rules=POD_RULES, name="no-log")
     await q.call("PUT", NS + "/secrets/kc", json_body={"value": kc.read_text()})
     await _provider(q, "nolog", {"kubeconfig": {"$secret": "kc"}, "namespace": namespace})
@@ -257,11 +258,13 @@ async def test_direct_pods_on_a_node_without_an_address_are_asked_for_their_log_
         assert r.status == 202, r.body
         iids.append(r.body["instanceId"])
         await _wait_state(q, "nolog", iids[-1], "stopped")
-        for _ in range(100):
-            st = await q.app[STORE].output.status(instance_id=iids[-1])
-            if st is not None and st.complete:
-                break
-            await asyncio.sleep(0.1)
+    for _ in range(150):
+        if not set(iids) & set(_pods(kube, namespace)):
+            break
+        await asyncio.sleep(0.1)
+    assert not set(iids) & set(_pods(kube, namespace))  # both reaped
+    for iid in iids:
+        st = await q.app[STORE].output.status(instance_id=iid)
         assert st is not None and st.complete and st.total == 0, st
         assert (st.note or "").startswith("no container log: no preferred addresses"), st.note
     assert log_requests(kube) - before == 1

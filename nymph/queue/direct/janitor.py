@@ -38,12 +38,15 @@ class Janitor:
         connector: Connector,
         settings: DirectSettings,
         busy: Callable[[str], bool] | None = None,
+        serves_no_log: Callable[[Connection, str], bool] | None = None,
     ) -> None:
         self.store = store
         self.connector = connector
         self.settings = settings
         #: Whether a Pod's log is still being followed (its reap waits for that).
         self.busy = busy or (lambda _iid: False)
+        #: Whether a node of a cluster lately answered that it serves no log (no tail is read).
+        self.serves_no_log = serves_no_log or (lambda _conn, _node: False)
 
     def _notify(self, instance_id: str | None) -> None:
         if instance_id:
@@ -105,12 +108,16 @@ class Janitor:
             if self.busy(iid):
                 continue
             conn = Connection.from_json(json.loads(r["connection"]))
-            # The live follower stored the whole log: a tail read now would only repeat its end.
+            # The live follower stored the whole log: a tail read now would only repeat its end;
+            # it followed the log to its end on a node that serves none: one would be refused.
             stored = await self.store.output.status(instance_id=iid)
+            settled = stored is not None and (
+                stored.whole or (stored.complete and self.serves_no_log(conn, str(r["node"] or "")))
+            )
             try:
                 async with self.connector.api(ns=ns, conn=conn, what=f"reaping Pod {iid}") as api:
                     logs: str | None = None
-                    if stored is None or not stored.whole:
+                    if not settled:
                         with contextlib.suppress(Exception):
                             logs = await pods.pod_logs(
                                 api,

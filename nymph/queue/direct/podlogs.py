@@ -44,6 +44,11 @@ class DirectLogs:
     def busy(self, instance_id: str) -> bool:
         return instance_id in self.tasks
 
+    def serves_no_log(self, conn: Connection, node: str) -> bool:
+        """Whether ``node`` of that cluster answered a follower that it serves no log, lately:
+        a tail read of a Pod on it would be refused the same way."""
+        return bool(node) and self.logless.known(_node_key(conn, node)) is not None
+
     async def on_pod(self, *, ns: str, conn: Connection, kind: str, pod: dict[str, Any]) -> None:
         name = str((pod.get("metadata") or {}).get("name") or "")
         if not name:
@@ -85,7 +90,7 @@ class DirectLogs:
                 sink=_StoreSink(self.store, name),
                 ended=lambda: self._ended(name),
                 settings=self.settings,
-                node=f"{conn.key()}\0{node}" if node else "",
+                node=_node_key(conn, node) if node else "",
                 logless=self.logless,
             )
 
@@ -96,6 +101,11 @@ class DirectLogs:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+
+
+def _node_key(conn: Connection, node: str) -> str:
+    """A node, by cluster: two clusters may name their nodes alike."""
+    return f"{conn.key()}\0{node}"
 
 
 class _StoreSink:

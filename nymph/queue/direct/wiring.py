@@ -65,7 +65,13 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
     connector = Connector(secrets=secrets, settings=settings)
     followers = DirectLogs(store=store, connector=connector)
     watches = WatchManager(store=store, connector=connector, settings=settings, on_pod=followers.on_pod)
-    janitor = Janitor(store=store, connector=connector, settings=settings, busy=followers.busy)
+    janitor = Janitor(
+        store=store,
+        connector=connector,
+        settings=settings,
+        busy=followers.busy,
+        serves_no_log=followers.serves_no_log,
+    )
     pull_timeouts = PullTimeouts(store=store, connector=connector, interval=settings.interval)
     app[SECRETS] = secrets
     app[CONNECTOR] = connector

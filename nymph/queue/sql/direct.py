@@ -334,7 +334,7 @@ def unreaped(conn: Conn) -> list[Row]:
 def reapable(conn: Conn, *, before: float) -> list[Row]:
     return list(
         conn.execute(
-            "SELECT instance_id, namespace, connection FROM instances WHERE dispatch = 'direct' "
+            "SELECT instance_id, namespace, connection, node FROM instances WHERE dispatch = 'direct' "
             "AND state = 'stopped' AND reaped_at IS NULL AND updated_at < ? ORDER BY updated_at LIMIT 100",
             (before,),
         )
