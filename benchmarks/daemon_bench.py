@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -215,4 +216,6 @@ async def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # make's SIGTERM (or a SIGINT) unwinds like an error, so every process started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(asyncio.run(main()))

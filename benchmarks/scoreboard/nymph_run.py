@@ -61,6 +61,14 @@ class Stack:
     pids: dict[str, int] = field(default_factory=dict)
 
     async def __aenter__(self) -> Stack:
+        try:
+            await self._start()
+        except BaseException:  # a failed start (or a SIGTERM meanwhile) leaves nothing running
+            await self.__aexit__()
+            raise
+        return self
+
+    async def _start(self) -> None:
         name = self.config.name
         self.namespace = make_namespace(self.kube, f"bench-{name.replace('_', '-')}")
         home = self.tmp / name
@@ -89,7 +97,6 @@ class Stack:
             assert d.proc is not None
             self.pids["daemon"] = d.proc.pid
             await asyncio.sleep(1.0)  # its watch has listed, its first claim is held
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self.daemon is not None:

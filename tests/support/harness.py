@@ -100,7 +100,11 @@ class QueueProc:
                 ],
                 log=log,
             )
-        wait_http(f"{self.url}/healthz")
+        try:
+            wait_http(f"{self.url}/healthz")
+        except BaseException:  # never up, or stopped meanwhile: it is not left running
+            self.kill()
+            raise
         return self
 
     def kill(self) -> None:
