@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -160,14 +161,15 @@ async def test_a_log_followed_live_survives_daemon_and_queue_restarts(real_stack
         assert (got_dir / "sub" / "data.bin").read_bytes() == bytes(range(256)) * 1000
 
 
-async def test_on_a_kwok_node_the_follower_stops_at_once(
-    kube: LocalCluster, namespace: str, tmp_path: Path
-) -> None:
-    """No kubelet, no container log: the follower notices on the first answer, ships a final
-    chunk with a note, and never asks again; a followed log ends at once. The node lists no
-    address, so the next Pod on it is not asked for a log at all, and its log ends at once too."""
+@asynccontextmanager
+async def _two_kwok_jobs(
+    kube: LocalCluster, namespace: str, tmp_path: Path, *, extra: tuple[str, ...] = ()
+) -> AsyncIterator[tuple[QueueProc, list[str], int]]:
+    """A queue and a daemon on the kwok node, and two one-second launches run there to their
+    end, one after the other: (the queue, their instance ids, the API server's log requests
+    before them)."""
     q = QueueProc(tmp_path / "queue.db")
-    d = DaemonProc(q, daemon_kubeconfig(kube, namespace, tmp_path), namespace, tmp_path / "root")
+    d = DaemonProc(q, daemon_kubeconfig(kube, namespace, tmp_path), namespace, tmp_path / "root", extra=extra)
     try:
         q.tokens()
         q.start()
@@ -179,6 +181,19 @@ async def test_on_a_kwok_node_the_follower_stops_at_once(
             iid = await launch(q, tags={"sim.nymph.io/run": "1s"})
             await wait_state(q, iid, {"stopped"}, timeout=60)
             iids.append(iid)
+        yield q, iids, before
+    finally:
+        d.kill()
+        q.kill()
+
+
+async def test_on_a_kwok_node_the_follower_stops_at_once(
+    kube: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """No kubelet, no container log: the follower notices on the first answer, ships a final
+    chunk with a note, and never asks again; a followed log ends at once. The node lists no
+    address, so the next Pod on it is not asked for a log at all, and its log ends at once too."""
+    async with _two_kwok_jobs(kube, namespace, tmp_path) as (q, iids, before):
         async with q.client() as client:
             for iid in iids:
                 got: list[bytes] = []
@@ -191,9 +206,6 @@ async def test_on_a_kwok_node_the_follower_stops_at_once(
         asked = [ln for ln in lines if "serves no container log" in ln]
         assert len(asked) == 1 and iids[0] in asked[0], asked
         assert log_requests(kube) - before == 1
-    finally:
-        d.kill()
-        q.kill()
 
 
 async def test_on_a_kwok_node_reaping_reads_no_log_tail(
@@ -202,25 +214,7 @@ async def test_on_a_kwok_node_reaping_reads_no_log_tail(
     """A Pod on a node that serves no log is reaped without a tail read, which would be refused
     as its follower was: reaping two Pods adds no log request to the first follower's one, and
     their logs stay as followed (empty, ended), with no refusal stored in their place."""
-    q = QueueProc(tmp_path / "queue.db")
-    d = DaemonProc(
-        q,
-        daemon_kubeconfig(kube, namespace, tmp_path),
-        namespace,
-        tmp_path / "root",
-        extra=("--reap-after", "1"),
-    )
-    try:
-        q.tokens()
-        q.start()
-        await setup_provider(q, namespace)
-        d.start()
-        before = log_requests(kube)
-        iids = []
-        for _ in range(2):
-            iid = await launch(q, tags={"sim.nymph.io/run": "1s"})
-            await wait_state(q, iid, {"stopped"}, timeout=60)
-            iids.append(iid)
+    async with _two_kwok_jobs(kube, namespace, tmp_path, extra=("--reap-after", "1")) as (q, iids, before):
         deadline = time.monotonic() + 60
         while [p for p in pods(kube, namespace) if p["metadata"]["name"] in iids]:
             assert time.monotonic() < deadline, "the finished Pods were not reaped"
@@ -229,6 +223,3 @@ async def test_on_a_kwok_node_reaping_reads_no_log_tail(
         async with q.client() as client:
             for iid in iids:
                 assert await client.get_logs(provider="local", instance_id=iid) == ""
-    finally:
-        d.kill()
-        q.kill()
