@@ -111,7 +111,7 @@ class LogFollowers:
 
     def _logless_here(self) -> bool:
         node = self.tracker.node
-        return bool(node) and self.logless.known(str(node)) is not None
+        return node is not None and self.logless.known(node) is not None
 
     async def close(self) -> None:
         tasks = list(self.tasks.values())

@@ -47,7 +47,7 @@ class DirectLogs:
     def serves_no_log(self, conn: Connection, node: str) -> bool:
         """Whether ``node`` of that cluster answered a follower that it serves no log, lately:
         a tail read of a Pod on it would be refused the same way."""
-        return bool(node) and self.logless.known(_node_key(conn, node)) is not None
+        return self.logless.known(_node_key(conn, node)) is not None
 
     async def on_pod(self, *, ns: str, conn: Connection, kind: str, pod: dict[str, Any]) -> None:
         name = str((pod.get("metadata") or {}).get("name") or "")
