@@ -15,6 +15,7 @@ from nymph.launch.placement import NodeOffer
 from nymph.launch.pullwait import DEFAULT_IMAGE_PULL_TIMEOUT
 from nymph.protocol import TaskJSON
 from nymph.queue.direct.settings import DirectSettings
+from nymph.queue.offers import offer_text
 
 
 class Role(str, enum.Enum):
@@ -221,12 +222,17 @@ class ClaimRequest:
     lease_seconds: int
     #: What the daemon's node offers; None (an older daemon, or no node): launches go unfiltered.
     node_info: NodeOffer | None = None
+    #: ``node_info`` as the daemons table keeps it, when already known (the claim route's offer
+    #: cache, :mod:`nymph.queue.offers`); worked out from ``node_info`` when None.
+    node_info_text: str | None = None
 
     @functools.cached_property
     def record(self) -> tuple[str, str, int, str | None]:
         """The daemon as the daemons table keeps it: node, namespaces, capacity and offer as
         text (worked out once per request: each read of the claim compares it)."""
-        offer = None if self.node_info is None else json.dumps(self.node_info.to_json(), sort_keys=True)
+        offer = None
+        if self.node_info is not None:
+            offer = self.node_info_text or offer_text(self.node_info)
         return self.node, json.dumps(list(self.namespaces)), self.capacity, offer
 
 

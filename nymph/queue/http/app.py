@@ -25,7 +25,7 @@ from nymph.queue.db import Backend, Database
 from nymph.queue.direct import wiring as direct
 from nymph.queue.errors import Forbidden
 from nymph.queue.http.answers import json_response
-from nymph.queue.http.keys import AUTH, METRICS, PRINCIPAL, SESSIONS, SETTINGS, STORE
+from nymph.queue.http.keys import AUTH, METRICS, OFFERS, PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.middlewares import auth_middleware, error_middleware
 from nymph.queue.http.routes import catalog as catalog_routes
 from nymph.queue.http.routes import daemon as daemon_routes
@@ -39,6 +39,7 @@ from nymph.queue.http.routes import secrets as secret_routes
 from nymph.queue.http.routes import user as user_routes
 from nymph.queue.metrics import QueueMetrics
 from nymph.queue.models import QueueSettings, Role
+from nymph.queue.offers import OfferCache
 from nymph.queue.sessions import SessionStore
 from nymph.queue.store import Store
 
@@ -158,6 +159,7 @@ def create_app(*, db_path: Path | str, settings: QueueSettings | None = None) ->
     app[AUTH] = Authenticator(db=db, cache_seconds=settings.limits.token_cache_seconds)
     app[SESSIONS] = SessionStore(settings=settings.sessions, db=db)
     app[METRICS] = QueueMetrics()
+    app[OFFERS] = OfferCache()
     app[METRICS].watch_waiting(lambda: len(app[STORE].tasks_changed))
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sweeper_ctx)

@@ -23,17 +23,17 @@ from aiohttp import web
 
 from nymph.errors import ValidationError
 from nymph.launch.names import check_namespace
-from nymph.launch.placement import NodeOffer
 from nymph.launch.state import InstanceState, Reason
 from nymph.protocol import RenewAnswer, ReportAck, SessionJSON, iso, parse_iso
 from nymph.queue.errors import BadRequest, Forbidden, ServiceError, Unprocessable
 from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, read_object
 from nymph.queue.http.caller import daemon_session
-from nymph.queue.http.keys import METRICS, PRINCIPAL, SESSIONS, SETTINGS, STORE
+from nymph.queue.http.keys import METRICS, OFFERS, PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.routes.refusals import logged_refusal
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report, TaskCompletion
 from nymph.queue.notify import wait_for_event
+from nymph.queue.offers import ParsedOffer
 
 routes = web.RouteTableDef()
 log = structlog.get_logger(__name__, component="queue.dispatch")
@@ -111,12 +111,12 @@ def _disconnected(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-def _node_info(f: Fields) -> NodeOffer | None:
+def _node_info(request: web.Request, f: Fields) -> ParsedOffer | None:
     raw = f.mapping("nodeInfo")
     if raw is None:
         return None
     try:
-        return NodeOffer.from_json(raw)
+        return request.app[OFFERS].parse(raw)
     except ValueError as exc:
         raise Unprocessable(f"body.nodeInfo: {str(exc)[:200]}") from None
 
@@ -130,7 +130,7 @@ async def claim(request: web.Request) -> web.Response:
     f.string("daemonId", required=False)
     node = f.string("node", required=False)
     capacity = f.integer("capacity", minimum=0, maximum=1000)
-    node_info = _node_info(f)
+    parsed = _node_info(request, f)
     session = _session(request, f)
     if node is not None and node != session.node:
         raise Forbidden(
@@ -150,7 +150,8 @@ async def claim(request: web.Request) -> web.Response:
         node=session.node,
         namespaces=namespaces or session.namespaces,
         capacity=capacity,
-        node_info=node_info if session.node else None,
+        node_info=parsed.offer if parsed is not None and session.node else None,
+        node_info_text=parsed.text if parsed is not None and session.node else None,
         lease_seconds=f.integer(
             "leaseSeconds",
             default=settings.lease.default_seconds,
