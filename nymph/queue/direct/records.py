@@ -15,10 +15,37 @@ from nymph.queue.sql import catalog, instances, launches, pages, pulls
 from nymph.queue.sql import direct as sql
 from nymph.queue.sql.dialect import Row
 
+#: Pods whose last applied version is remembered (live direct Pods of one replica; past that
+#: the memory starts again, which costs only writes that change nothing).
+MAX_APPLIED = 100_000
+
+
+def _version(pod: Mapping[str, Any]) -> str | None:
+    return (pod.get("metadata") or {}).get("resourceVersion") or None
+
 
 class DirectRecords:
     def __init__(self, *, db: Backend) -> None:
         self.db = db
+        #: The resourceVersion of each Pod last applied here (its name is its instance id). A
+        #: version is one state of one object: applied again, it changes nothing, so the watch's
+        #: ADDED that repeats a create's answer, and every unchanged Pod a relist delivers after
+        #: a watch reconnects, cost no write transaction.
+        self._applied: dict[str, str] = {}
+
+    def _remember(self, pod: Mapping[str, Any]) -> None:
+        name, version = (pod.get("metadata") or {}).get("name"), _version(pod)
+        if not name or version is None:
+            return
+        if len(self._applied) >= MAX_APPLIED:
+            self._applied.clear()
+        self._applied[str(name)] = version
+
+    def applied(self, pod: Mapping[str, Any]) -> bool:
+        """Whether this very version of the Pod was applied here already."""
+        version = _version(pod)
+        name = (pod.get("metadata") or {}).get("name")
+        return version is not None and bool(name) and self._applied.get(str(name)) == version
 
     # --- launches ------------------------------------------------------------------------
 
@@ -72,15 +99,26 @@ class DirectRecords:
                 sql.answered(c, instance_id=accepted["instanceId"], accepted=accepted)
             return changed
 
-        return await self.db.write(write)
+        changed = await self.db.write(write)
+        self._remember(pod)
+        return changed
 
     # --- Pods and instances ----------------------------------------------------------------
 
     async def apply_pod(self, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts: float) -> str | None:
-        """Move the Pod's instance along its history; the instance id when it changed."""
-        return await self.db.write(lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=deleted, ts=ts))
+        """Move the Pod's instance along its history; the instance id when it changed. A version
+        of the Pod applied here already is not applied again (:meth:`applied`)."""
+        if not deleted and self.applied(pod):
+            return None
+        changed = await self.db.write(lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=deleted, ts=ts))
+        if deleted:
+            self._applied.pop(str((pod.get("metadata") or {}).get("name") or ""), None)
+        else:
+            self._remember(pod)
+        return changed
 
     async def gone(self, *, instance_id: str, ts: float) -> bool:
+        self._applied.pop(instance_id, None)
         return await self.db.write(lambda c: sql.gone(c, instance_id=instance_id, ts=ts))
 
     async def request_stop(self, *, instance_id: str, ts: float) -> bool:
@@ -93,6 +131,7 @@ class DirectRecords:
         return await self.db.read_one(lambda c: sql.is_reaped(c, instance_id=instance_id))
 
     async def mark_reaped(self, *, instance_id: str, ts: float) -> None:
+        self._applied.pop(instance_id, None)
         await self.db.write(lambda c: sql.mark_reaped(c, instance_id=instance_id, ts=ts))
 
     async def failing_pulls(self) -> list[pulls.FailingPull]:
