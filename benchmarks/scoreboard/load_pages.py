@@ -116,6 +116,11 @@ def cli_startup(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _rounds(row: dict[str, Any]) -> str:
+    rounds = row.get("cpu_ms_per_launch_rounds")
+    return f" ({', '.join(str(c) for c in rounds)})" if rounds else ""
+
+
 def daemons(r: dict[str, Any]) -> str:
     """Many daemons long-polling one queue (``benchmarks/daemons_bench.py``, under ``daemons_1000``)."""
     d = r.get("daemons_1000") or {}
@@ -130,10 +135,14 @@ def daemons(r: dict[str, Any]) -> str:
             "1,000 daemons long-polling it from load-generator processes (each its own session and "
             "node offer, the same total capacity, each long-poll held as long as the daemon's "
             f"default, {d.get('poll_wait_s', 30)} s, their timeouts spread evenly), and a steady stream "
-            f"of {d.get('rate_per_s')} launches/s for {d.get('seconds')} s. POST -> claim is the queue's "
+            f"of {d.get('rate_per_s')} launches/s for {d.get('seconds')} s"
+            + (f", {d['rounds']} times on the same daemons" if d.get("rounds") else "")
+            + ". POST -> claim is the queue's "
             "own histogram (`nymph_queue_launch_claim_seconds`), so the generator's delays do not count; "
             "CPU per launch is the queue's CPU over the stream (the long-polls timing out meanwhile "
-            "included) over the launches; idle is read over one whole hold (each long-poll times out "
+            "included) over the launches"
+            + (" (the median of the rounds; each round's in brackets)" if d.get("rounds") else "")
+            + "; idle is read over one whole hold (each long-poll times out "
             "and is sent again once). "
             f"Run of {d.get('when')}, {d.get('cpus')} CPUs shared by the queue and the generators. "
             "Targets with 1,000 daemons: p95 at most 2x one daemon's, queue CPU per launch at most "
@@ -148,7 +157,7 @@ def daemons(r: dict[str, Any]) -> str:
     ]
     for n, row in sorted(runs.items(), key=lambda kv: int(kv[0])):
         out.append(
-            f"| {_n(int(n))} | {row['p50_ms']} | {row['p95_ms']} | {row['cpu_ms_per_launch']} | "
+            f"| {_n(int(n))} | {row['p50_ms']} | {row['p95_ms']} | {row['cpu_ms_per_launch']}{_rounds(row)} | "
             f"{row['idle_cpu_pct']} |"
         )
     out += [

@@ -15,17 +15,24 @@ from benchmarks import daemons_bench
 def test_a_short_run_claims_every_launch_and_merges_its_section(tmp_path: Path) -> None:
     out = tmp_path / "bench-results.json"
     out.write_text(json.dumps({"scheduling": {"kept": True}}))
-    argv = ["--counts", "3", "--rate", "10", "--seconds", "2", "--idle-seconds", "0.5", "--out", str(out)]
+    argv = [
+        *("--counts", "3", "--rate", "10", "--seconds", "2", "--rounds", "2"),
+        *("--idle-seconds", "0.5", "--out", str(out)),
+    ]
     assert daemons_bench.main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["scheduling"] == {"kept": True}
     section = doc["daemons_1000"]
     assert set(section["runs"]) == {"3"}
     for row in section["runs"].values():
-        assert row["claimed"] == row["launches"] == 20
+        assert row["claimed"] == row["launches"] == 40  # 20 a round
+        rounds = row["cpu_ms_per_launch_rounds"]
+        assert len(rounds) == 2 and all(c > 0 for c in rounds)
+        assert min(rounds) <= row["cpu_ms_per_launch"] <= max(rounds)  # their median
         assert row["parked"] == row["daemons"]
         assert 0 < row["p50_ms"] <= row["p95_ms"]
     assert section["p95_ms"] == section["runs"]["3"]["p95_ms"] and section["p95_ratio"] == 1.0
+    assert section["rounds"] == 2
 
 
 def test_quantiles_interpolate_within_their_bucket() -> None:
