@@ -1,5 +1,6 @@
-"""The claim route's cache of node offers: parsed once per distinct offer, the same text the
-daemons table keeps, malformed offers refused every time, and bounded."""
+"""The caches of node offers: a claim's offer parsed once per distinct offer, the same text the
+daemons table keeps, malformed offers refused every time, and bounded; a stored offer's text
+parsed once (unreadable: None), and an offer a claim parsed known by its text."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from nymph.launch.placement import NodeOffer
-from nymph.queue.offers import OfferCache, offer_text
+from nymph.queue.offers import OfferCache, offer_of, offer_text
 
 
 def _raw(cpu: str = "7910m", name: str = "node-a") -> dict[str, Any]:
@@ -65,3 +66,16 @@ def test_the_cache_stays_within_its_bound_and_keeps_the_newest() -> None:
     parsed = [cache.parse(_raw(name=f"node-{i}")) for i in range(9)]
     assert len(cache) <= 4
     assert cache.parse(_raw(name="node-8")) is parsed[-1]
+
+
+def test_a_stored_offer_is_parsed_once_and_an_unreadable_one_is_none() -> None:
+    text = json.dumps(NodeOffer.from_json(_raw(name="stored-node")).to_json(), sort_keys=True)
+    first = offer_of(text)
+    assert first == NodeOffer.from_json(_raw(name="stored-node"))
+    assert offer_of(text) is first
+    assert offer_of("not json") is None and offer_of(None) is None and offer_of("") is None
+
+
+def test_an_offer_a_claim_parsed_is_known_by_its_stored_text() -> None:
+    parsed = OfferCache().parse(_raw(name="claimed-node"))
+    assert offer_of(parsed.text) is parsed.offer

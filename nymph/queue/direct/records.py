@@ -20,8 +20,9 @@ from nymph.queue.sql.dialect import Row
 MAX_APPLIED = 100_000
 
 
-def _version(pod: Mapping[str, Any]) -> str | None:
-    return (pod.get("metadata") or {}).get("resourceVersion") or None
+def _name_and_version(pod: Mapping[str, Any]) -> tuple[str, str | None]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("name") or ""), meta.get("resourceVersion") or None
 
 
 class DirectRecords:
@@ -34,18 +35,17 @@ class DirectRecords:
         self._applied: dict[str, str] = {}
 
     def _remember(self, pod: Mapping[str, Any]) -> None:
-        name, version = (pod.get("metadata") or {}).get("name"), _version(pod)
+        name, version = _name_and_version(pod)
         if not name or version is None:
             return
         if len(self._applied) >= MAX_APPLIED:
             self._applied.clear()
-        self._applied[str(name)] = version
+        self._applied[name] = version
 
     def applied(self, pod: Mapping[str, Any]) -> bool:
         """Whether this very version of the Pod was applied here already."""
-        version = _version(pod)
-        name = (pod.get("metadata") or {}).get("name")
-        return version is not None and bool(name) and self._applied.get(str(name)) == version
+        name, version = _name_and_version(pod)
+        return version is not None and bool(name) and self._applied.get(name) == version
 
     # --- launches ------------------------------------------------------------------------
 
@@ -112,7 +112,7 @@ class DirectRecords:
             return None
         changed = await self.db.write(lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=deleted, ts=ts))
         if deleted:
-            self._applied.pop(str((pod.get("metadata") or {}).get("name") or ""), None)
+            self._applied.pop(_name_and_version(pod)[0], None)
         else:
             self._remember(pod)
         return changed

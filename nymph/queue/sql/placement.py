@@ -14,7 +14,8 @@ from types import MappingProxyType
 
 from nymph.launch.placement import Needs, NodeOffer, add, misfit, waiting_kind, why_waiting
 from nymph.launch.state import InstanceState
-from nymph.queue.sql import events, schedule, waiting
+from nymph.queue.offers import offer_of
+from nymph.queue.sql import events, waiting
 from nymph.queue.sql.dialect import Conn, Row, indexed_by
 from nymph.queue.sql.tasks import insert_task
 
@@ -156,7 +157,7 @@ def _live_offers(conn: Conn, *, now: float) -> list[tuple[str, tuple[str, ...], 
     for r in conn.execute(
         "SELECT node, namespaces, node_info FROM daemons WHERE last_seen > ?", (now - LIVE_SECONDS,)
     ):
-        out.append((r["node"], tuple(json.loads(r["namespaces"])), schedule.offer_of(r["node_info"])))
+        out.append((r["node"], tuple(json.loads(r["namespaces"])), offer_of(r["node_info"])))
     return out
 
 

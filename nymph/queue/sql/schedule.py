@@ -21,6 +21,7 @@ from typing import Any
 
 from nymph.launch.placement import Needs, NodeOffer, add, misfit
 from nymph.protocol import FINISHED_STATUSES, TaskKind
+from nymph.queue.offers import offer_of
 from nymph.queue.scheduling import SLOTS, Candidate, Usage, charge, decayed, pick_next
 from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, indexed_by, lock_key, locks_rows
 from nymph.queue.sql.quotas import all_quotas
@@ -184,24 +185,6 @@ def _charge_requests(text: str | None) -> dict[str, Fraction]:
         return {str(k): Fraction(str(v)) for k, v in data.items()} if isinstance(data, dict) else {}
     except (ValueError, ZeroDivisionError):
         return {}
-
-
-_OFFERS: dict[str, NodeOffer | None] = {}
-
-
-def offer_of(text: str | None) -> NodeOffer | None:
-    """A daemon's offer as the daemons table keeps it, parsed (each text once: a thousand
-    daemons' offers are read again on every sweep); None when absent or unreadable."""
-    if not text:
-        return None
-    if text not in _OFFERS:
-        if len(_OFFERS) >= _NEEDS_MAX:
-            _OFFERS.clear()
-        try:
-            _OFFERS[text] = NodeOffer.from_json(json.loads(text))
-        except ValueError:
-            _OFFERS[text] = None
-    return _OFFERS[text]
 
 
 #: The summed allocatable of the last few sets of live nodes (key: each node's offer text):
