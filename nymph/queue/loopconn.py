@@ -125,24 +125,83 @@ class LoopConnection(psycopg.Connection[Any]):
         conn._pool = None
         return conn
 
+    #: The socket's reader while a transaction holds this connection (:meth:`hold`).
+    _held: _HeldReader | None = None
+    _holding = False
+
+    def hold(self) -> None:
+        """Keep one reader on the socket until :meth:`release`, while the caller holds this
+        connection (a transaction, from the pool's ``getconn`` to its ``putconn``): each wait for
+        the server's answer then only awaits it, where it would register a reader and remove it
+        again (two ``epoll_ctl`` calls and a poll handle made and closed in the loop, every
+        round trip). Released before the connection goes back to the pool, whose own
+        asynchronous waits (its checks, its rollback) register their own reader on the same
+        socket."""
+        self._holding = True
+
+    def release(self) -> None:
+        """End :meth:`hold` (again: nothing)."""
+        self._holding = False
+        self._drop_reader()
+
+    def _reader(self, fileno: int) -> _HeldReader | None:
+        """The held reader on ``fileno`` (registered on first use), or None when not holding."""
+        if not self._holding:
+            return None
+        held = self._held
+        if held is not None and held.fileno == fileno:
+            return held
+        self._drop_reader()
+        held = self._held = _HeldReader(asyncio.get_running_loop(), fileno)
+        return held
+
+    def _drop_reader(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
+
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         if not on_loop():
             raise NotOnLoop("a connection of the queue's pool used outside nymph.queue.loopconn.Runner.run")
         try:
             if timeout is not None:
+                self._drop_reader()  # psycopg's own wait registers its own reader
                 return await_only(
                     waiting.wait_async(gen, self.pgconn.socket, interval=interval, timeout=timeout)
                 )
-            return _drive_gen(gen, self.pgconn.socket)
+            return _drive_gen(gen, self.pgconn.socket, self)
         except BaseException:
             if self.pgconn.transaction_status == TransactionStatus.ACTIVE:
                 # Stopped mid-statement: the server's answer would be read by the next user of
                 # the connection. Closed, so the pool drops it.
+                self._drop_reader()
                 self.pgconn.finish()
             raise
 
 
-def _drive_gen(gen: PQGen[RV], fileno: int) -> RV:
+class _HeldReader:
+    """A reader kept on a socket: a wait sets :attr:`waiter`, which the loop completes when the
+    socket is readable. Readable while nobody waits (an answer that arrived before it is
+    read), the loop's call does nothing."""
+
+    __slots__ = ("fileno", "loop", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fileno: int) -> None:
+        self.loop = loop
+        self.fileno = fileno
+        self.waiter: asyncio.Future[int] | None = None
+        loop.add_reader(fileno, self._readable)
+
+    def _readable(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(READY_R)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fileno)
+
+
+def _drive_gen(gen: PQGen[RV], fileno: int, conn: LoopConnection | None = None) -> RV:
     """Drive psycopg's generator ``gen`` on socket ``fileno`` from this greenlet, going to the
     loop only when the socket must be waited for. Most of a transaction's steps never wait (a
     statement queued in a pipeline, bytes sent to a socket that takes them): they cost no switch
@@ -161,7 +220,7 @@ def _drive_gen(gen: PQGen[RV], fileno: int) -> RV:
             # with reading, at every statement it sends).
             ready = _ready_now(fileno, state) if state & WAIT_W else READY_NONE
             if not ready:
-                ready = _ready_later(fileno, state)
+                ready = _ready_later(fileno, state, None if conn is None else conn._reader(fileno))
                 busy_since = time.monotonic()
             elif time.monotonic() - busy_since >= MAX_BUSY:
                 await_only(asyncio.sleep(0))
@@ -186,8 +245,9 @@ def _ready_now(fileno: int, state: int) -> int:
     return ready
 
 
-def _ready_later(fileno: int, state: int) -> int:
-    """Wait on the loop until ``fileno`` is ready for ``state`` (WAIT_R, WAIT_W or WAIT_RW)."""
+def _ready_later(fileno: int, state: int, held: _HeldReader | None = None) -> int:
+    """Wait on the loop until ``fileno`` is ready for ``state`` (WAIT_R, WAIT_W or WAIT_RW);
+    reading through ``held`` when given (see :meth:`LoopConnection.hold`)."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[int] = loop.create_future()
 
@@ -195,17 +255,49 @@ def _ready_later(fileno: int, state: int) -> int:
         if not done.done():
             done.set_result(ready)
 
+    if held is not None and state == WAIT_R:
+        return _held_read(fileno, held)
     reading = writing = False
     try:
         if state & WAIT_R:
-            loop.add_reader(fileno, wake, READY_R)
-            reading = True
+            if held is not None:
+                held.waiter = done
+            else:
+                loop.add_reader(fileno, wake, READY_R)
+                reading = True
         if state & WAIT_W:
             loop.add_writer(fileno, wake, READY_W)
             writing = True
         return await_only(done)
     finally:
+        if held is not None:
+            held.waiter = None
         if reading:
             loop.remove_reader(fileno)
         if writing:
             loop.remove_writer(fileno)
+
+
+def _held_read(fileno: int, held: _HeldReader) -> int:
+    """Wait through ``held`` until ``fileno`` has something to read. A loop can report a
+    socket readable from a poll made before the last read emptied it (asyncio's runs that
+    report after the code that read): each wake is checked with a poll of no timeout, so that
+    psycopg is never handed a readiness that is no longer true."""
+    loop = held.loop
+    while True:
+        done: asyncio.Future[int] = loop.create_future()
+        held.waiter = done
+        try:
+            await_only(done)
+        finally:
+            held.waiter = None
+        if _readable_now(fileno):
+            return READY_R
+
+
+def _readable_now(fileno: int) -> bool:
+    """Whether reading ``fileno`` would not block (data, the end of the stream, or an error
+    that the read will raise)."""
+    poller = select.poll()
+    poller.register(fileno, select.POLLIN)
+    return any(events & (select.POLLIN | select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))

@@ -315,6 +315,7 @@ class PgDatabase:
             try:
                 assert aconn is not None
                 raw = self._twin(aconn)
+                raw.hold()
                 conn = PgConn(raw, writing=writing, single=begin is None, begin=begin if writing else None)
                 if begin is not None and not writing:
                     conn.send(begin)  # sent with the first statement: no round trip of its own
@@ -346,6 +347,7 @@ class PgDatabase:
                     reconnects += 1
                     if reconnects == 3:
                         raise
+                    raw.release()
                     await_only(pool.putconn(aconn))
                     aconn = None
                     await_only(pool.check())
@@ -357,6 +359,7 @@ class PgDatabase:
                     return result
             finally:
                 if aconn is not None:
+                    self._twin(aconn).release()
                     await_only(pool.putconn(aconn))
             await_only(asyncio.sleep(random.uniform(0, 0.002 * 2**conflicts)))
 

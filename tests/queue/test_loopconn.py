@@ -216,9 +216,9 @@ async def _round_trips(pg: PgDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
     waits: list[int] = []
     real = loopconn._ready_later
 
-    def counted(fileno: int, state: int) -> int:
+    def counted(fileno: int, state: int, held: loopconn._HeldReader | None = None) -> int:
         waits.append(state)
-        return real(fileno, state)
+        return real(fileno, state, held)
 
     monkeypatch.setattr(loopconn, "_ready_later", counted)
 
@@ -237,6 +237,49 @@ async def _round_trips(pg: PgDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
         lambda c: [tuple(r) for r in c.execute("SELECT k, v FROM trips ORDER BY k").fetchall()]
     )
     assert rows == [(1, "one!"), *((k, str(k)) for k in range(2, 7))]
+
+
+async def test_a_transaction_keeps_one_reader_on_its_socket_and_leaves_none_behind(
+    proxied: tuple[str, LatencyProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every wait of one transaction for the server's answer goes through the same reader, kept
+    on the socket from its first wait to the transaction's end; once the connection is back in
+    the pool no reader of the transaction is left on the socket (the pool's own waits register
+    theirs), and the next transactions on the same connections still get their answers."""
+    db, proxy = proxied
+    pg = PgDatabase(url=pg_url_through(db, proxy.port), pool_size=1)
+    await pg.open()
+    try:
+        await pg.write(lambda c: c.execute("CREATE TABLE trips (k INTEGER PRIMARY KEY, v TEXT)"))
+        helds: list[loopconn._HeldReader | None] = []
+        real = loopconn._ready_later
+
+        def counted(fileno: int, state: int, held: loopconn._HeldReader | None = None) -> int:
+            helds.append(held)
+            return real(fileno, state, held)
+
+        monkeypatch.setattr(loopconn, "_ready_later", counted)
+        sockets: list[tuple[int, LoopConnection]] = []
+
+        def write(c: Conn) -> int:
+            assert isinstance(c, PgConn) and isinstance(c.raw, LoopConnection)
+            sockets.append((c.raw.pgconn.socket, c.raw))
+            first = c.execute("SELECT count(*) FROM trips").fetchone()
+            c.execute("INSERT INTO trips VALUES (?, ?)", (1, "one"))
+            c.send("UPDATE trips SET v = v || '!' WHERE k = ?", (1,))
+            return int(first[0])
+
+        assert await pg.write(write) == 0
+        assert len(helds) == 3 and helds[0] is not None, helds
+        assert all(h is helds[0] for h in helds), helds
+        [(fileno, raw)] = sockets
+        assert raw._held is None
+        assert not asyncio.get_running_loop().remove_reader(fileno)  # nothing left registered
+        for k in range(2, 5):  # the pool's own waits (its rollback, its checks) and ours alternate
+            await pg.write(lambda c, k=k: c.execute("INSERT INTO trips VALUES (?, ?)", (k, str(k))))
+            assert await pg.read(lambda c: c.execute("SELECT count(*) FROM trips").fetchone()[0]) == k
+    finally:
+        await pg.close()
 
 
 async def test_steps_that_need_no_wait_still_leave_the_loop_a_turn_now_and_then(

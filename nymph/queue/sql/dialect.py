@@ -128,6 +128,17 @@ def translate(sql: str) -> str:
     return _TOKEN.sub(sub, sql)
 
 
+_NO_COLUMNS: Mapping[str, int] = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _column_index(names: tuple[bytes | None, ...]) -> Mapping[str, int]:
+    """Each column's position by its name (of two alike, the last). The queue's statements
+    name their columns in ASCII, which every client encoding PostgreSQL offers spells the
+    same."""
+    return {(name or b"").decode("ascii", "replace"): i for i, name in enumerate(names)}
+
+
 class PgRow(tuple[Any, ...]):
     """A row readable by position and by column name, like ``sqlite3.Row``."""
 
@@ -148,8 +159,13 @@ class PgRow(tuple[Any, ...]):
 
 
 def pg_row_factory(cursor: Any) -> Any:
-    desc = cursor.description
-    index = {} if desc is None else {c.name: i for i, c in enumerate(desc)}
+    # The column names read from the result itself (``cursor.description`` makes a Column
+    # object per column for every statement), each set of names indexed once.
+    result = cursor.pgresult
+    if result is None or not result.nfields:
+        index: Mapping[str, int] = _NO_COLUMNS
+    else:
+        index = _column_index(tuple(result.fname(i) for i in range(result.nfields)))
 
     def make(values: Sequence[Any]) -> PgRow:
         return PgRow(values, index)
