@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import secrets
 import weakref
@@ -383,19 +384,18 @@ class PgDatabase:
         self._outbox.append(key)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.get_running_loop().create_task(
-                self._send(self._pool), name="nymph-queue-pg-broadcast"
+                self._send(), name="nymph-queue-pg-broadcast"
             )
 
-    async def _send(self, pool: psycopg_pool.AsyncConnectionPool[Any]) -> None:
+    async def _send(self) -> None:
         while self._outbox:
             keys, self._outbox = self._outbox, []
             payloads = [f"{self.replica}:{key}" for key in coalesce(keys)]
             for start in range(0, len(payloads), _NOTIFY_BATCH):
-                batch = payloads[start : start + _NOTIFY_BATCH]
-                sql = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(batch))
-                with contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout):
-                    async with pool.connection() as aconn:
-                        await aconn.execute(sql, [v for p in batch for v in (CHANNEL, p)])
+                # one statement on its own (autocommit), run as the transactions are
+                notify = functools.partial(_notify, payloads[start : start + _NOTIFY_BATCH])
+                with contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout, Unavailable, DatabaseError):
+                    await self._run(notify, begin=None, writing=True)
 
     async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run ``run`` only while this replica holds the session advisory lock ``key`` (wait for
@@ -469,6 +469,14 @@ class Listener:
                 replica, _, key = note.payload.partition(":")
                 if replica != self.replica:
                     self.on_wake(key)
+
+
+def _notify(payloads: list[str], conn: PgConn) -> None:
+    """``pg_notify`` each payload on :data:`CHANNEL`, in one statement."""
+    conn.execute(
+        "SELECT " + ", ".join(["pg_notify(?, ?)"] * len(payloads)),
+        [v for p in payloads for v in (CHANNEL, p)],
+    )
 
 
 def write_once(url: str, fn: Callable[[PgConn], T]) -> T:

@@ -4,13 +4,15 @@ a clear 404 for a provider or a mode that does not exist."""
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import pytest
 
+from nymph.launch.config import Mode, Provider
 from nymph.queue.errors import NotFound
 from nymph.queue.scheduling import Quota
-from nymph.queue.sql import launches
+from nymph.queue.sql import catalog, launches
 from nymph.queue.sql.dialect import Conn
 from nymph.queue.sql.quotas import put_quota
 from tests.support.queue_helpers import Queue
@@ -47,3 +49,27 @@ async def test_a_missing_provider_or_mode_is_a_404_naming_it(
     with pytest.raises(NotFound) as raised:
         await kind.store.db.read(read)
     assert raised.value.code == code and "nope" in str(raised.value)
+
+
+async def test_a_replaced_provider_or_mode_is_read_as_it_now_is(kind: Queue) -> None:
+    """A stored provider and mode are parsed once while their bodies stay the same (the next
+    launch gets the very same objects), and a replaced body is what the next launch reads."""
+
+    def read(conn: Conn) -> tuple[Provider, Mode]:
+        provider, mode, _ = launches.launch_catalog(
+            conn, ns="default", provider_name="kind", mode_name="small"
+        )
+        return provider, mode
+
+    provider, mode = await kind.store.db.read(read)
+    again = await kind.store.db.read(read)
+    assert again[0] is provider and again[1] is mode
+
+    moved = dataclasses.replace(provider, kwargs={**provider.kwargs, "namespace": "elsewhere"})
+    wider = dataclasses.replace(mode, fields={**mode.fields, "image": "busybox:2"})
+    await kind.store.db.write(
+        lambda conn: catalog.put_provider(conn, ns="default", provider=moved, replace=True)
+    )
+    await kind.store.db.write(lambda conn: catalog.put_mode(conn, ns="default", mode=wider, replace=True))
+    provider, mode = await kind.store.db.read(read)
+    assert provider.namespace == "elsewhere" and mode.fields["image"] == "busybox:2"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -32,10 +33,23 @@ def provider_from(text: str | None, *, ns: str, name: str) -> Provider:
             f"no provider {name!r} in namespace {ns!r}: create it with 'nymph providers add'",
             code="provider_not_found",
         )
+    return _stored_provider(text)
+
+
+# A launch reads its provider and mode: each stored body is parsed and checked once while it is
+# among the last few read (they are immutable: a changed body is another text).
+@functools.lru_cache(maxsize=256)
+def _stored_provider(text: str) -> Provider:
     body = json.loads(text)
     return Provider(
         name=body["name"], kwargs=body["kwargs"], launcher=body["launcher"], dispatch=body["dispatch"]
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _stored_mode(text: str) -> Mode:
+    body = json.loads(text)
+    return Mode(name=body["name"], provider=body["provider"], fields=body["fields"])
 
 
 def kube_namespace(provider: Provider) -> str:
@@ -96,8 +110,7 @@ def mode_from(text: str | None, *, ns: str, name: str) -> Mode:
             f"no mode {name!r} in namespace {ns!r}: create it with 'nymph modes add'",
             code="mode_not_found",
         )
-    body = json.loads(text)
-    return Mode(name=body["name"], provider=body["provider"], fields=body["fields"])
+    return _stored_mode(text)
 
 
 def mode_for(conn: Conn, *, ns: str, provider: Provider, mode_name: str) -> Mode:
