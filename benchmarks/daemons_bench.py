@@ -13,8 +13,10 @@ is sent again once: the idle figure); then launches are POSTed at a steady rate.
 the queue's own histogram (``nymph_queue_launch_claim_seconds`` from ``GET /metrics``: a launch's
 POST to the claim answer carrying it), so the generator's delays do not count; the queue's CPU
 (``/proc``) over the stream, the long-polls timing out meanwhile included, is divided by the
-launches. The stream runs ``rounds`` times (3) on the same daemons, one after the other, and the
-CPU per launch is the median of the rounds (each round's is kept beside it). Writes ``daemons_1000`` into ``bench-results.json``
+launches. Every count's queue and daemons are up together, and the stream runs ``rounds`` times
+(3) on each, the counts taking turns (1, 100, 1,000, then again), so that a slow spell of the
+machine falls on every count alike; the CPU per launch is the median of a count's rounds (each
+round's is kept beside it). Writes ``daemons_1000`` into ``bench-results.json``
 (its other keys kept):
 
     .venv/bin/python benchmarks/daemons_bench.py [--rate 40] [--seconds 15] [--rounds 3] [--counts 1,100,1000]
@@ -25,6 +27,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -36,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -180,9 +185,63 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     return lower
 
 
-async def one_count(
-    n: int, *, rate: float, seconds: float, idle_s: float, say: Any, rounds: int = ROUNDS
-) -> dict[str, Any]:
+@dataclasses.dataclass
+class Fleet:
+    """One daemon count's queue and its parked daemons, ready for launch streams."""
+
+    n: int
+    url: str
+    admin: str
+    pid: int
+    user: Any
+    parked: int
+    idle_pct: float
+    per_round: list[float] = dataclasses.field(default_factory=list)
+
+    async def stream(self, *, rate: float, seconds: float, settle: float) -> float:
+        """POST ``rate`` launches a second for ``seconds``, wait until every one is claimed;
+        the queue's CPU per launch (ms), kept as a round."""
+        total = int(rate * seconds)
+        c1, started = _cpu_seconds(self.pid), time.monotonic()
+        posts = []
+        for k in range(total):
+            delay = started + k / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            posts.append(asyncio.create_task(schedule_bench.launch(self.user)))
+        await asyncio.gather(*posts)
+        want = total * (len(self.per_round) + 1)
+        deadline = time.monotonic() + 120
+        got = await _scrape(self.url, self.admin)
+        while got.get("count", 0) < want and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            got = await _scrape(self.url, self.admin)
+        await asyncio.sleep(settle)  # the last completions and reports
+        self.per_round.append(1000 * (_cpu_seconds(self.pid) - c1) / total)
+        return self.per_round[-1]
+
+    async def row(self, *, launches: int) -> dict[str, Any]:
+        got = await _scrape(self.url, self.admin)
+        p50, p95 = quantile(got["buckets"], 0.5), quantile(got["buckets"], 0.95)
+        return {
+            "daemons": self.n,
+            "parked": self.parked,
+            "launches": launches,
+            "claimed": got.get("count", 0),
+            "p50_ms": round(p50 * 1000, 1) if p50 is not None else None,
+            "p95_ms": round(p95 * 1000, 1) if p95 is not None else None,
+            # the median of the rounds: one round can take in a burst of this machine's own
+            # (another process, the page cache) that the others do not
+            "cpu_ms_per_launch": round(statistics.median(self.per_round), 2),
+            "cpu_ms_per_launch_rounds": [round(c, 2) for c in self.per_round],
+            "idle_cpu_pct": round(self.idle_pct, 2),
+        }
+
+
+@contextlib.asynccontextmanager
+async def fleet(n: int, *, idle_s: float, say: Any) -> AsyncIterator[Fleet]:
+    """A fresh queue, ``n`` daemons from load-generator processes, every claim parked and the
+    queue's idle CPU read; stopped on leaving."""
     with tempfile.TemporaryDirectory(prefix="nymph-daemons-bench-") as tmp:
         db = str(Path(tmp) / "queue.db")
         admin = await asyncio.to_thread(
@@ -229,47 +288,15 @@ async def one_count(
                 c0, t0 = _cpu_seconds(q.proc.pid), time.monotonic()
                 await asyncio.sleep(idle_s)
                 idle_pct = 100 * (_cpu_seconds(q.proc.pid) - c0) / (time.monotonic() - t0)
-
-                user = q.user()
-                total = int(rate * seconds)
-                per_round: list[float] = []
-                for r in range(rounds):
-                    c1, started = _cpu_seconds(q.proc.pid), time.monotonic()
-                    posts = []
-                    for k in range(total):
-                        delay = started + k / rate - time.monotonic()
-                        if delay > 0:
-                            await asyncio.sleep(delay)
-                        posts.append(asyncio.create_task(schedule_bench.launch(user)))
-                    await asyncio.gather(*posts)
-                    deadline = time.monotonic() + 120
-                    got = await _scrape(q.url, admin)
-                    while got.get("count", 0) < total * (r + 1) and time.monotonic() < deadline:
-                        await asyncio.sleep(0.2)
-                        got = await _scrape(q.url, admin)
-                    await asyncio.sleep(min(1.0, idle_s))  # the last completions and reports
-                    per_round.append(1000 * (_cpu_seconds(q.proc.pid) - c1) / total)
-                got = await _scrape(q.url, admin)
-                p50, p95 = quantile(got["buckets"], 0.5), quantile(got["buckets"], 0.95)
-                row = {
-                    "daemons": n,
-                    "parked": parked,
-                    "launches": total * rounds,
-                    "claimed": got.get("count", 0),
-                    "p50_ms": round(p50 * 1000, 1) if p50 is not None else None,
-                    "p95_ms": round(p95 * 1000, 1) if p95 is not None else None,
-                    # the median of the rounds: one round can take in a burst of this machine's
-                    # own (another process, the page cache) that the others do not
-                    "cpu_ms_per_launch": round(statistics.median(per_round), 2),
-                    "cpu_ms_per_launch_rounds": [round(c, 2) for c in per_round],
-                    "idle_cpu_pct": round(idle_pct, 2),
-                }
-                say(
-                    f"  {n} daemons: POST -> claim p50 {row['p50_ms']} ms, p95 {row['p95_ms']} ms; "
-                    f"queue CPU {row['cpu_ms_per_launch']} ms/launch (rounds: {row['cpu_ms_per_launch_rounds']}), "
-                    f"idle {row['idle_cpu_pct']}%"
+                yield Fleet(
+                    n=n,
+                    url=q.url,
+                    admin=admin,
+                    pid=q.proc.pid,
+                    user=q.user(),
+                    parked=parked,
+                    idle_pct=idle_pct,
                 )
-                return row
             finally:
                 for w in workers:
                     with contextlib.suppress(ProcessLookupError):
@@ -321,12 +348,24 @@ async def run(
     idle_s: float = CLAIM_WAIT + 2,
     rounds: int = ROUNDS,
 ) -> dict[str, Any]:
-    rows = {}
-    for n in counts:
-        rows[n] = await one_count(
-            n, rate=rate, seconds=seconds, idle_s=idle_s, rounds=rounds, say=lambda s: print(s, flush=True)
+    say = functools.partial(print, flush=True)
+    async with contextlib.AsyncExitStack() as stack:
+        # Every count's queue and daemons stay up together and the rounds take turns (1, 100,
+        # 1,000, then again): a spell of this machine's (another process, the page cache, the
+        # CPU's clock) falls on every count alike, not on one count's rounds.
+        fleets = [await stack.enter_async_context(fleet(n, idle_s=idle_s, say=say)) for n in counts]
+        for r in range(rounds):
+            for f in fleets:
+                cpu = await f.stream(rate=rate, seconds=seconds, settle=min(1.0, idle_s))
+                say(f"  round {r + 1}: {f.n} daemons, queue CPU {cpu:.2f} ms/launch")
+        rows = {f.n: await f.row(launches=int(rate * seconds) * rounds) for f in fleets}
+    for n, row in rows.items():
+        say(
+            f"  {n} daemons: POST -> claim p50 {row['p50_ms']} ms, p95 {row['p95_ms']} ms; "
+            f"queue CPU {row['cpu_ms_per_launch']} ms/launch (rounds: {row['cpu_ms_per_launch_rounds']}), "
+            f"idle {row['idle_cpu_pct']}%"
         )
-    return {**summarize(rows, rate=rate, seconds=seconds), "rounds": rounds}
+    return {**summarize(rows, rate=rate, seconds=seconds), "rounds": rounds, "counts_take_turns": True}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -137,6 +137,12 @@ def daemons(r: dict[str, Any]) -> str:
             f"default, {d.get('poll_wait_s', 30)} s, their timeouts spread evenly), and a steady stream "
             f"of {d.get('rate_per_s')} launches/s for {d.get('seconds')} s"
             + (f", {d['rounds']} times on the same daemons" if d.get("rounds") else "")
+            + (
+                " (every count's queue and daemons up together, the counts taking turns, so a "
+                "slow spell of the machine falls on each count alike)"
+                if d.get("counts_take_turns")
+                else ""
+            )
             + ". POST -> claim is the queue's "
             "own histogram (`nymph_queue_launch_claim_seconds`), so the generator's delays do not count; "
             "CPU per launch is the queue's CPU over the stream (the long-polls timing out meanwhile "

@@ -1,7 +1,7 @@
-"""The many-daemons benchmark, so `make bench` cannot rot: a short run with a few daemons
-against the real queue it starts claims every launch it POSTs (counted by the queue's own
-histogram), writes its section and keeps the document's other keys; the quantile of a
-cumulative histogram interpolates within its bucket."""
+"""The many-daemons benchmark, so `make bench` cannot rot: a short run of two daemon counts
+against the real queues it starts (up together, their rounds taking turns) claims every launch
+it POSTs to each (counted by each queue's own histogram), writes its section and keeps the
+document's other keys; the quantile of a cumulative histogram interpolates within its bucket."""
 
 from __future__ import annotations
 
@@ -9,21 +9,27 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from benchmarks import daemons_bench
 
 
-def test_a_short_run_claims_every_launch_and_merges_its_section(tmp_path: Path) -> None:
+def test_a_short_run_claims_every_launch_and_merges_its_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "bench-results.json"
     out.write_text(json.dumps({"scheduling": {"kept": True}}))
     argv = [
-        *("--counts", "3", "--rate", "10", "--seconds", "2", "--rounds", "2"),
+        *("--counts", "1,3", "--rate", "10", "--seconds", "2", "--rounds", "2"),
         *("--idle-seconds", "0.5", "--out", str(out)),
     ]
     assert daemons_bench.main(argv) == 0
+    turns = [line.split(",")[0].strip() for line in capsys.readouterr().out.splitlines() if "round " in line]
+    assert turns == ["round 1: 1 daemons", "round 1: 3 daemons", "round 2: 1 daemons", "round 2: 3 daemons"]
     doc = json.loads(out.read_text())
     assert doc["scheduling"] == {"kept": True}
     section = doc["daemons_1000"]
-    assert set(section["runs"]) == {"3"}
+    assert set(section["runs"]) == {"1", "3"}
     for row in section["runs"].values():
         assert row["claimed"] == row["launches"] == 40  # 20 a round
         rounds = row["cpu_ms_per_launch_rounds"]
@@ -31,7 +37,12 @@ def test_a_short_run_claims_every_launch_and_merges_its_section(tmp_path: Path) 
         assert min(rounds) <= row["cpu_ms_per_launch"] <= max(rounds)  # their median
         assert row["parked"] == row["daemons"]
         assert 0 < row["p50_ms"] <= row["p95_ms"]
-    assert section["p95_ms"] == section["runs"]["3"]["p95_ms"] and section["p95_ratio"] == 1.0
+    assert section["p95_ms"] == section["runs"]["3"]["p95_ms"]
+    one, three = section["runs"]["1"], section["runs"]["3"]
+    assert section["p95_ratio"] == round(three["p95_ms"] / one["p95_ms"], 2)
+    assert section["cpu_ms_per_launch_ratio"] == round(
+        three["cpu_ms_per_launch"] / one["cpu_ms_per_launch"], 2
+    )
     assert section["rounds"] == 2
 
 
