@@ -3,8 +3,9 @@ attack it allowed, now fails; and the client registers, and registers again, on 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -16,7 +17,8 @@ from nymph.daemon.outbox import DropItem, Outbox
 from nymph.daemon.sender import QueueSender
 from nymph.daemon.settings import DaemonQueueSettings, DaemonSettings, KubeSettings
 from nymph.queue.http.keys import SESSIONS
-from nymph.queue.models import Role
+from nymph.queue.models import Principal, Role, SessionSettings
+from nymph.queue.sessions import SessionStore
 from tests.support.dispatch_helpers import take
 from tests.support.queue_helpers import REGISTER, Queue, add_kind
 
@@ -317,3 +319,75 @@ async def test_a_client_acting_as_two_daemons_keeps_both_sessions(kind: Queue) -
         await d.complete(daemon_id="d2", task_id=task["taskId"], ok=True)
     # Back to d1: its session is reused, not registered again (which would hand its lease back).
     assert (await d.complete(daemon_id="d1", task_id=task["taskId"], ok=True))["status"] == "done"
+
+
+async def _expiries(q: Queue) -> dict[str, float]:
+    rows = await q.store.db.read(
+        lambda conn: conn.execute("SELECT daemon_id, expires_at FROM daemon_sessions").fetchall()
+    )
+    return {str(r[0]): float(r[1]) for r in rows}
+
+
+async def _sessions_half_way(q: Queue, n: int) -> tuple[SessionStore, dict[str, str], float]:
+    """A session store of its own on ``q``'s database (no replica's loop flushes it), ``n``
+    sessions registered with it and each half-way through its ttl (an extension is due)."""
+    settings = SessionSettings()
+    store = SessionStore(settings=settings, db=q.store.db)
+    bootstrap = Principal(token_id="tok-bootstrap", role=Role.DAEMON, name="daemon bootstrap")
+    creds = {}
+    for k in range(n):
+        reg = await store.register(bootstrap=bootstrap, daemon_id=f"d{k}", node=f"n{k}", namespaces=())
+        creds[f"d{k}"] = reg.credential
+    half = time.time() + settings.ttl_seconds / 2
+    await q.store.db.write(lambda c: c.execute("UPDATE daemon_sessions SET expires_at = ?", (half,)))
+    store.forget_cached()
+    return store, creds, half
+
+
+async def test_calls_extend_their_sessions_in_one_batch_written_later(queue: Queue) -> None:
+    """A call made once a tenth of its session's ttl has passed extends the session, but the new
+    expiry is written with every other one due by the replica's next flush (a thousand daemons
+    would otherwise each cost a write transaction); until then the session is as live as
+    before, and the flush writes each expiry once."""
+    store, creds, half = await _sessions_half_way(queue, 3)
+    for cred in creds.values():
+        session, lapsed = await store.authenticate(cred)
+        assert session is not None and not lapsed
+    assert await _expiries(queue) == dict.fromkeys(creds, half), "an extension was written per call"
+    started = time.time()
+    assert await store.flush_extended() == 3
+    after = await _expiries(queue)
+    ttl = SessionSettings().ttl_seconds
+    assert set(after) == set(creds) and all(
+        started + ttl * 0.99 < at <= time.time() + ttl for at in after.values()
+    )
+    assert await store.flush_extended() == 0  # nothing left due
+
+
+async def test_a_session_extended_here_stays_live_until_written_and_a_failed_flush_is_kept(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An extension not written yet counts: a session whose stored expiry has passed since is
+    still accepted. A flush that fails keeps its batch for the next one, and a session removed
+    meanwhile is not brought back by it."""
+    store, creds, _ = await _sessions_half_way(queue, 2)
+    for cred in creds.values():
+        assert (await store.authenticate(cred))[0] is not None
+    await queue.store.db.write(lambda c: c.execute("UPDATE daemon_sessions SET expires_at = 1"))
+    store.forget_cached()
+    session, lapsed = await store.authenticate(creds["d0"])
+    assert session is not None and session.daemon_id == "d0" and not lapsed
+    db = queue.store.db
+    real_write = db.write
+
+    async def failing(fn: Any) -> Any:
+        raise RuntimeError("the database is away")
+
+    monkeypatch.setattr(db, "write", failing)
+    with pytest.raises(RuntimeError):
+        await store.flush_extended()
+    monkeypatch.setattr(db, "write", real_write)
+    await db.write(lambda c: c.execute("DELETE FROM daemon_sessions WHERE daemon_id = 'd1'"))
+    assert await store.flush_extended() == 2
+    after = await _expiries(queue)
+    assert list(after) == ["d0"] and after["d0"] > time.time() + SessionSettings().ttl_seconds / 2

@@ -258,3 +258,22 @@ def test_keys_sent_together_wake_what_they_would_have_woken_one_by_one() -> None
     for key in coalesce(keys):
         b.woken_elsewhere(key)
     assert [t.event.is_set() for t in claims] == [True] * 5 + [False]
+
+
+async def test_a_long_poll_that_runs_out_unwoken_reads_once(
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-poll that nothing woke ends at its deadline without reading the queue again (the
+    daemon claims again at once; a thousand daemons' holds run out twenty times a second), and
+    one that a task woke still takes it."""
+    d = kind.daemon()
+    assert await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0) == []
+    reads, writes = _count(monkeypatch, "idle_claim"), _count(monkeypatch, "claim")
+    t0 = time.monotonic()
+    assert await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0.6) == []
+    assert time.monotonic() - t0 >= 0.5
+    assert (reads[0], writes[0]) == (1, 0)
+    held = asyncio.create_task(d.claim(daemon_id="d1", node="n1", capacity=1, wait=5))
+    await asyncio.sleep(0.3)
+    iid = await _launch(kind)
+    assert [t["instanceId"] for t in await asyncio.wait_for(held, 4)] == [iid]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -47,7 +48,8 @@ log = structlog.get_logger(__name__, component="queue.app")
 
 SWEEPER_TASK = "nymph-queue-lease-sweeper"
 SEEN_TASK = "nymph-queue-daemons-seen"
-#: How often the daemons' last-seen refreshes that idle claims left due are written (one batch).
+#: How often the daemons' last-seen refreshes that idle claims left due, and the session expiries
+#: their calls extended, are written (a batch each).
 SEEN_FLUSH_SECONDS = 5.0
 LISTENER_TASK = "nymph-queue-db-listener"
 OPENAPI_YAML = resources.files("nymph.queue").joinpath("openapi.yaml").read_bytes()
@@ -116,6 +118,15 @@ async def _every(interval: float, run: Callable[[], Awaitable[object]], *, faile
             log.exception(failed)
 
 
+async def _flush_seen(app: web.Application) -> None:
+    """Write what the daemons' calls left due: their last-seen times, their sessions' expiries
+    (the second is tried even if the first failed)."""
+    try:
+        await app[STORE].flush_seen()
+    finally:
+        await app[SESSIONS].flush_extended()
+
+
 async def _sweeper_ctx(app: web.Application) -> AsyncIterator[None]:
     interval = app[SETTINGS].lease.sweep_interval
     store = app[STORE]
@@ -125,8 +136,8 @@ async def _sweeper_ctx(app: web.Application) -> AsyncIterator[None]:
     seen = asyncio.create_task(
         _every(
             SEEN_FLUSH_SECONDS,
-            store.flush_seen,
-            failed="writing the daemons' last-seen times failed; retrying",
+            functools.partial(_flush_seen, app),
+            failed="writing the daemons' last-seen times or session expiries failed; retrying",
         ),
         name=SEEN_TASK,
     )
@@ -136,9 +147,12 @@ async def _sweeper_ctx(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await t
     try:
-        await store.flush_seen()
+        await _flush_seen(app)
     except Exception as exc:  # the daemons claim again at the next replica, which records them
-        log.warning("daemons' last-seen times not written at shutdown", error=type(exc).__name__)
+        log.warning(
+            "daemons' last-seen times or session expiries not written at shutdown",
+            error=type(exc).__name__,
+        )
 
 
 async def _release_long_polls(app: web.Application) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from nymph.queue.models import DaemonSession
 from nymph.queue.sql.dialect import Conn, Row
@@ -67,5 +68,10 @@ def insert(conn: Conn, *, digest: str, session: DaemonSession, expires_at: float
     )
 
 
-def extend(conn: Conn, *, digest: str, expires_at: float) -> None:
-    conn.execute("UPDATE daemon_sessions SET expires_at = ? WHERE digest = ?", (expires_at, digest))
+def extend_many(conn: Conn, expiries: Mapping[str, float]) -> None:
+    """Move each session's expiry in ``expiries`` (credential hash -> expiry) forward, in one
+    statement; a session removed, or extended further meanwhile, is left as it is."""
+    conn.executemany(
+        "UPDATE daemon_sessions SET expires_at = ? WHERE digest = ? AND expires_at < ?",
+        [(at, digest, at) for digest, at in sorted(expiries.items())],
+    )

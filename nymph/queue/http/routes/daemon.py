@@ -168,6 +168,7 @@ async def claim(request: web.Request) -> web.Response:
     signal = store.tasks_changed
     result = ClaimResult(tasks=[], next_due=None)
     carried: int | None = None  # a wake-up received and not yet answered by a claim
+    woken = True
     try:
         while not _disconnected(request):
             # In line before reading, so a task committed meanwhile wakes this claim (a claim
@@ -187,11 +188,16 @@ async def claim(request: web.Request) -> web.Response:
                 timeout = remaining
                 if result.next_due is not None and req.capacity > 0:
                     timeout = min(timeout, max(0.005, result.next_due - time.time()))
-                await wait_for_event(ticket.event, timeout)
+                woken = await wait_for_event(ticket.event, timeout)
             finally:
                 woke = signal.finish(ticket)
                 if woke is not None:
                     carried = woke
+            if not woken and carried is None and deadline - loop.time() <= 0:
+                # The hold ran out and nothing woke it: no task came for it since its last read
+                # (one due meanwhile would have ended the wait sooner). The daemon claims again
+                # at once; reading again here would only find what that claim finds.
+                break
     finally:
         if carried is not None:
             # Leaving (answered, disconnected, shut down) with a wake-up it did not try: the
