@@ -298,3 +298,27 @@ def test_a_placed_launch_s_spec_is_parsed_once_however_many_claims_read_it(
     assert len(parsed) == 4
     assert cache(None) == cache("") == Needs()  # no spec: no needs, nothing kept
     assert len(parsed) == 4
+
+
+async def test_the_sweep_reads_the_daemons_offers_only_while_a_launch_waits(
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every sweep (each replica, every few seconds) reads the live daemons' offers only when a
+    queued launch waits for one: with a thousand live daemons and nothing queued, there is
+    nothing to give a reason to, and a thousand offers to parse."""
+    reads = [0]
+    real = placement._live_offers
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(placement, "_live_offers", counted)
+    await _claim(kind, "d-cpu", "cpu-node", CPU)
+    await kind.store.sweep()
+    assert reads[0] == 0
+    iid = await _launch(kind, node_selector={"gpu": "h100"})
+    await kind.store.sweep()
+    assert reads[0] >= 1  # (the replica's own sweeper may have run one too)
+    [inst] = await kind.user().list_instances(provider="kind")
+    assert inst["instanceId"] == iid and inst["waiting"] == "no daemon's node matches node_selector gpu=h100"

@@ -175,7 +175,6 @@ def update_waiting(conn: Conn, *, now: float) -> None:
         conn.execute("UPDATE instances SET waiting = NULL WHERE instance_id = ?", (r["instance_id"],))
         if r["state"] == "queued":
             events.record(conn, instance_id=r["instance_id"], changes=[events.WAITING], at=now)
-    daemons = _live_offers(conn, now=now)
     used_by_node: dict[str, dict[str, Fraction]] | None = None
     rows = conn.execute(
         "SELECT t.kube_namespace, t.spec, i.instance_id, i.namespace, i.state, i.waiting, i.waiting_told "
@@ -185,6 +184,10 @@ def update_waiting(conn: Conn, *, now: float) -> None:
         "ORDER BY t.seq LIMIT ?",
         (WAITING_BATCH,),
     ).fetchall()
+    if not rows:
+        return
+    # Read only when a launch waits: a thousand live daemons are a thousand rows to parse.
+    daemons = _live_offers(conn, now=now)
     unplaced: list[Row] = []
     for r in rows:
         serving = [
