@@ -14,7 +14,7 @@ the queue's own histogram (``nymph_queue_launch_claim_seconds`` from ``GET /metr
 POST to the claim answer carrying it), so the generator's delays do not count; the queue's CPU
 (``/proc``) over the stream, the long-polls timing out meanwhile included, is divided by the
 launches. Every count's queue and daemons are up together, and the stream runs ``rounds`` times
-(3) on each, the counts taking turns (1, 100, 1,000, then again), so that a slow spell of the
+(5) on each, the counts taking turns (1, 100, 1,000, then again), so that a slow spell of the
 machine falls on every count alike; the CPU per launch is the median of a count's rounds (each
 round's is kept beside it). Writes ``daemons_1000`` into ``bench-results.json``
 (its other keys kept):
@@ -66,7 +66,7 @@ CLAIM_WAIT = DaemonQueueSettings().poll_wait
 TICKS = os.sysconf("SC_CLK_TCK")
 #: Streams per daemon count, one after the other on the same daemons: the queue's CPU per
 #: launch is the median of theirs.
-ROUNDS = 3
+ROUNDS = 5
 
 
 # --- one load-generator process ----------------------------------------------------------------
