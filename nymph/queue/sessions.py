@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from nymph.queue.db import Backend
+from nymph.queue.duewrites import DueWrites
 from nymph.queue.errors import Conflict, ServiceError
 from nymph.queue.models import DaemonSession, Principal, Role, SessionSettings
 from nymph.queue.sql import sessions as sql
@@ -78,7 +79,7 @@ class SessionStore:
         #: credential hash -> the expiry it was extended to here, not written yet: a daemon's
         #: calls extend its session, and a thousand daemons would otherwise each cost a write
         #: transaction (an fsync on SQLite) every ``ttl * EXTEND_FRACTION``.
-        self._extended: dict[str, float] = {}
+        self._extended = DueWrites(lambda conn, due: sql.extend_many(conn, due))
 
     def forget_cached(self) -> None:
         self._cache.clear()
@@ -88,16 +89,7 @@ class SessionStore:
         Run every few seconds on every replica: an extension is due once a tenth of the ttl has
         passed, so the database's expiry is still most of a ttl away when it is queued, and a
         batch lost with a replica costs no daemon its session."""
-        if not self._extended:
-            return 0
-        due, self._extended = self._extended, {}
-        try:
-            await self._db.write(lambda conn: sql.extend_many(conn, due))
-        except BaseException:
-            for digest, at in due.items():  # kept for the next flush (newer ones win)
-                self._extended.setdefault(digest, at)
-            raise
-        return len(due)
+        return await self._extended.flush(self._db)
 
     async def register(
         self, *, bootstrap: Principal, daemon_id: str, node: str, namespaces: tuple[str, ...]
@@ -154,7 +146,7 @@ class SessionStore:
         gone = {d for d, e in self._cache.items() if e[0].daemon_id == daemon_id}
         self._cache = {d: e for d, e in self._cache.items() if d not in gone}
         for d in gone:
-            self._extended.pop(d, None)
+            self._extended.discard(d)
         return Registered(credential=credential, session=session, expires_at=expires_at, replaced=replaced)
 
     async def authenticate(self, credential: str) -> tuple[DaemonSession | None, bool]:
@@ -169,13 +161,13 @@ class SessionStore:
         row = await self._db.read_one(lambda conn: sql.by_digest(conn, digest=digest))
         if row is None:
             self._cache.pop(digest, None)
-            self._extended.pop(digest, None)
+            self._extended.discard(digest)
             return None, False
         # The expiry as last extended here, if that is not written yet.
-        expires = max(float(row["expires_at"]), self._extended.get(digest, 0.0))
+        expires = max(float(row["expires_at"]), self._extended.get(digest) or 0.0)
         if expires <= now:
             self._cache.pop(digest, None)
-            self._extended.pop(digest, None)
+            self._extended.discard(digest)
             await self._db.write(lambda conn: sql.drop(conn, digest=digest))
             return None, True
         session = sql.session_of(row)
@@ -183,7 +175,7 @@ class SessionStore:
         # (fewer writes).
         if expires - now < ttl * (1 - EXTEND_FRACTION):
             expires = now + ttl
-            self._extended[digest] = expires
+            self._extended.put(digest, expires)
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[digest] = (session, now, expires)

@@ -29,6 +29,7 @@ from nymph.queue import tenancy
 from nymph.queue.broadcast import EVENTS_KEY, wake_for, work_key
 from nymph.queue.db import SWEEP_LOCK, Backend
 from nymph.queue.direct.records import DirectRecords
+from nymph.queue.duewrites import DueWrites
 from nymph.queue.errors import ServiceError
 from nymph.queue.events import EventFeed
 from nymph.queue.expiry import InstanceExpiry
@@ -78,7 +79,7 @@ class Store:
         self._sweeping = asyncio.Lock()
         #: Daemons whose idle claims found their records due a refresh: id -> when (written in
         #: one batch by :meth:`flush_seen`, instead of a write transaction per claim).
-        self._seen_due: dict[str, float] = {}
+        self._seen_due = DueWrites(lambda conn, due: dispatch.refresh_seen(conn, due))
         #: Launch groups.
         self.groups = GroupBook(
             db=db,
@@ -286,7 +287,7 @@ class Store:
         )
         if idle is not None:
             if idle.seen_due:
-                self._seen_due[req.daemon_id] = now()
+                self._seen_due.put(req.daemon_id, now())
             return idle
         result = await self.db.write(
             lambda conn: dispatch.claim(conn, req=req, scope=scope, now=now(), lease=lease)
@@ -298,16 +299,7 @@ class Store:
         """Write the ``last_seen`` refreshes idle claims left due, in one transaction; how many.
         Run every few seconds on every replica (a refresh is due 60 s after the last one and a
         daemon stays live for 150 s, so a batch lost with a replica costs no daemon its place)."""
-        if not self._seen_due:
-            return 0
-        due, self._seen_due = self._seen_due, {}
-        try:
-            await self.db.write(lambda conn: dispatch.refresh_seen(conn, due))
-        except BaseException:
-            for daemon_id, at in due.items():  # kept for the next flush (newer ones win)
-                self._seen_due.setdefault(daemon_id, at)
-            raise
-        return len(due)
+        return await self._seen_due.flush(self.db)
 
     async def renew(
         self, *, session: DaemonSession, task_ids: Sequence[str], lease_seconds: int
