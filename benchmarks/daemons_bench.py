@@ -399,7 +399,6 @@ def main(argv: list[str] | None = None) -> int:
     counts = sorted({int(c) for c in args.counts.split(",")})
     _raise_fd_limit()
     configure_logging(level="warning")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         if args.rounds < 1:
             parser.error("--rounds must be at least 1")
@@ -419,4 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # make's SIGTERM (or a SIGINT) unwinds like an error, so every process started is stopped
+    # (set here, not in main(): a smoke test runs main() inside the test process).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

@@ -516,7 +516,6 @@ def main(argv: list[str] | None = None) -> int:
     def say(what: str) -> None:
         print(f"[{time.time() - started:6.1f}s] {what}", flush=True)
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     configure_logging(level="warning")
     try:
         figures = asyncio.run(run(p, say))
@@ -535,4 +534,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # make's SIGTERM (or a SIGINT) unwinds like an error, so every process started is stopped
+    # (set here, not in main(): a smoke test runs main() inside the test process).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

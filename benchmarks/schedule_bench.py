@@ -591,8 +591,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     p = QUICK if args.quick else Params()
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    # make's SIGTERM (or a SIGINT) unwinds like an error, so every process started is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     configure_logging(level="warning")
     try:
         figures = asyncio.run(run(backends, p))
@@ -607,4 +605,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # make's SIGTERM (or a SIGINT) unwinds like an error, so every process started is stopped
+    # (set here, not in main(): a smoke test runs main() inside the test process).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,10 @@ def test_a_short_run_claims_every_launch_and_merges_its_section(
         *("--counts", "1,3", "--rate", "10", "--seconds", "2", "--rounds", "2"),
         *("--idle-seconds", "0.5", "--out", str(out)),
     ]
+    before = signal.getsignal(signal.SIGTERM)
     assert daemons_bench.main(argv) == 0
+    # main() leaves the test process's SIGTERM as it was (only the script's own run sets it)
+    assert signal.getsignal(signal.SIGTERM) == before
     turns = [line.split(",")[0].strip() for line in capsys.readouterr().out.splitlines() if "round " in line]
     assert turns == ["round 1: 1 daemons", "round 1: 3 daemons", "round 2: 1 daemons", "round 2: 3 daemons"]
     doc = json.loads(out.read_text())
