@@ -26,9 +26,6 @@ class DueWrites:
     def discard(self, key: str) -> None:
         self._due.pop(key, None)
 
-    def __len__(self) -> int:
-        return len(self._due)
-
     async def flush(self, db: Backend) -> int:
         """Write every value due in one transaction; how many. A failed write keeps them for
         the next flush (a value put meanwhile wins)."""
