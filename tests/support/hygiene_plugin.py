@@ -10,6 +10,10 @@ named with the tests' prefix (:data:`NETDEV_PREFIX`) fail the run the same way.
 Tests that start long-lived processes register them with :func:`track` (or start them through a
 helper that does): the plugin kills the process group of each tracked process when the test that
 started it ends, pass or fail, so the end-of-run check is a backstop, not the cleanup.
+
+A SIGTERM to the run (a CI time limit, ``timeout``, ``kill``) interrupts it as Ctrl-C does, so
+the fixtures are torn down (a PostgreSQL server or a control plane a fixture started is stopped)
+and the end-of-run check still runs; a second SIGTERM ends the run at once.
 """
 
 from __future__ import annotations
@@ -167,12 +171,27 @@ def _netdevs() -> frozenset[str]:
     return frozenset()
 
 
+def _interrupted_by_sigterm(signum: int, frame: object) -> None:
+    """The first SIGTERM: interrupt the run as Ctrl-C does (teardown and the checks still
+    run); the handler is taken away first, so a second one ends the process at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt("SIGTERM")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     _state.token = uuid.uuid4().hex
     os.environ[MARKER] = _state.token
     _state.mounts = _mount_points()
     _state.netdevs = _netdevs()
+    # Only where nothing else handles it (pytest-xdist workers, an embedding program do).
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted_by_sigterm)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if signal.getsignal(signal.SIGTERM) is _interrupted_by_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture(autouse=True)

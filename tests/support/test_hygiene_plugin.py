@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,3 +91,59 @@ def test_a_run_that_cleans_up_passes_and_tracked_processes_die_with_their_test(t
     assert "1 failed, 1 passed" in res.stdout
     assert "left running" not in res.stdout  # ... but nothing leaked
     assert "sleep 62" not in res.stdout
+
+
+STOPPED = """
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+@pytest.fixture(scope="session")
+def server():
+    proc = subprocess.Popen(["sleep", "63"], start_new_session=True)
+    Path("server.pid").write_text(str(proc.pid))
+    yield proc
+    proc.kill()
+    proc.wait()
+    Path("torn-down").write_text("yes")
+
+def test_runs_until_stopped(server):
+    Path("ready").write_text("")
+    time.sleep(60)
+"""
+
+
+def test_a_sigterm_to_the_run_tears_its_fixtures_down(tmp_path: Path) -> None:
+    """A run stopped with SIGTERM (a CI time limit, ``timeout``) still tears its fixtures down,
+    so a server a fixture started is stopped, not left running without its test."""
+    (tmp_path / "test_inner.py").write_text(STOPPED)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "tests.support.hygiene_plugin"]
+    inner = subprocess.Popen(
+        [*argv, "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    server = 0
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            assert inner.poll() is None, inner.communicate()[0]
+            time.sleep(0.05)
+        server = int((tmp_path / "server.pid").read_text())
+        inner.send_signal(signal.SIGTERM)
+        out, _ = inner.communicate(timeout=60)
+        assert inner.returncode == pytest.ExitCode.INTERRUPTED, out
+        assert (tmp_path / "torn-down").read_text() == "yes", out
+        assert not _alive(server)
+    finally:
+        if inner.poll() is None:
+            inner.kill()
+            inner.wait()
+        if server and _alive(server):
+            os.kill(server, signal.SIGKILL)
