@@ -51,6 +51,8 @@ class _State:
     leaks: tuple[Leak, ...] = ()
     mount_leaks: tuple[str, ...] = ()
     netdev_leaks: tuple[str, ...] = ()
+    #: A SIGTERM came: the run is being torn down, and the next one ends it.
+    terminated: bool = False
 
 
 _state = _State()
@@ -174,8 +176,17 @@ def _netdevs() -> frozenset[str]:
 def _interrupted_by_sigterm(signum: int, frame: object) -> None:
     """The first SIGTERM: interrupt the run as Ctrl-C does (teardown and the checks still
     run); the handler is taken away first, so a second one ends the process at once."""
+    _state.terminated = True
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     raise KeyboardInterrupt("SIGTERM")
+
+
+def _guard_sigterm() -> None:
+    """Handle SIGTERM as above, where nothing else handles it: at the start, and again after a
+    test whose code took its own handler away (asyncio's ``remove_signal_handler`` leaves the
+    default)."""
+    if not _state.terminated and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted_by_sigterm)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -184,9 +195,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[MARKER] = _state.token
     _state.mounts = _mount_points()
     _state.netdevs = _netdevs()
-    # Only where nothing else handles it (pytest-xdist workers, an embedding program do).
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _interrupted_by_sigterm)
+    _guard_sigterm()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -200,6 +209,7 @@ def _kill_tracked_processes() -> Iterator[None]:
     yield
     while len(_tracked) > start:
         stop_process(_tracked.pop())
+    _guard_sigterm()
 
 
 def _kill(leaks: list[Leak]) -> None:

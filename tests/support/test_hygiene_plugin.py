@@ -94,11 +94,16 @@ def test_a_run_that_cleans_up_passes_and_tracked_processes_die_with_their_test(t
 
 
 STOPPED = """
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+def test_takes_the_handler_away():
+    # as asyncio's remove_signal_handler does: the plugin handles SIGTERM again after it
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 @pytest.fixture(scope="session")
 def server():
@@ -117,7 +122,8 @@ def test_runs_until_stopped(server):
 
 def test_a_sigterm_to_the_run_tears_its_fixtures_down(tmp_path: Path) -> None:
     """A run stopped with SIGTERM (a CI time limit, ``timeout``) still tears its fixtures down,
-    so a server a fixture started is stopped, not left running without its test."""
+    so a server a fixture started is stopped, not left running without its test; also after a
+    test took the handler away."""
     (tmp_path / "test_inner.py").write_text(STOPPED)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "tests.support.hygiene_plugin"]
