@@ -171,4 +171,31 @@ def daemons(r: dict[str, Any]) -> str:
         f"p95 ratio {d.get('p95_ratio')} (target <= 2.0), CPU per launch ratio "
         f"{d.get('cpu_ms_per_launch_ratio')} (target <= 1.2), idle {d.get('idle_cpu_pct')}% (target < 5).",
     ]
+    paired = round_ratios(d)
+    if paired:
+        out += [
+            "",
+            textwrap.fill(
+                f"Round by round (each pair from one turn of the counts), {_n(max(int(n) for n in runs))} "
+                f"daemons' CPU per launch over one daemon's: {', '.join(f'{p:.2f}' for p in paired)}. "
+                "How far these lie apart shows how much the ratio moves with the machine's pace.",
+                width=96,
+                break_on_hyphens=False,
+                break_long_words=False,
+            ),
+        ]
     return "\n".join(out)
+
+
+def round_ratios(d: dict[str, Any]) -> list[float]:
+    """The largest count's CPU per launch over one daemon's, round by round: the counts take
+    turns, so the rounds of one turn met the same pace of the machine. Empty when the run did
+    not take turns or its counts kept different numbers of rounds."""
+    runs = d.get("runs") or {}
+    if not d.get("counts_take_turns") or len(runs) < 2:
+        return []
+    one = runs[min(runs, key=int)].get("cpu_ms_per_launch_rounds") or []
+    top = runs[max(runs, key=int)].get("cpu_ms_per_launch_rounds") or []
+    if not one or len(one) != len(top) or not all(one):
+        return []
+    return [round(t / o, 2) for t, o in zip(top, one, strict=True)]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import daemons_bench
+from benchmarks.scoreboard import load_pages
 
 
 def test_a_short_run_claims_every_launch_and_merges_its_section(
@@ -55,3 +56,24 @@ def test_quantiles_interpolate_within_their_bucket() -> None:
     assert daemons_bench.quantile(buckets, 0.5) == 0.02
     assert abs((daemons_bench.quantile(buckets, 0.25) or 0) - 0.015) < 1e-12
     assert daemons_bench.quantile([(math.inf, 0.0)], 0.5) is None
+
+
+def test_the_page_pairs_each_round_of_the_largest_count_with_one_daemons() -> None:
+    """The performance page gives the ratio round by round (rounds of one turn met the same
+    pace of the machine), and only for a run whose counts took turns with equal rounds."""
+    runs = {
+        "1": {"p50_ms": 2, "p95_ms": 3, "idle_cpu_pct": 0.1, "cpu_ms_per_launch": 4.0,
+              "cpu_ms_per_launch_rounds": [4.0, 5.0, 3.0]},
+        "100": {"p50_ms": 2, "p95_ms": 3, "idle_cpu_pct": 0.5, "cpu_ms_per_launch": 9.0,
+                "cpu_ms_per_launch_rounds": [9.0, 9.0, 9.0]},
+        "1000": {"p50_ms": 2, "p95_ms": 3, "idle_cpu_pct": 2.0, "cpu_ms_per_launch": 5.0,
+                 "cpu_ms_per_launch_rounds": [5.0, 5.5, 3.3]},
+    }  # fmt: skip
+    section = {"runs": runs, "rounds": 3, "counts_take_turns": True}
+    assert load_pages.round_ratios(section) == [1.25, 1.1, 1.1]
+    page = " ".join(load_pages.daemons({"daemons_1000": section}).split())  # unwrapped
+    assert "1,000 daemons' CPU per launch over one daemon's: 1.25, 1.10, 1.10." in page
+    assert load_pages.round_ratios({**section, "counts_take_turns": False}) == []
+    uneven = {**runs, "1": {**runs["1"], "cpu_ms_per_launch_rounds": [4.0, 5.0]}}
+    assert load_pages.round_ratios({**section, "runs": uneven}) == []
+    assert "Round by round" not in load_pages.daemons({"daemons_1000": {**section, "runs": uneven}})
