@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks import sigterm  # noqa: E402
 from benchmarks.scoreboard import footprint, page, procstat, queue_load, report  # noqa: E402
 from benchmarks.scoreboard.kube import make_namespace, raw_create, raw_latency, server_version  # noqa: E402
 from benchmarks.scoreboard.nymph_run import configs, run_config  # noqa: E402
@@ -216,6 +216,5 @@ async def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # make's SIGTERM (or a SIGINT) unwinds like an error, so every process started is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sigterm.unwind_on_sigterm()
     sys.exit(asyncio.run(main()))

@@ -51,7 +51,7 @@ if str(REPO) not in sys.path:
 import aiohttp  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from benchmarks import schedule_bench  # noqa: E402
+from benchmarks import schedule_bench, sigterm  # noqa: E402
 from nymph.client import DaemonIdentity, DispatchClient  # noqa: E402
 from nymph.daemon.settings import DaemonQueueSettings  # noqa: E402
 from nymph.logsetup import configure_logging  # noqa: E402
@@ -418,7 +418,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # make's SIGTERM (or a SIGINT) unwinds like an error, so every process started is stopped
-    # (set here, not in main(): a smoke test runs main() inside the test process).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sigterm.unwind_on_sigterm()
     sys.exit(main())

@@ -67,6 +67,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks import sigterm  # noqa: E402
 from benchmarks.cpulimit import CpuLimits, cpu_limits  # noqa: E402
 from benchmarks.rawpost import RawPoster  # noqa: E402
 from benchmarks.scoreboard.procstat import context_switches, cpu  # noqa: E402
@@ -534,7 +535,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # make's SIGTERM (or a SIGINT) unwinds like an error, so every process started is stopped
-    # (set here, not in main(): a smoke test runs main() inside the test process).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sigterm.unwind_on_sigterm()
     sys.exit(main())
