@@ -91,6 +91,9 @@ class RetrySettings:
 class PollSettings:
     claim_default_wait: float = 30.0
     max_wait: float = 60.0
+    #: A long-poll of at least twenty times this ends on a whole multiple of it on the queue's
+    #: clock, up to this much early (see :func:`nymph.queue.notify.hold_deadline`).
+    coalesce_seconds: float = 1.0
 
 
 @dataclass(frozen=True)

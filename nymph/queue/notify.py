@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -210,6 +211,28 @@ class KeyedSignal:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+#: A hold is cut short by at most this part of it to end on a tick.
+_MOST_EARLY = 1 / 20
+
+
+def hold_deadline(start: float, wait: float, *, tick: float) -> float:
+    """When a long-poll begun at ``start`` (the loop's clock) and held ``wait`` seconds ends:
+    the last multiple of ``tick`` not after ``start + wait``, or ``start + wait`` itself when
+    ``tick`` is 0 or more than a twentieth of ``wait``.
+
+    Idle holds that run out end together, a tick's worth at a time, instead of one at a time:
+    the daemons answered at one tick poll again at once and stay on it. A thousand daemons'
+    re-polls are then handled in a few bursts a second rather than spread out, each one on a
+    process that has just run the same code, which costs far less CPU than one every few
+    milliseconds on a process that has gone idle (the kernel's timer slack does the same for
+    timers). A hold never lasts longer than asked, so a client's own timeout is never reached.
+    """
+    end = start + wait
+    if tick <= 0 or tick > wait * _MOST_EARLY:
+        return end
+    return math.floor(end / tick) * tick
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> bool:

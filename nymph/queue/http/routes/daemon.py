@@ -32,7 +32,7 @@ from nymph.queue.http.caller import daemon_session
 from nymph.queue.http.keys import METRICS, OFFERS, PRINCIPAL, SESSIONS, SETTINGS, STORE
 from nymph.queue.http.routes.refusals import logged_refusal
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report, TaskCompletion
-from nymph.queue.notify import wait_for_event
+from nymph.queue.notify import hold_deadline, wait_for_event
 from nymph.queue.offers import ParsedOffer
 
 routes = web.RouteTableDef()
@@ -164,7 +164,7 @@ async def claim(request: web.Request) -> web.Response:
     )
     scope = _scope(request)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
+    deadline = hold_deadline(loop.time(), wait, tick=settings.poll.coalesce_seconds)
     signal = store.tasks_changed
     result = ClaimResult(tasks=[], next_due=None)
     carried: int | None = None  # a wake-up received and not yet answered by a claim

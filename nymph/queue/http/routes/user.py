@@ -21,7 +21,7 @@ from nymph.queue.http.answers import json_response
 from nymph.queue.http.bodies import Fields, idempotency_key, query_int, query_number, read_object
 from nymph.queue.http.keys import PRINCIPAL, SETTINGS, STORE
 from nymph.queue.http.paging import listing
-from nymph.queue.notify import wait_for_event
+from nymph.queue.notify import hold_deadline, wait_for_event
 
 routes = web.RouteTableDef()
 NS = "/v1/namespaces/{ns}"
@@ -72,9 +72,10 @@ async def get_instance(request: web.Request) -> web.Response:
     m = request.match_info
     store = request.app[STORE]
     after = query_int(request, "after", minimum=-1, maximum=2**62)
-    wait = query_number(request, "wait", default=0.0, minimum=0, maximum=request.app[SETTINGS].poll.max_wait)
+    poll = request.app[SETTINGS].poll
+    wait = query_number(request, "wait", default=0.0, minimum=0, maximum=poll.max_wait)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + (wait or 0.0)
+    deadline = hold_deadline(loop.time(), wait or 0.0, tick=poll.coalesce_seconds)
     signal = store.instance_changed
     while True:
         event = signal.current(m["id"])
