@@ -12,11 +12,21 @@ from pathlib import Path
 import hypothesis
 from hypothesis import strategies as st
 
+from nymph.queue.models import QueueSettings
 from nymph.queue.notify import hold_deadline
 from tests.support.queue_helpers import FAST, add_kind, open_queue
 
 TICK = 0.2
 WAIT = 20 * TICK  # the shortest hold that is coalesced at this tick
+
+
+def _ticking(tick: float) -> QueueSettings:
+    return dataclasses.replace(FAST, poll=dataclasses.replace(FAST.poll, coalesce_seconds=tick))
+
+
+def _off_tick(t: float) -> float:
+    """How far the loop time ``t`` lies from the nearest tick, in seconds."""
+    return abs(t / TICK - round(t / TICK)) * TICK
 
 
 @hypothesis.given(
@@ -47,8 +57,7 @@ def test_holds_begun_within_one_tick_end_together() -> None:
 async def _spread_claims(tmp_path: Path, tick: float) -> list[tuple[float, float]]:
     """Four daemons' idle claims of WAIT seconds, sent 0.04 s apart just after a tick of the
     queue's clock (the queue runs on this loop): when each began and when its answer came."""
-    settings = dataclasses.replace(FAST, poll=dataclasses.replace(FAST.poll, coalesce_seconds=tick))
-    q, runner = await open_queue(tmp_path, settings)
+    q, runner = await open_queue(tmp_path, _ticking(tick))
     try:
         await add_kind(q)
         clients = [q.daemon() for _ in range(4)]
@@ -75,7 +84,7 @@ async def test_idle_claims_sent_apart_are_answered_together_on_the_tick(tmp_path
     assert max(ends) - min(ends) < 0.06
     for began, end in held:
         assert WAIT - TICK - 0.05 <= end - began <= WAIT + 0.1
-    assert abs(min(ends) / TICK - round(min(ends) / TICK)) * TICK < 0.05
+    assert _off_tick(min(ends)) < 0.05
 
 
 async def test_without_a_tick_idle_claims_end_as_far_apart_as_they_began(tmp_path: Path) -> None:
@@ -87,8 +96,7 @@ async def test_without_a_tick_idle_claims_end_as_far_apart_as_they_began(tmp_pat
 
 
 async def test_an_instance_long_poll_also_ends_on_the_tick_and_not_late(tmp_path: Path) -> None:
-    settings = dataclasses.replace(FAST, poll=dataclasses.replace(FAST.poll, coalesce_seconds=TICK))
-    q, runner = await open_queue(tmp_path, settings)
+    q, runner = await open_queue(tmp_path, _ticking(TICK))
     try:
         await add_kind(q)
         accepted = await q.user().launch(provider="kind", mode="small", script="print(1)")
@@ -102,7 +110,7 @@ async def test_an_instance_long_poll_also_ends_on_the_tick_and_not_late(tmp_path
         held = end - t0
         assert got["version"] == 1  # nothing changed: answered when the hold ran out
         assert WAIT - TICK <= held <= WAIT - TICK / 4
-        assert abs(end / TICK - round(end / TICK)) * TICK < 0.05
+        assert _off_tick(end) < 0.05
     finally:
         await runner.cleanup()
         await q.close()
