@@ -42,7 +42,7 @@ from nymph.localcluster.clusterdns import ClusterDNS, endpoints_lookup
 from nymph.localcluster.flags import KWOK_NODE_ANNOTATION
 from nymph.localcluster.kubeconfig import cert_kubeconfig, token_kubeconfig
 from nymph.localcluster.kuberay import KubeRayOperator, start_for
-from nymph.localcluster.procs import Proc, free_port, port_free, spawn, stop_all
+from nymph.localcluster.procs import Proc, Restarter, free_port, port_free, spawn, stop_all
 from nymph.localcluster.realnode import NodeImage, RealNode, real_node_support
 
 DEFAULT_NODE = "nymph-node-1"
@@ -101,6 +101,8 @@ class LocalCluster:
     api_host: str = "127.0.0.1"
     api_port: int = 0
     leftovers: list[str] = field(default_factory=list)
+    #: starts kwok again when it dies (see :class:`~nymph.localcluster.procs.Restarter`)
+    kwok: Restarter | None = None
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -216,7 +218,14 @@ class LocalCluster:
             self.real.start(server=self.server, pki=pki, deadline=deadline)
         if self.node_kind == "kwok" or self.node_names:
             self._say("starting kwok")
-            self._spawn("kwok", flags.kwok(assets, kubeconfig=kc, stages=stages_file(), port=free_port()))
+            self.kwok = Restarter(
+                "kwok",
+                flags.kwok(assets, kubeconfig=kc, stages=stages_file(), port=free_port()),
+                logdir=self.workdir,
+                procs=self.procs,
+                say=self._say,
+                before_restart=self._release_kwok_leases,
+            )
         for node in self.node_names:
             self.create_node(node)
         self._wait_node_ready(deadline)
@@ -228,6 +237,8 @@ class LocalCluster:
         # API server listens on the node's bridge, and hangs in its shutdown if that goes first.
         if self.real is not None:
             self.real.stop_processes()
+        if self.kwok is not None:
+            self.kwok.stop()
         procs, self.procs = self.procs, []
         stop_all(procs)
         if self.dns is not None:
@@ -253,6 +264,8 @@ class LocalCluster:
     def _check_alive(self) -> None:
         for p in self.procs:
             code = p.popen.poll()
+            if p.name == "kwok" and self.kwok is not None and self.kwok.gave_up is None:
+                continue  # started again by its Restarter
             if code is not None:
                 raise ClusterStartError(f"{p.name} exited with code {code}; last log lines:\n{p.tail()}")
         if self.real:
@@ -314,6 +327,17 @@ class LocalCluster:
         if check and proc.returncode != 0:
             raise NymphError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
+
+    def _release_kwok_leases(self) -> None:
+        """Delete the leases of the kwok nodes: a kwok that died held them, and a new one (a new
+        holder identity) would simulate nothing on those nodes until they ran out."""
+        nodes = self.api("GET", "/api/v1/nodes")["items"]
+        for node in nodes:
+            if node["metadata"].get("annotations", {}).get(KWOK_NODE_ANNOTATION) != "fake":
+                continue
+            name = node["metadata"]["name"]
+            with contextlib.suppress(NymphError):  # already gone
+                self.api("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}")
 
     def create_node(self, name: str) -> None:
         node = {

@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,3 +91,86 @@ def stop_all(procs: Sequence[Proc], *, grace: float = 5.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.popen.pid, signal.SIGKILL)
             p.popen.wait(timeout=5)
+
+
+class Restarter:
+    """Starts a child that keeps no state of its own (kwok: all it knows is in the API server)
+    again when it exits on its own, at most ``limit`` times, and says so in its log and through
+    ``say``. kwok 0.7 and 0.8 can die of a data race in their CEL set-up ("concurrent map
+    writes") the first time two of their stages see an object at once; a cluster whose simulator
+    died would stall every Pod on its nodes.
+
+    :attr:`proc` is the child running now, and the restarter puts each new one in its place in
+    ``procs``, so whoever stops ``procs`` stops it; ``before_restart`` runs before each new one
+    (for kwok: release the node leases the dead one held). :meth:`stop` first, so no new one starts while
+    ``procs`` is being stopped. :attr:`gave_up` holds the exit code the last time, once the
+    ``limit`` is used up."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        logdir: Path,
+        procs: list[Proc],
+        limit: int = 5,
+        backoff: float = 0.5,
+        say: Callable[[str], None] | None = None,
+        before_restart: Callable[[], None] | None = None,
+    ) -> None:
+        self.name, self.argv, self.logdir = name, list(argv), logdir
+        self.limit, self.backoff, self.say = limit, backoff, say
+        self.before_restart = before_restart
+        self.restarts = 0
+        self.gave_up: int | None = None
+        self._procs = procs
+        self._stopping = threading.Event()
+        self.proc = spawn(name, self.argv, logdir=logdir)
+        procs.append(self.proc)
+        self._thread = threading.Thread(target=self._watch, name=f"{name}-restarter", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                code = self.proc.popen.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                continue
+            if self._stopping.is_set():
+                return
+            if self.restarts >= self.limit:
+                self.gave_up = code
+                self._note(
+                    f"{self.name} exited with code {code}; not started again ({self.limit} restarts used)"
+                )
+                return
+            self.restarts += 1
+            self._note(
+                f"{self.name} exited with code {code}; starting it again ({self.restarts} of {self.limit})"
+            )
+            if self._stopping.wait(self.backoff * self.restarts):
+                return
+            if self.before_restart is not None:
+                try:
+                    self.before_restart()
+                except Exception as exc:  # said, and the child starts anyway
+                    self._note(f"before starting {self.name} again: {exc}")
+            new = spawn(self.name, self.argv, logdir=self.logdir)
+            old, self.proc = self.proc, new
+            if old in self._procs:
+                self._procs[self._procs.index(old)] = new
+            else:
+                self._procs.append(new)
+
+    def _note(self, line: str) -> None:
+        with contextlib.suppress(OSError), self.proc.log.open("a") as fh:
+            fh.write(f"\n--- nymph: {line} ---\n")
+        if self.say is not None:
+            with contextlib.suppress(Exception):
+                self.say(line)
+
+    def stop(self) -> None:
+        """Start no new child from now on (the one running stays, for ``stop_all``)."""
+        self._stopping.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)

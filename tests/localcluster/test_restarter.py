@@ -1,0 +1,120 @@
+"""A child that keeps no state (kwok) is started again when it dies, a bounded number of times,
+and never once it is being stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nymph.localcluster import LocalCluster
+from nymph.localcluster.procs import Proc, Restarter, stop_all
+from tests.localcluster.test_control_plane import bare_pod
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_killed_child_is_started_again_in_its_place_and_stop_leaves_none(tmp_path: Path) -> None:
+    procs: list[Proc] = []
+    said: list[str] = []
+    released: list[int] = []
+    r = Restarter(
+        "sleeper",
+        ["sleep", "300"],
+        logdir=tmp_path,
+        procs=procs,
+        backoff=0.01,
+        say=said.append,
+        before_restart=lambda: released.append(r.proc.popen.pid),
+    )
+    first = r.proc.popen.pid
+    try:
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: r.proc.popen.pid != first and r.proc.popen.poll() is None)
+        assert [p.popen.pid for p in procs] == [r.proc.popen.pid]
+        assert r.restarts == 1 and r.gave_up is None
+        assert released == [first], "the hook runs once, before the new child starts"
+        assert said == ["sleeper exited with code -9; starting it again (1 of 5)"]
+        assert "starting it again (1 of 5)" in (tmp_path / "sleeper.log").read_text()
+    finally:
+        r.stop()
+        second = r.proc.popen.pid
+        stop_all(procs)
+    assert gone(first) and gone(second)
+    assert r.restarts == 1, "a child stopped by stop_all after stop() is not started again"
+    assert r.proc.popen.pid == second
+
+
+def test_a_child_that_keeps_dying_is_given_up_with_its_exit_code(tmp_path: Path) -> None:
+    procs: list[Proc] = []
+
+    def broken_hook() -> None:
+        raise RuntimeError("the API server is away")
+
+    r = Restarter(
+        "crasher",
+        ["sh", "-c", "exit 3"],
+        logdir=tmp_path,
+        procs=procs,
+        limit=2,
+        backoff=0.01,
+        before_restart=broken_hook,
+    )
+    try:
+        wait_for(lambda: r.gave_up is not None)
+    finally:
+        r.stop()
+        stop_all(procs)
+    assert r.gave_up == 3 and r.restarts == 2
+    assert len(procs) == 1, "each new child takes the place of the one that died"
+    log = (tmp_path / "crasher.log").read_text()
+    assert "starting it again (2 of 2)" in log and "not started again (2 restarts used)" in log
+    assert log.count("before starting crasher again: the API server is away") == 2, (
+        "a failing hook stops nothing"
+    )
+
+
+@pytest.mark.e2e
+def test_a_cluster_whose_kwok_dies_starts_it_again_and_its_pods_still_run(tmp_path: Path) -> None:
+    small = LocalCluster(tmp_path / "c3", assets=None, controller_manager=True)
+    small.start()
+    pids: list[int] = []
+    try:
+        assert small.kwok is not None
+        first = small.kwok.proc.popen.pid
+        pids = [p.popen.pid for p in small.procs]
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: small.kwok is not None and small.kwok.proc.popen.pid != first)
+        pids.append(small.kwok.proc.popen.pid)
+        assert small.kwok.proc in small.procs
+        small._check_alive()  # a kwok started again is not a dead control plane
+        small.api("POST", "/api/v1/namespaces/default/pods", bare_pod("after", {"sim.nymph.io/run": "1s"}))
+
+        def phase() -> str:
+            pod = small.api("GET", "/api/v1/namespaces/default/pods/after")
+            return str(pod.get("status", {}).get("phase"))
+
+        wait_for(lambda: phase() == "Succeeded", timeout=30)
+    finally:
+        small.stop()
+    for pid in pids:
+        assert gone(pid)
