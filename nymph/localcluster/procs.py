@@ -102,9 +102,9 @@ class Restarter:
 
     :attr:`proc` is the child running now, and the restarter puts each new one in its place in
     ``procs``, so whoever stops ``procs`` stops it; ``before_restart`` runs before each new one
-    (for kwok: release the node leases the dead one held). :meth:`stop` first, so no new one starts while
-    ``procs`` is being stopped. :attr:`gave_up` holds the exit code the last time, once the
-    ``limit`` is used up."""
+    (for kwok: release the node leases the dead one held). :meth:`stop` first: once it returns,
+    no new child starts, and one started before it is in ``procs``. :attr:`gave_up` holds the
+    exit code the last time, once the ``limit`` is used up."""
 
     def __init__(
         self,
@@ -125,6 +125,8 @@ class Restarter:
         self.gave_up: int | None = None
         self._procs = procs
         self._stopping = threading.Event()
+        #: held while a new child is started and put in ``procs``; :meth:`stop` waits for it
+        self._starting = threading.Lock()
         self.proc = spawn(name, self.argv, logdir=logdir)
         procs.append(self.proc)
         self._thread = threading.Thread(target=self._watch, name=f"{name}-restarter", daemon=True)
@@ -155,12 +157,15 @@ class Restarter:
                     self.before_restart()
                 except Exception as exc:  # said, and the child starts anyway
                     self._note(f"before starting {self.name} again: {exc}")
-            new = spawn(self.name, self.argv, logdir=self.logdir)
-            old, self.proc = self.proc, new
-            if old in self._procs:
-                self._procs[self._procs.index(old)] = new
-            else:
-                self._procs.append(new)
+            with self._starting:
+                if self._stopping.is_set():
+                    return
+                new = spawn(self.name, self.argv, logdir=self.logdir)
+                old, self.proc = self.proc, new
+                if old in self._procs:
+                    self._procs[self._procs.index(old)] = new
+                else:
+                    self._procs.append(new)
 
     def _note(self, line: str) -> None:
         with contextlib.suppress(OSError), self.proc.log.open("a") as fh:
@@ -170,7 +175,10 @@ class Restarter:
                 self.say(line)
 
     def stop(self) -> None:
-        """Start no new child from now on (the one running stays, for ``stop_all``)."""
+        """Start no new child from now on (the one running stays, for ``stop_all``); a
+        ``before_restart`` still running (an API server that does not answer) is not waited for."""
         self._stopping.set()
+        with self._starting:
+            pass  # a child being started is in ``procs`` by now
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -91,6 +92,34 @@ def test_a_child_that_keeps_dying_is_given_up_with_its_exit_code(tmp_path: Path)
     assert log.count("before starting crasher again: the API server is away") == 2, (
         "a failing hook stops nothing"
     )
+
+
+def test_stop_while_the_hook_hangs_returns_and_no_child_starts_after_it(tmp_path: Path) -> None:
+    procs: list[Proc] = []
+    in_hook, release = threading.Event(), threading.Event()
+
+    def hanging_hook() -> None:  # an API server that does not answer
+        in_hook.set()
+        release.wait(10)
+
+    r = Restarter(
+        "sleeper", ["sleep", "300"], logdir=tmp_path, procs=procs, backoff=0.01, before_restart=hanging_hook
+    )
+    first = r.proc.popen.pid
+    try:
+        os.kill(first, signal.SIGKILL)
+        assert in_hook.wait(10)
+        t0 = time.monotonic()
+        r.stop()
+        assert time.monotonic() - t0 < 5, "stop() does not wait for a hook that hangs"
+        release.set()
+        r._thread.join(5)
+        assert not r._thread.is_alive()
+        assert [p.popen.pid for p in procs] == [first], "no child starts once stop() has returned"
+    finally:
+        release.set()
+        r.stop()
+        stop_all(procs)
 
 
 @pytest.mark.e2e
