@@ -103,8 +103,16 @@ class Runner:
         loop; to its end even if the caller is cancelled."""
         task = asyncio.get_running_loop().create_task(_drive(fn, contextvars.copy_context()), name=self.name)
         self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        task.add_done_callback(self._ended)
         return await asyncio.shield(task)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        """Forget an ended function; its error is marked read, since a caller cancelled while it
+        ran is no longer there to read it (its caller, when there, still gets it through the
+        shield), so asyncio does not report it as "never retrieved"."""
+        self._running.discard(task)
+        if not task.cancelled():
+            task.exception()
 
     async def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the functions under way to end."""

@@ -5,6 +5,7 @@ real PostgreSQL server."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -84,6 +85,37 @@ async def test_a_cancelled_caller_leaves_its_function_running_to_its_end() -> No
     with pytest.raises(asyncio.CancelledError):
         await caller
     await asyncio.wait_for(done.wait(), 5)
+
+
+async def test_the_error_of_a_function_whose_caller_was_cancelled_is_not_reported_as_lost() -> None:
+    """A function that fails after its caller was cancelled (a client gone, a database gone) has
+    nobody left to tell: asyncio must not log its error as "never retrieved"."""
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(str(context.get("message"))))
+    ended = asyncio.Event()
+
+    def body() -> str:
+        await_only(asyncio.sleep(0.05))
+        ended.set()
+        raise LookupError("the database went away")
+
+    runner = loopconn.Runner()
+    try:
+        caller = asyncio.create_task(runner.run(body))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.wait_for(ended.wait(), 5)
+        await runner.drain(timeout=5)
+        del caller
+        await asyncio.sleep(0)
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert not [m for m in reported if "never retrieved" in m], reported
 
 
 # --- on a real server --------------------------------------------------------------------------
