@@ -42,6 +42,11 @@ RV = TypeVar("RV")
 #: The longest a transaction's greenlet runs psycopg's steps that need no wait before it leaves
 #: the loop a turn (psycopg's own asyncio waits use the same).
 MAX_BUSY = 0.005
+#: How long a wait for the server relies on the loop alone: then it polls the socket itself and,
+#: when nothing is ready, registers the socket with the loop again. A registration the loop
+#: dropped without a word (uvloop drops a failed socket's) would otherwise be waited on forever
+#: (psycopg's own asyncio waits poll the same way).
+RECHECK = 1.0
 
 
 class _Bridged(greenlet):  # type: ignore[misc]
@@ -189,24 +194,39 @@ class LoopConnection(psycopg.Connection[Any]):
 
 class _HeldReader:
     """A reader kept on a socket: a wait sets :attr:`waiter`, which the loop completes when the
-    socket is readable. Readable while nobody waits (an answer that arrived before it is
-    read), the loop's call does nothing."""
+    socket is readable. Readable while nobody waits (an answer that arrived before it is read),
+    the loop's call only sets :attr:`ready`, which the next wait checks before it waits: uvloop
+    calls a reader once more when its socket fails (a reset, say) and then drops the reader
+    for good, so that call may be the last this socket ever gets."""
 
-    __slots__ = ("fileno", "loop", "waiter")
+    __slots__ = ("fileno", "loop", "ready", "waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fileno: int) -> None:
         self.loop = loop
         self.fileno = fileno
         self.waiter: asyncio.Future[int] | None = None
+        self.ready = False
         loop.add_reader(fileno, self._readable)
 
     def _readable(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(READY_R)
+        else:
+            self.ready = True
+
+    def rearm(self) -> None:
+        """Register the socket with the loop again (see :data:`RECHECK`)."""
+        self.loop.remove_reader(self.fileno)
+        self.loop.add_reader(self.fileno, self._readable)
 
     def close(self) -> None:
         self.loop.remove_reader(self.fileno)
+
+
+def _time_up(done: asyncio.Future[int]) -> None:
+    if not done.done():
+        done.set_result(READY_NONE)
 
 
 def _drive_gen(gen: PQGen[RV], fileno: int, conn: LoopConnection | None = None) -> RV:
@@ -255,52 +275,76 @@ def _ready_now(fileno: int, state: int) -> int:
 
 def _ready_later(fileno: int, state: int, held: _HeldReader | None = None) -> int:
     """Wait on the loop until ``fileno`` is ready for ``state`` (WAIT_R, WAIT_W or WAIT_RW);
-    reading through ``held`` when given (see :meth:`LoopConnection.hold`)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[int] = loop.create_future()
-
-    def wake(ready: int) -> None:
-        if not done.done():
-            done.set_result(ready)
-
+    reading through ``held`` when given (see :meth:`LoopConnection.hold`). Every
+    :data:`RECHECK` seconds without news the socket is polled here, and registered again."""
     if held is not None and state == WAIT_R:
         return _held_read(fileno, held)
-    reading = writing = False
-    try:
-        if state & WAIT_R:
+    loop = asyncio.get_running_loop()
+    while True:
+        done: asyncio.Future[int] = loop.create_future()
+
+        def wake(ready: int, done: asyncio.Future[int] = done) -> None:
+            if not done.done():
+                done.set_result(ready)
+
+        timer = loop.call_later(RECHECK, _time_up, done)
+        reading = writing = False
+        try:
+            if state & WAIT_R:
+                if held is not None:
+                    held.waiter = done
+                else:
+                    loop.add_reader(fileno, wake, READY_R)
+                    reading = True
+            if state & WAIT_W:
+                loop.add_writer(fileno, wake, READY_W)
+                writing = True
+            ready = await_only(done)
+        finally:
+            timer.cancel()
             if held is not None:
-                held.waiter = done
-            else:
-                loop.add_reader(fileno, wake, READY_R)
-                reading = True
-        if state & WAIT_W:
-            loop.add_writer(fileno, wake, READY_W)
-            writing = True
-        return await_only(done)
-    finally:
+                held.waiter = None
+            if reading:
+                loop.remove_reader(fileno)
+            if writing:
+                loop.remove_writer(fileno)
+        if ready != READY_NONE:
+            return ready
+        ready = _ready_now(fileno, WAIT_W) & READY_W if state & WAIT_W else READY_NONE
+        if state & WAIT_R and _readable_now(fileno):
+            ready |= READY_R
+        if ready:
+            return ready
         if held is not None:
-            held.waiter = None
-        if reading:
-            loop.remove_reader(fileno)
-        if writing:
-            loop.remove_writer(fileno)
+            held.rearm()
 
 
 def _held_read(fileno: int, held: _HeldReader) -> int:
     """Wait through ``held`` until ``fileno`` has something to read. A loop can report a
     socket readable from a poll made before the last read emptied it (asyncio's runs that
     report after the code that read): each wake is checked with a poll of no timeout, so that
-    psycopg is never handed a readiness that is no longer true."""
+    psycopg is never handed a readiness that is no longer true. A wake that came while nobody
+    waited (:attr:`_HeldReader.ready`) is checked the same way before waiting: it may have been
+    the socket's last (see :class:`_HeldReader`); and a wait with no news for :data:`RECHECK`
+    seconds registers the socket again."""
     loop = held.loop
     while True:
+        if held.ready:
+            held.ready = False
+            if _readable_now(fileno):
+                return READY_R
         done: asyncio.Future[int] = loop.create_future()
         held.waiter = done
+        timer = loop.call_later(RECHECK, _time_up, done)
         try:
-            await_only(done)
+            woken = await_only(done)
         finally:
             held.waiter = None
+            timer.cancel()
         if _readable_now(fileno):
             return READY_R
+        if woken == READY_NONE:
+            held.rearm()
 
 
 def _readable_now(fileno: int) -> bool:

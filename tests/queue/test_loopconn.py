@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import struct
 import threading
 from collections.abc import AsyncIterator, Callable
 
 import psycopg
 import pytest
 from psycopg.abc import PQGen
-from psycopg.waiting import READY_W, WAIT_W
+from psycopg.waiting import READY_R, READY_W, WAIT_W
 
 from nymph.queue import loopconn
 from nymph.queue.loopconn import LoopConnection, NotOnLoop, await_only
@@ -116,6 +117,67 @@ async def test_the_error_of_a_function_whose_caller_was_cancelled_is_not_reporte
     finally:
         loop.set_exception_handler(None)
     assert not [m for m in reported if "never retrieved" in m], reported
+
+
+def test_a_socket_reset_while_nobody_waits_still_ends_the_next_wait() -> None:
+    """uvloop calls a reader once more when its socket fails (a reset: a database that went
+    away behind a proxy) and then drops it for good. When that call comes between two waits of
+    a transaction, the next wait must still end at once (the socket is readable: the read
+    raises), not wait forever for a call that will never come."""
+    uvloop = pytest.importorskip("uvloop")
+    loop = uvloop.new_event_loop()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    client.setblocking(False)
+    try:
+
+        async def scenario() -> int:
+            held = loopconn._HeldReader(asyncio.get_running_loop(), client.fileno())
+            try:
+                # The peer resets the connection while no wait is under way.
+                server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                server.close()
+                for _ in range(20):  # the loop sees the failure and calls the reader once
+                    await asyncio.sleep(0.005)
+                return await asyncio.wait_for(
+                    loopconn.Runner().run(lambda: loopconn._held_read(client.fileno(), held)), 2
+                )
+            finally:
+                held.close()
+
+        assert loop.run_until_complete(scenario()) == READY_R
+    finally:
+        loop.close()
+        client.close()
+        listener.close()
+
+
+async def test_a_wait_whose_registration_the_loop_dropped_still_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait for the server does not rely on the loop alone: when the loop has dropped the
+    socket's registration without a word, the wait polls the socket itself after
+    ``RECHECK`` seconds, registers it again, and ends once the answer is there."""
+    monkeypatch.setattr(loopconn, "RECHECK", 0.2)
+    loop = asyncio.get_running_loop()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    client.setblocking(False)
+    held = loopconn._HeldReader(loop, client.fileno())
+    try:
+        waiting = asyncio.create_task(
+            loopconn.Runner().run(lambda: loopconn._held_read(client.fileno(), held))
+        )
+        await asyncio.sleep(0.05)
+        loop.remove_reader(client.fileno())  # the loop forgets the socket
+        await asyncio.sleep(0.3)
+        assert not waiting.done(), "nothing to read yet: the wait goes on"
+        server.sendall(b"x")  # the answer arrives, and the loop is not told
+        assert await asyncio.wait_for(waiting, 2) == READY_R
+    finally:
+        held.close()
+        for s in (client, server, listener):
+            s.close()
 
 
 # --- on a real server --------------------------------------------------------------------------
