@@ -1,10 +1,10 @@
 """Where the fault suite's queue keeps its state, as a fault of its own.
 
-``NYMPH_FAULT_BACKEND`` chooses: ``sqlite`` (the default: a file in the test's temp dir),
-``pg`` (a fresh database on the session's real PostgreSQL server, :mod:`tests.support.pg_server`,
-that the queue reaches through the latency proxy, :mod:`tests.support.latency_proxy`, run as a
-process of its own, ``NYMPH_PG_DELAY_MS`` each way, default 1), or ``sqlite,pg`` (both, one
-after the other; ``make faults``). The test reads what a stage shows (a task leased) from the
+``NYMPH_FAULT_BACKEND`` chooses: ``sqlite`` (a file in the test's temp dir), ``pg`` (a fresh
+database on the session's real PostgreSQL server, :mod:`tests.support.pg_server`, that the queue
+reaches through the latency proxy, :mod:`tests.support.latency_proxy`, run as a process of its
+own, ``NYMPH_PG_DELAY_MS`` each way, default 1), or ``sqlite,pg`` (both, one after the other:
+the default, so ``make test`` and ``make faults`` run both). The test reads what a stage shows (a task leased) from the
 same database, on its own connection; on PostgreSQL the server can be restarted mid-run. The
 proxy is stopped, the database dropped and the server left running at the end, pass or fail.
 """
@@ -32,7 +32,7 @@ LEASED = "SELECT task_id FROM tasks WHERE status = 'leased' AND kind = {}"
 
 def backends() -> list[str]:
     """The backends ``NYMPH_FAULT_BACKEND`` names (comma-separated), in its order."""
-    names = [n.strip().lower() for n in os.environ.get("NYMPH_FAULT_BACKEND", "sqlite").split(",")]
+    names = [n.strip().lower() for n in os.environ.get("NYMPH_FAULT_BACKEND", "sqlite,pg").split(",")]
     unknown = [n for n in names if n not in ALIASES]
     if unknown:
         raise ValueError(f"NYMPH_FAULT_BACKEND: unknown {unknown} (sqlite, pg)")
