@@ -119,6 +119,16 @@ async def test_the_error_of_a_function_whose_caller_was_cancelled_is_not_reporte
     assert not [m for m in reported if "never retrieved" in m], reported
 
 
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected TCP pair on loopback: (the client end, non-blocking, as a database
+    connection's socket is; the server end)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    client.setblocking(False)
+    return client, server
+
+
 def test_a_socket_reset_while_nobody_waits_still_ends_the_next_wait() -> None:
     """uvloop calls a reader once more when its socket fails (a reset: a database that went
     away behind a proxy) and then drops it for good. When that call comes between two waits of
@@ -126,10 +136,7 @@ def test_a_socket_reset_while_nobody_waits_still_ends_the_next_wait() -> None:
     raises), not wait forever for a call that will never come."""
     uvloop = pytest.importorskip("uvloop")
     loop = uvloop.new_event_loop()
-    listener = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(listener.getsockname())
-    server, _ = listener.accept()
-    client.setblocking(False)
+    client, server = _tcp_pair()
     try:
 
         async def scenario() -> int:
@@ -150,7 +157,7 @@ def test_a_socket_reset_while_nobody_waits_still_ends_the_next_wait() -> None:
     finally:
         loop.close()
         client.close()
-        listener.close()
+        server.close()
 
 
 async def test_a_wait_whose_registration_the_loop_dropped_still_ends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,10 +166,7 @@ async def test_a_wait_whose_registration_the_loop_dropped_still_ends(monkeypatch
     ``RECHECK`` seconds, registers it again, and ends once the answer is there."""
     monkeypatch.setattr(loopconn, "RECHECK", 0.2)
     loop = asyncio.get_running_loop()
-    listener = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(listener.getsockname())
-    server, _ = listener.accept()
-    client.setblocking(False)
+    client, server = _tcp_pair()
     held = loopconn._HeldReader(loop, client.fileno())
     try:
         waiting = asyncio.create_task(
@@ -176,8 +180,8 @@ async def test_a_wait_whose_registration_the_loop_dropped_still_ends(monkeypatch
         assert await asyncio.wait_for(waiting, 2) == READY_R
     finally:
         held.close()
-        for s in (client, server, listener):
-            s.close()
+        client.close()
+        server.close()
 
 
 # --- on a real server --------------------------------------------------------------------------
