@@ -264,7 +264,7 @@ class LocalCluster:
     def _check_alive(self) -> None:
         for p in self.procs:
             code = p.popen.poll()
-            if p.name == "kwok" and self.kwok is not None and self.kwok.gave_up is None:
+            if self.kwok is not None and p is self.kwok.proc and self.kwok.gave_up is None:
                 continue  # started again by its Restarter
             if code is not None:
                 raise ClusterStartError(f"{p.name} exited with code {code}; last log lines:\n{p.tail()}")

@@ -161,11 +161,13 @@ class Restarter:
                 if self._stopping.is_set():
                     return
                 new = spawn(self.name, self.argv, logdir=self.logdir)
-                old, self.proc = self.proc, new
-                if old in self._procs:
-                    self._procs[self._procs.index(old)] = new
+                # ``procs`` first: whoever reads it meanwhile sees the dead child or the new one,
+                # and the dead one is still :attr:`proc` (see LocalCluster._check_alive)
+                if self.proc in self._procs:
+                    self._procs[self._procs.index(self.proc)] = new
                 else:
                     self._procs.append(new)
+                self.proc = new
 
     def _note(self, line: str) -> None:
         with contextlib.suppress(OSError), self.proc.log.open("a") as fh:
