@@ -262,10 +262,10 @@ class LocalCluster:
         self.procs.append(spawn(name, argv, logdir=self.workdir))
 
     def _check_alive(self) -> None:
-        for p in self.procs:
-            code = p.popen.poll()
-            if self.kwok is not None and p is self.kwok.proc and self.kwok.gave_up is None:
+        for p in list(self.procs):
+            if self.kwok is not None and self.kwok.replaced(p):
                 continue  # started again by its Restarter
+            code = p.popen.poll()
             if code is not None:
                 raise ClusterStartError(f"{p.name} exited with code {code}; last log lines:\n{p.tail()}")
         if self.real:

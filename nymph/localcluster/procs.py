@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,11 @@ class Restarter:
     ``procs``, so whoever stops ``procs`` stops it; ``before_restart`` runs before each new one
     (for kwok: release the node leases the dead one held). :meth:`stop` first: once it returns,
     no new child starts, and one started before it is in ``procs``. :attr:`gave_up` holds the
-    exit code the last time, once the ``limit`` is used up."""
+    exit code the last time, once the ``limit`` is used up or a new child cannot be started.
+
+    The kernel's ``PR_SET_PDEATHSIG`` (see :func:`spawn`) fires when the *thread* that started
+    a child ends, not the process: the restarter's thread starts the new children, so it ends
+    only once the child it started has ended (``stop_all`` stops it as it stops the others)."""
 
     def __init__(
         self,
@@ -128,11 +133,29 @@ class Restarter:
         #: held while a new child is started and put in ``procs``; :meth:`stop` waits for it
         self._starting = threading.Lock()
         self.proc = spawn(name, self.argv, logdir=logdir)
+        #: every child started, the running one last (see :meth:`replaced`)
+        self._children = [self.proc]
         procs.append(self.proc)
         self._thread = threading.Thread(target=self._watch, name=f"{name}-restarter", daemon=True)
         self._thread.start()
 
+    def replaced(self, p: Proc) -> bool:
+        """Whether ``p`` is one of this restarter's children that it starts again or started
+        again when it died, i.e. not a death to report: while the restarter has not given up,
+        any of its children, the one running and those it replaced. (Asking whether ``p`` is
+        :attr:`proc` would race a restart: a reader that found the dead child in ``procs``
+        could see the new one in :attr:`proc` a moment later.)"""
+        return self.gave_up is None and any(p is c for c in self._children)
+
     def _watch(self) -> None:
+        try:
+            self._restart_while_needed()
+        finally:
+            # a child started on this thread dies with it (PR_SET_PDEATHSIG): outlive it
+            while self.proc is not self._children[0] and self.proc.popen.poll() is None:
+                time.sleep(0.2)
+
+    def _restart_while_needed(self) -> None:
         while not self._stopping.is_set():
             try:
                 code = self.proc.popen.wait(timeout=0.2)
@@ -160,9 +183,15 @@ class Restarter:
             with self._starting:
                 if self._stopping.is_set():
                     return
-                new = spawn(self.name, self.argv, logdir=self.logdir)
+                try:
+                    new = spawn(self.name, self.argv, logdir=self.logdir)
+                except Exception as exc:  # the binary gone, no file descriptors left, ...
+                    self.gave_up = code
+                    self._note(f"{self.name} could not be started again: {exc}")
+                    return
+                self._children.append(new)
                 # ``procs`` first: whoever reads it meanwhile sees the dead child or the new one,
-                # and the dead one is still :attr:`proc` (see LocalCluster._check_alive)
+                # both :meth:`replaced` (see LocalCluster._check_alive)
                 if self.proc in self._procs:
                     self._procs[self._procs.index(self.proc)] = new
                 else:
@@ -178,9 +207,8 @@ class Restarter:
 
     def stop(self) -> None:
         """Start no new child from now on (the one running stays, for ``stop_all``); a
-        ``before_restart`` still running (an API server that does not answer) is not waited for."""
+        ``before_restart`` still running (an API server that does not answer) is not waited for,
+        nor the thread, which ends once its own child has (see the class)."""
         self._stopping.set()
         with self._starting:
             pass  # a child being started is in ``procs`` by now
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=1)

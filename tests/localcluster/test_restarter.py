@@ -122,6 +122,64 @@ def test_stop_while_the_hook_hangs_returns_and_no_child_starts_after_it(tmp_path
         stop_all(procs)
 
 
+def test_a_child_started_again_outlives_stop_until_stop_all_ends_it(tmp_path: Path) -> None:
+    """The kernel kills a child when the thread that started it ends (PR_SET_PDEATHSIG): the
+    restarter's thread must outlive the child it started, which stop_all then ends gracefully."""
+    procs: list[Proc] = []
+    r = Restarter("sleeper", ["sleep", "300"], logdir=tmp_path, procs=procs, backoff=0.01)
+    first = r.proc.popen.pid
+    try:
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: r.proc.popen.pid != first and r.proc.popen.poll() is None)
+        r.stop()
+        time.sleep(1.0)  # the thread polls every 0.2 s
+        assert r.proc.popen.poll() is None, "the running child stays after stop(), for stop_all"
+    finally:
+        r.stop()
+        stop_all(procs)
+    assert r.proc.popen.returncode == -signal.SIGTERM, "stop_all ended it, not the kernel's SIGKILL"
+    r._thread.join(5)
+    assert not r._thread.is_alive()
+
+
+def test_a_child_that_cannot_be_started_again_is_given_up_and_said(tmp_path: Path) -> None:
+    procs: list[Proc] = []
+    script = tmp_path / "vanishing.sh"
+    script.write_text('#!/bin/sh\nrm -f "$0"\nexit 3\n')  # its binary is gone when it dies
+    script.chmod(0o755)
+    said: list[str] = []
+    r = Restarter("vanishing", [str(script)], logdir=tmp_path, procs=procs, backoff=0.01, say=said.append)
+    try:
+        wait_for(lambda: r.gave_up is not None)
+        r._thread.join(5)
+    finally:
+        r.stop()
+        stop_all(procs)
+    assert r.gave_up == 3, "the exit code of the child that died"
+    assert not r._thread.is_alive()
+    assert any("vanishing could not be started again" in line for line in said)
+    assert "could not be started again" in (tmp_path / "vanishing.log").read_text()
+    assert not r.replaced(r.proc), "a child given up is a death to report"
+
+
+def test_every_child_the_restarter_replaced_is_not_a_death_to_report(tmp_path: Path) -> None:
+    """A reader that took the dead child from procs just before the restart put the new one in
+    its place still finds it accounted for (asking whether it is the running one would race)."""
+    procs: list[Proc] = []
+    r = Restarter("sleeper", ["sleep", "300"], logdir=tmp_path, procs=procs, backoff=0.01)
+    old = r.proc
+    stranger = Proc(name="other", popen=old.popen, log=old.log)
+    try:
+        os.kill(old.popen.pid, signal.SIGKILL)
+        wait_for(lambda: r.proc is not old and r.proc.popen.poll() is None)
+        assert old.popen.poll() is not None
+        assert r.replaced(old) and r.replaced(r.proc)
+        assert not r.replaced(stranger), "only the restarter's own children"
+    finally:
+        r.stop()
+        stop_all(procs)
+
+
 @pytest.mark.e2e
 def test_a_cluster_whose_kwok_dies_starts_it_again_and_its_pods_still_run(tmp_path: Path) -> None:
     small = LocalCluster(tmp_path / "c3", assets=None, controller_manager=True)
