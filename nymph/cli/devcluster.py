@@ -156,4 +156,11 @@ def find_cluster(state: Path, *, embedded: bool, node: str | None, node_kind: st
             image = next((i for i in local.node_image_names if "/python:" in i), image)
         yield Cluster(kubeconfig=str(kc), node=node_name, embedded=True, local=local, image=image)
     finally:
-        local.stop()
+        local.stop()  # says so (its progress) when something still runs
+        for left in local.leftovers:
+            print(f"      not cleaned up on this host: {left}", file=sys.stderr)
+        if local.leftovers:
+            print(
+                f"      the next `nymph dev` cleans these up; see {local.workdir} for the logs",
+                file=sys.stderr,
+            )

@@ -12,6 +12,7 @@ happens, lists instances and verifies the audit log. Exits 0 when every step pas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import shutil
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,14 +98,75 @@ class Procs:
         return p
 
     def stop(self) -> None:
+        """Stop them one by one, last started first: the daemon sends its last reports and
+        releases its leases while the queue still takes them."""
         for p in reversed(self.items):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in reversed(self.items):
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait(10)
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM during ``nymph dev``, by explicit handlers (a shell that starts it in
+    the background leaves SIGINT ignored, and both must still stop it):
+
+    - while it starts up and runs the demo, the first one interrupts (``KeyboardInterrupt``:
+      what was started so far is stopped on the way out); inside :meth:`held` (a child being
+      started and recorded) it waits for the block's end;
+    - while it stays up (:meth:`staying`), it ends the stay;
+    - while it stops (:meth:`stopping`), it only says so: a second Ctrl-C never leaves things
+      half-stopped.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.phase = "starting"
+        self._holding = False
+        self._pending = False
+        self._old = {s: signal.getsignal(s) for s in self.SIGNALS}
+        for s in self.SIGNALS:
+            signal.signal(s, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.phase == "stopping":
+            # os.write: a handler that prints could interrupt a print of the code it stops
+            os.write(2, b"      still stopping what it started; please wait\n")
+            return
+        self.stop.set()
+        if self.phase == "starting":
+            if self._holding:
+                self._pending = True
+                return
+            self.phase = "stopping"
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A block no signal interrupts (one that comes meanwhile interrupts at its end)."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._pending and self.phase == "starting":
+            self.phase = "stopping"
+            raise KeyboardInterrupt
+
+    def staying(self) -> None:
+        self.phase = "staying"
+
+    def stopping(self) -> None:
+        self.phase = "stopping"
+
+    def restore(self) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -202,117 +265,137 @@ def run_dev(opts: DevOptions) -> int:
     total = 7
     procs = Procs()
     script = Path(opts.script).read_text() if opts.script else SAMPLE
-    stop_flag = threading.Event()
-    # Explicit handlers: a shell that starts us in the background leaves SIGINT ignored, and
-    # Ctrl-C / SIGTERM must still stop a --stay session cleanly.
-    signal.signal(signal.SIGTERM, lambda *_: stop_flag.set())
-    signal.signal(signal.SIGINT, lambda *_: stop_flag.set())
+    signals = Interrupts()
     try:
         step(1, total, f"state in {state}")
         step(2, total, "finding a cluster")
         with find_cluster(state, embedded=opts.embedded, node=opts.node, node_kind=opts.node_kind) as cluster:
-            step(3, total, "starting the queue service")
-            db = state / "queue.db"
-            user_token, daemon_token = _token(db, "user"), _token(db, "daemon")
-            qport = opts.port or free_port()
-            url = f"http://127.0.0.1:{qport}"
-            qlog = state / "queue.log"
-            qp = procs.spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "nymph.cli",
-                    "queue",
-                    "serve",
-                    "--db",
-                    str(db),
-                    "--listen",
-                    f"127.0.0.1:{qport}",
-                    # one user on one machine: the queue may use this machine's own kubeconfig
-                    "--ambient-kubeconfig",
-                    # and a kubeconfig the user hands it may reach this cluster (on loopback or
-                    # this host's own address, refused by default)
-                    *(a for h in server_hosts(cluster) for a in ("--kube-server-allow", h)),
-                ],
-                log=qlog,
-            )
-            _wait_http(f"{url}/healthz", 30, qp, qlog)
-            print(f"      queue at {url} (log {qlog})", file=sys.stderr)
+            try:
+                return _run_on(cluster, opts, state=state, script=script, procs=procs, signals=signals)
+            finally:
+                signals.stopping()
+                if any(p.poll() is None for p in procs.items):
+                    print("      stopping the daemon and the queue", file=sys.stderr, flush=True)
+                procs.stop()  # before the cluster they use
+    finally:
+        signals.stopping()
+        procs.stop()
+        signals.restore()
 
-            step(4, total, f"starting the daemon for node {cluster.node}")
-            hport = free_port()
-            dlog = state / "daemon.log"
-            if opts.workdir_root:
-                root = Path(opts.workdir_root).resolve()
-            elif cluster.embedded:
-                root = state / "root"
-            else:
-                # Pods mount <root>/work/<id> from their node: with kind (make kind-up) the
-                # host's /tmp/nymph is mounted into the node at the same path.
-                root = Path("/tmp/nymph")
-                print(
-                    f"      workdirs under {root}: the node must see this host path (make kind-up mounts it)",
-                    file=sys.stderr,
-                )
-            dargs = [
+
+def _run_on(
+    cluster: Cluster, opts: DevOptions, *, state: Path, script: str, procs: Procs, signals: Interrupts
+) -> int:
+    total = 7
+    step(3, total, "starting the queue service")
+    db = state / "queue.db"
+    user_token, daemon_token = _token(db, "user"), _token(db, "daemon")
+    qport = opts.port or free_port()
+    url = f"http://127.0.0.1:{qport}"
+    qlog = state / "queue.log"
+    with signals.held():
+        qp = procs.spawn(
+            [
                 sys.executable,
                 "-m",
                 "nymph.cli",
-                "--log-format",
-                "json",
-                "daemon",
-                "--queue",
-                url,
-                "--node",
-                cluster.node,
-                "--namespace",
-                "default",
-                "--workdir-root",
-                str(root),
+                "queue",
+                "serve",
+                "--db",
+                str(db),
                 "--listen",
-                f"127.0.0.1:{hport}",
-                "--poll-wait",
-                "10",
-                "--reap-after",
-                "300",
-            ]
-            if cluster.kubeconfig:
-                dargs += ["--kubeconfig", cluster.kubeconfig]
-            dp = procs.spawn(dargs, log=dlog, env={"NYMPH_TOKEN": daemon_token})
-            _wait_http(f"http://127.0.0.1:{hport}/healthz", 30, dp, dlog)
-            print(f"      daemon health on http://127.0.0.1:{hport}/healthz (log {dlog})", file=sys.stderr)
+                f"127.0.0.1:{qport}",
+                # one user on one machine: the queue may use this machine's own kubeconfig
+                "--ambient-kubeconfig",
+                # and a kubeconfig the user hands it may reach this cluster (on loopback or
+                # this host's own address, refused by default)
+                *(a for h in server_hosts(cluster) for a in ("--kube-server-allow", h)),
+            ],
+            log=qlog,
+        )
+    _wait_http(f"{url}/healthz", 30, qp, qlog)
+    print(f"      queue at {url} (log {qlog})", file=sys.stderr)
 
-            step(5, total, "creating provider 'dev' and mode 'python', submitting a sample launch")
-            _iid, code = asyncio.run(_demo(url, user_token, cluster=cluster, script=script))
+    step(4, total, f"starting the daemon for node {cluster.node}")
+    hport = free_port()
+    dlog = state / "daemon.log"
+    if opts.workdir_root:
+        root = Path(opts.workdir_root).resolve()
+    elif cluster.embedded:
+        root = state / "root"
+    else:
+        # Pods mount <root>/work/<id> from their node: with kind (make kind-up) the
+        # host's /tmp/nymph is mounted into the node at the same path.
+        root = Path("/tmp/nymph")
+        print(
+            f"      workdirs under {root}: the node must see this host path (make kind-up mounts it)",
+            file=sys.stderr,
+        )
+    dargs = [
+        sys.executable,
+        "-m",
+        "nymph.cli",
+        "--log-format",
+        "json",
+        "daemon",
+        "--queue",
+        url,
+        "--node",
+        cluster.node,
+        "--namespace",
+        "default",
+        "--workdir-root",
+        str(root),
+        "--listen",
+        f"127.0.0.1:{hport}",
+        "--poll-wait",
+        "10",
+        "--reap-after",
+        "300",
+    ]
+    if cluster.kubeconfig:
+        dargs += ["--kubeconfig", cluster.kubeconfig]
+    with signals.held():
+        dp = procs.spawn(dargs, log=dlog, env={"NYMPH_TOKEN": daemon_token})
+    _wait_http(f"http://127.0.0.1:{hport}/healthz", 30, dp, dlog)
+    print(f"      daemon health on http://127.0.0.1:{hport}/healthz (log {dlog})", file=sys.stderr)
 
-            step(6, total, "verifying the audit log")
-            result = verify(root / "audit.jsonl")
-            print(
-                f"      {root / 'audit.jsonl'}: {'ok, ' + str(result.records) + ' records' if result.ok else 'FAILED: ' + result.problem}",
-                file=sys.stderr,
-            )
-            ok = code == 0 and result.ok
-            step(
-                7,
-                total,
-                "done: the launch reached stopped and the audit chain is intact"
-                if ok
-                else "FAILED (see above)",
-            )
-            if opts.stay:
-                (state / "user.env").write_text(f"export NYMPH_URL={url}\nexport NYMPH_TOKEN={user_token}\n")
-                os.chmod(state / "user.env", 0o600)
-                nymph = nymph_command()
+    step(5, total, "creating provider 'dev' and mode 'python', submitting a sample launch")
+    _iid, code = asyncio.run(_demo(url, user_token, cluster=cluster, script=script))
+
+    step(6, total, "verifying the audit log")
+    result = verify(root / "audit.jsonl")
+    print(
+        f"      {root / 'audit.jsonl'}: {'ok, ' + str(result.records) + ' records' if result.ok else 'FAILED: ' + result.problem}",
+        file=sys.stderr,
+    )
+    ok = code == 0 and result.ok
+    step(
+        7,
+        total,
+        "done: the launch reached stopped and the audit chain is intact" if ok else "FAILED (see above)",
+    )
+    if opts.stay:
+        (state / "user.env").write_text(f"export NYMPH_URL={url}\nexport NYMPH_TOKEN={user_token}\n")
+        os.chmod(state / "user.env", 0o600)
+        nymph = nymph_command()
+        print(
+            f"\nnymph is running. In another shell:\n  source {state / 'user.env'}\n"
+            f"  {nymph} launch dev --mode python --script job.py --wait\n  {nymph} instances dev\n"
+            "Ctrl-C stops everything.",
+            file=sys.stderr,
+            flush=True,
+        )
+        signals.staying()
+        while not signals.stop.is_set() and dp.poll() is None and qp.poll() is None:
+            signals.stop.wait(1)
+        signals.stopping()
+        for name, proc, log in (("daemon", dp, dlog), ("queue", qp, qlog)):
+            if not signals.stop.is_set() and proc.poll() is not None:
                 print(
-                    f"\nnymph is running. In another shell:\n  source {state / 'user.env'}\n"
-                    f"  {nymph} launch dev --mode python --script job.py --wait\n  {nymph} instances dev\n"
-                    "Ctrl-C stops everything.",
+                    f"the {name} exited with code {proc.returncode}; see {log}. Stopping the rest ...",
                     file=sys.stderr,
-                    flush=True,
                 )
-                while not stop_flag.is_set() and dp.poll() is None and qp.poll() is None:
-                    stop_flag.wait(1)
-                print("stopping ...", file=sys.stderr)
-            return 0 if ok else 1
-    finally:
-        procs.stop()
+                return 1
+        print("stopping ...", file=sys.stderr)
+    return 0 if ok else 1

@@ -233,6 +233,8 @@ class LocalCluster:
             self._wait_default_sa("default", deadline)
 
     def stop(self) -> None:
+        if self.procs:
+            self._say("stopping the cluster")
         # kubelet and containerd first, the control plane next, and the node's sweep last: the
         # API server listens on the node's bridge, and hangs in its shutdown if that goes first.
         if self.real is not None:
@@ -244,7 +246,7 @@ class LocalCluster:
         if self.dns is not None:
             self.dns.stop()
         if self.real is not None:
-            self.leftovers = self.real.stop()
+            self.leftovers.extend(self.real.stop())  # a second stop() finds nothing more
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
 
