@@ -114,3 +114,27 @@ def test_ctrl_c_while_the_cluster_starts_stops_at_once_and_a_second_one_cannot_c
     assert "still stopping what it started" in text, text
     left = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"processes left behind: {left.stdout}"
+
+
+def test_a_daemon_that_dies_during_stay_is_named_and_ends_the_stay_with_exit_1(
+    kube: object, tmp_path: Path
+) -> None:
+    state = tmp_path / "dev"
+    proc, text = start_dev_stay(
+        state,
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
+        extra=["--node-kind", "kwok"],
+        timeout=180,
+    )
+    assert "Ctrl-C stops everything" in text, text
+    found = subprocess.run(
+        ["pgrep", "-f", f"daemon --queue .*--workdir-root {state}/root"], capture_output=True, text=True
+    )
+    pids = found.stdout.split()
+    assert len(pids) == 1, found
+    os.kill(int(pids[0]), signal.SIGKILL)
+    _out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1, err
+    assert f"the daemon exited with code -9; see {state / 'daemon.log'}" in err
+    left = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"processes left behind: {left.stdout}"
