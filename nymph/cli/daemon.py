@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -42,8 +43,22 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     async def main() -> int:
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not stopping.is_set():
+                stopping.set()
+                return
+            # A second one: stop now. What was made durable stays (the outbox and the audit log
+            # are on disk; the next start sends what is unsent, and its registration hands the
+            # leases of this session back).
+            sys.stderr.write(
+                f"nymph daemon: second {sig.name}: exiting now, without finishing in-flight work\n"
+            )
+            sys.stderr.flush()
+            os._exit(128 + sig.value)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         return await run_locked(settings, stopping=stopping)
 
     tune_process()  # before the loop and its threads exist

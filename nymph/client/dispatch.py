@@ -182,6 +182,14 @@ class DispatchClient(Transport):
         answer = await self._dispatch("POST", "/v1/dispatch/release", identity=identity, json=body)
         return cast(list[str], answer["released"])
 
+    async def release_all(self, *, daemon_id: str) -> list[str]:
+        """Hand back every lease this daemon holds (it stops, its work sent); the ids handed back."""
+        identity = self._identity(daemon_id=daemon_id)
+        answer = await self._dispatch(
+            "POST", "/v1/dispatch/release", identity=identity, json={"daemonId": daemon_id, "all": True}
+        )
+        return cast(list[str], answer["released"])
+
     async def complete(
         self,
         *,

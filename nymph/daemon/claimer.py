@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from nymph.client import QueueAuthError, QueueClient, QueueError
@@ -71,13 +71,25 @@ class Claimer:
 
     # -- release --------------------------------------------------------------------------------
 
-    async def release(self, task_ids: list[str]) -> None:
+    async def release(self, task_ids: list[str], *, timeout: float | None = None) -> None:
+        """Hand ``task_ids`` back (a queue that does not answer within ``timeout`` seconds is
+        given up on: their leases lapse)."""
         if not task_ids:
             return
+        await self._released(self.client.release(daemon_id=self.s.daemon_id, task_ids=task_ids), timeout)
+
+    async def release_all(self, *, timeout: float) -> None:
+        """Hand back every lease the queue says this daemon holds: at the end of a shutdown,
+        once everything it completed was sent, what remains is work it will not do (a claim
+        answered while it stopped holds tasks it never saw)."""
+        await self._released(self.client.release_all(daemon_id=self.s.daemon_id), timeout)
+
+    async def _released(self, call: Coroutine[Any, Any, list[str]], timeout: float | None) -> None:
         try:
-            released = await self.client.release(daemon_id=self.s.daemon_id, task_ids=task_ids)
-        except QueueError as exc:
-            self.log.warning("could not hand leases back; they will lapse", error=str(exc)[:200])
+            released = await asyncio.wait_for(call, timeout)
+        except (QueueError, TimeoutError) as exc:
+            why = str(exc)[:200] or f"no answer in {timeout:g}s"
+            self.log.warning("could not hand leases back; they will lapse", error=why)
             return
         for tid in released:
             self.leases.dropped(tid)

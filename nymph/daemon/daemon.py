@@ -52,6 +52,8 @@ from nymph.protocol import TaskKind
 
 #: The longest an audit record waits to be made durable when nothing else syncs it first.
 AUDIT_SYNC_SECONDS = 1.0
+#: How long a stopping daemon waits for each answer of the queue (releases of leases)
+SHUTDOWN_CALL_SECONDS = 5.0
 #: How long a kubectl batch may wait to fill while another apply runs.
 KUBECTL_LINGER_SECONDS = 0.1
 
@@ -380,12 +382,14 @@ class Daemon:
             if t.get_name() == "claimer":
                 t.cancel()
         work.drop_waiting()
-        await claimer.release(claimer.leases.unstarted())
+        # Each call to the queue from here on is bounded: a queue that takes connections and
+        # does not answer must not keep the daemon past its Pod's grace period.
+        await claimer.release(claimer.leases.unstarted(), timeout=SHUTDOWN_CALL_SECONDS)
         await runner.drain(grace=s.shutdown_grace_seconds)
         # Whatever we hold and will not complete (not started, skipped because we are stopping,
         # or cut off by the grace period) goes back now rather than when its lease lapses.
-        await claimer.release(claimer.leases.uncompleted())
-        await claimer.release_abandoned()  # handed back in an outage, or not saved
+        await claimer.release(claimer.leases.uncompleted(), timeout=SHUTDOWN_CALL_SECONDS)
+        await claimer.release(claimer.leases.take_abandoned(), timeout=SHUTDOWN_CALL_SECONDS)
         with contextlib.suppress(AuditWriteError):
             await self.audit.synced()
         flushed = await self.outbox.flush(timeout=min(10.0, s.shutdown_grace_seconds))
@@ -393,3 +397,7 @@ class Daemon:
             self.log.warning(
                 "queue unreachable at shutdown; unsent reports kept on disk", pending=self.outbox.pending
             )
+            return
+        # Everything completed was sent: what the queue still leases to us is work we will not
+        # do, among it the tasks of a claim answered while the claimer was being cancelled.
+        await claimer.release_all(timeout=SHUTDOWN_CALL_SECONDS)

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from nymph.client import QueueConflict
+from nymph.client import QueueConflict, QueueError
 from nymph.protocol import parse_iso
 from tests.support.dispatch_helpers import apply, take
 from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
@@ -108,6 +108,35 @@ async def test_renew_release_and_lost(kind: Queue) -> None:
     assert (await d.renew(daemon_id="d1", task_ids=[b["taskId"]]))["lost"] == [b["taskId"]]
     with pytest.raises(QueueConflict):
         await d.complete(daemon_id="d1", task_id=b["taskId"], ok=True)
+
+
+async def test_release_all_hands_back_every_lease_of_the_daemon_and_no_other(kind: Queue) -> None:
+    """A stopping daemon hands back all it holds, tasks it never saw the claim answer of
+    included, without counting their attempts; another daemon's leases stay."""
+    await _launch(kind, 3)
+    d, other = kind.daemon(), kind.daemon()
+    mine = await d.claim(daemon_id="d1", node="n1", capacity=2, wait=0, lease_seconds=30)
+    [theirs] = await other.claim(daemon_id="d2", node="n2", capacity=5, wait=0, lease_seconds=30)
+    assert sorted(await d.release_all(daemon_id="d1")) == sorted(t["taskId"] for t in mine)
+    assert await d.release_all(daemon_id="d1") == [], "nothing left to hand back"
+    assert (await other.renew(daemon_id="d2", task_ids=[theirs["taskId"]]))["renewed"] == [theirs["taskId"]]
+    again = await other.claim(daemon_id="d2", node="n2", capacity=5, wait=0)
+    assert sorted(t["taskId"] for t in again) == sorted(t["taskId"] for t in mine)
+    assert all(t["attempt"] == 1 for t in again), "a release does not count the attempt"
+
+
+async def test_release_refuses_task_ids_and_all_together(kind: Queue) -> None:
+    await _launch(kind)
+    d = kind.daemon()
+    [task] = await d.claim(daemon_id="d1", node="n1", capacity=1, wait=0)
+    with pytest.raises(QueueError, match="not both"):
+        await d._dispatch(
+            "POST",
+            "/v1/dispatch/release",
+            identity=d._identity(daemon_id="d1"),
+            json={"daemonId": "d1", "taskIds": [task["taskId"]], "all": True},
+        )
+    assert (await d.renew(daemon_id="d1", task_ids=[task["taskId"]]))["renewed"] == [task["taskId"]]
 
 
 async def test_expired_lease_is_redelivered(kind: Queue) -> None:

@@ -39,6 +39,7 @@ class FakeQueue:
     claim_answer: Callable[[int], Any] = lambda n: None
     status_for_all: int | None = None  # every route answers this status (5xx peers)
     delay: float = 0.0  # every answer is held this long first (slow peers)
+    hang: frozenset[str] = frozenset()  # these routes never answer (within a minute)
     port: int = field(default_factory=free_port)
     daemon_token: str = "nyq_fake-daemon-token-for-the-peer-test"
     seen: list[Seen] = field(default_factory=list)
@@ -84,6 +85,8 @@ class FakeQueue:
         self.seen.append(Seen(route, time.monotonic(), body))
         if self.delay:
             await asyncio.sleep(self.delay)
+        if route in self.hang:
+            await asyncio.sleep(60)
         if self.status_for_all is not None:
             return web.Response(status=self.status_for_all, text="upstream trouble")
         if route == "register":  # a well-behaved session; the misbehaviour is in the claims
@@ -162,7 +165,18 @@ class FakeQueue:
         fut = asyncio.run_coroutine_threadsafe(runner.cleanup(), loop)
         with contextlib.suppress(Exception):
             fut.result(10)
+        # answers still held (a hanging route) end here, not as tasks destroyed with the loop
+        rest = asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop)
+        with contextlib.suppress(Exception):
+            rest.result(10)
         loop.call_soon_threadsafe(loop.stop)
         if self._thread:
             self._thread.join(10)
         loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

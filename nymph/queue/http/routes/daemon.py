@@ -235,9 +235,18 @@ async def renew(request: web.Request) -> web.Response:
 
 @routes.post("/v1/dispatch/release")
 async def release(request: web.Request) -> web.Response:
+    """Hand back the leases ``taskIds`` names, or with ``"all": true`` every lease the daemon
+    holds (a daemon that stops: a claim answered while it stopped holds tasks it never saw)."""
     f = Fields(await read_object(request))
-    task_ids = f.strings("taskIds", max_items=_MAX_IDS)
-    released = await request.app[STORE].release(session=_session(request, f), task_ids=task_ids)
+    every = f.boolean("all", default=False)
+    session = _session(request, f)
+    if every:
+        if "taskIds" in f.data:
+            raise Unprocessable('body: give "taskIds" or "all": true, not both')
+        released = await request.app[STORE].release_all(session=session)
+    else:
+        task_ids = f.strings("taskIds", max_items=_MAX_IDS)
+        released = await request.app[STORE].release(session=session, task_ids=task_ids)
     return json_response({"released": released})
 
 
