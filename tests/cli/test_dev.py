@@ -18,7 +18,9 @@ from tests.support.hygiene_plugin import track
 pytestmark = pytest.mark.e2e
 
 
-def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp_path: Path) -> None:
+def _stay_on_kwok(tmp_path: Path) -> tuple[Path, subprocess.Popen[str], str]:
+    """``nymph dev --stay`` on a kwok node, with no kube context to find: its state dir, the
+    process and what it printed until it stays up."""
     state = tmp_path / "dev"
     proc, text = start_dev_stay(
         state,
@@ -26,6 +28,16 @@ def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp
         extra=["--node-kind", "kwok"],
         timeout=180,
     )
+    return state, proc, text
+
+
+def _nothing_left(state: Path) -> None:
+    left = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"processes left behind: {left.stdout}"
+
+
+def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp_path: Path) -> None:
+    state, proc, text = _stay_on_kwok(tmp_path)
     assert "stopped (Completed)" in text, text
     assert "audit chain is intact" in text, text
     env_file = state / "user.env"
@@ -59,8 +71,7 @@ def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "lakeshore-" in out and "Completed" in out
-    left = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
-    assert left.stdout.strip() == "", f"processes left behind: {left.stdout}"
+    _nothing_left(state)
 
 
 def _read_until(proc: subprocess.Popen[str], marker: str, seen: list[str], timeout: float) -> bool:
@@ -112,20 +123,13 @@ def test_ctrl_c_while_the_cluster_starts_stops_at_once_and_a_second_one_cannot_c
     assert "nymph: interrupted" in text
     assert "[3/7]" not in text, "nothing after the interrupted step ran"
     assert "still stopping what it started" in text, text
-    left = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
-    assert left.stdout.strip() == "", f"processes left behind: {left.stdout}"
+    _nothing_left(state)
 
 
 def test_a_daemon_that_dies_during_stay_is_named_and_ends_the_stay_with_exit_1(
     kube: object, tmp_path: Path
 ) -> None:
-    state = tmp_path / "dev"
-    proc, text = start_dev_stay(
-        state,
-        env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
-        extra=["--node-kind", "kwok"],
-        timeout=180,
-    )
+    state, proc, text = _stay_on_kwok(tmp_path)
     assert "Ctrl-C stops everything" in text, text
     found = subprocess.run(
         ["pgrep", "-f", f"daemon --queue .*--workdir-root {state}/root"], capture_output=True, text=True
@@ -136,5 +140,4 @@ def test_a_daemon_that_dies_during_stay_is_named_and_ends_the_stay_with_exit_1(
     _out, err = proc.communicate(timeout=90)
     assert proc.returncode == 1, err
     assert f"the daemon exited with code -9; see {state / 'daemon.log'}" in err
-    left = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
-    assert left.stdout.strip() == "", f"processes left behind: {left.stdout}"
+    _nothing_left(state)
