@@ -56,6 +56,8 @@ __all__ = ["DropItem", "Outbox", "OutboxSyncError", "Sender", "Syncable"]
 
 #: Sent lines kept before the file is emptied (a truncate and an ack, both fsynced).
 RESET_LINES = 1000
+#: The longest wait between two tries while :meth:`Outbox.flush` waits (seconds)
+FLUSH_RETRY_SECONDS = 1.0
 
 
 class Outbox:
@@ -108,6 +110,10 @@ class Outbox:
         self.lines = 0  # lines in the file
         self._repair_to: int | None = None  # where a failed append must be cut back to
         self.wake = asyncio.Event()
+        #: set by :meth:`flush`: a send waiting out its backoff tries again now, and the waits
+        #: between tries stay short while a flush waits (a queue rolled in the same upgrade
+        #: that stops this daemon is back long before a backoff of many seconds ends)
+        self._hurry = asyncio.Event()
         self.idle = asyncio.Event()
         self.idle.set()
         self.sent_total = 0
@@ -395,7 +401,12 @@ class Outbox:
                 self.log.warning(
                     "cannot reach the queue; will retry", pending=self.pending, error=self.last_error
                 )
-                await asyncio.sleep(backoff + random.uniform(0, backoff / 2))
+                pause = backoff + random.uniform(0, backoff / 2)
+                if self._hurry.is_set():  # a flush waits: try again soon, but no tight loop
+                    await asyncio.sleep(min(pause, FLUSH_RETRY_SECONDS))
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._hurry.wait(), pause)
                 backoff = min(backoff * 2, 15.0)
                 continue
             backoff = 0.5
@@ -423,6 +434,12 @@ class Outbox:
             fsync_file(self.file)
 
     async def flush(self, timeout: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.idle.wait(), timeout)
+        """Wait up to ``timeout`` seconds until everything was sent; a send waiting out its
+        backoff tries again at once, and again every :data:`FLUSH_RETRY_SECONDS` meanwhile."""
+        self._hurry.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), timeout)
+        finally:
+            self._hurry.clear()
         return self.idle.is_set()

@@ -46,6 +46,36 @@ async def test_outbox_sends_in_order_and_retries_until_the_queue_answers(tmp_pat
     assert box.pending == 0
 
 
+async def test_a_flush_does_not_wait_out_a_long_backoff_once_the_queue_is_back(tmp_path: Path) -> None:
+    """A daemon that stops flushes its outbox for a few seconds: a send waiting out a backoff of
+    many seconds (the queue was down, and is back) tries again at once."""
+    box = Outbox(tmp_path)
+    tries: list[float] = []
+    down = {"n": 6}  # backoffs 0.5, 1, 2, 4, 8, 15 s: the sixth failure waits 15 s or more
+
+    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
+        tries.append(asyncio.get_running_loop().time())
+        if down["n"] > 0:
+            down["n"] -= 1
+            if down["n"] == 0:
+                back.set()
+            raise ConnectionError("queue down")
+
+    back = asyncio.Event()
+    box.report(instance_id=IID, state="stopped", reason="Completed")
+    runner = asyncio.create_task(box.run(send))
+    try:
+        # the first five failures are hurried on by short flushes (their backoffs add up to 15-23 s)
+        while down["n"] > 1:
+            await box.flush(timeout=0.01)  # each try is hurried on; the queue is still down
+            await asyncio.sleep(0.01)
+        await back.wait()  # the sixth failure: now its backoff is 15 s or more
+        assert await box.flush(timeout=5), "the queue was back: the flush sent it"
+    finally:
+        runner.cancel()
+    assert box.pending == 0 and len(tries) == 7
+
+
 async def test_outbox_survives_a_restart_without_resending_acknowledged_items(tmp_path: Path) -> None:
     first = Outbox(tmp_path)
     got: list[int] = []
