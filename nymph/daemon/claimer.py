@@ -85,6 +85,10 @@ class Claimer:
         await self._released(self.client.release_all(daemon_id=self.s.daemon_id), timeout)
 
     async def _released(self, call: Coroutine[Any, Any, list[str]], timeout: float | None) -> None:
+        if timeout is not None and timeout <= 0:
+            call.close()  # never sent
+            self.log.warning("no time left to hand leases back; they will lapse")
+            return
         try:
             released = await asyncio.wait_for(call, timeout)
         except (QueueError, TimeoutError) as exc:

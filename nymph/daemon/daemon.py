@@ -36,6 +36,7 @@ from nymph.daemon.rootlock import RootLock
 from nymph.daemon.runner import HandlerRegistry, Runner
 from nymph.daemon.sender import QueueSender
 from nymph.daemon.settings import DaemonSettings
+from nymph.daemon.stopbudget import StopBudget
 from nymph.daemon.tasks import dockyard, pods
 from nymph.daemon.tasks.context import TaskContext
 from nymph.daemon.tracker import Tracker
@@ -52,8 +53,6 @@ from nymph.protocol import TaskKind
 
 #: The longest an audit record waits to be made durable when nothing else syncs it first.
 AUDIT_SYNC_SECONDS = 1.0
-#: How long a stopping daemon waits for each answer of the queue (releases of leases)
-SHUTDOWN_CALL_SECONDS = 5.0
 #: How long a kubectl batch may wait to fill while another apply runs.
 KUBECTL_LINGER_SECONDS = 0.1
 
@@ -382,17 +381,19 @@ class Daemon:
             if t.get_name() == "claimer":
                 t.cancel()
         work.drop_waiting()
-        # Each call to the queue from here on is bounded: a queue that takes connections and
-        # does not answer must not keep the daemon past its Pod's grace period.
-        await claimer.release(claimer.leases.unstarted(), timeout=SHUTDOWN_CALL_SECONDS)
-        await runner.drain(grace=s.shutdown_grace_seconds)
+        # The whole stop fits in --grace and a reserve: a queue that takes connections and does
+        # not answer must not keep the daemon past its Pod's grace period (see StopBudget).
+        budget = StopBudget(grace=s.shutdown_grace_seconds)
+        await claimer.release(claimer.leases.unstarted(), timeout=budget.left())
+        await runner.drain(grace=budget.drain())
         # Whatever we hold and will not complete (not started, skipped because we are stopping,
-        # or cut off by the grace period) goes back now rather than when its lease lapses.
-        await claimer.release(claimer.leases.uncompleted(), timeout=SHUTDOWN_CALL_SECONDS)
-        await claimer.release(claimer.leases.take_abandoned(), timeout=SHUTDOWN_CALL_SECONDS)
+        # or cut off by the grace period), and what was handed back in an outage or not saved,
+        # goes back now rather than when its lease lapses.
+        rest = [*claimer.leases.uncompleted(), *claimer.leases.take_abandoned()]
+        await claimer.release(list(dict.fromkeys(rest)), timeout=budget.left())
         with contextlib.suppress(AuditWriteError):
             await self.audit.synced()
-        flushed = await self.outbox.flush(timeout=min(10.0, s.shutdown_grace_seconds))
+        flushed = await self.outbox.flush(timeout=budget.left(cap=10.0))
         if not flushed:
             self.log.warning(
                 "queue unreachable at shutdown; unsent reports kept on disk", pending=self.outbox.pending
@@ -400,4 +401,4 @@ class Daemon:
             return
         # Everything completed was sent: what the queue still leases to us is work we will not
         # do, among it the tasks of a claim answered while the claimer was being cancelled.
-        await claimer.release_all(timeout=SHUTDOWN_CALL_SECONDS)
+        await claimer.release_all(timeout=budget.left())
