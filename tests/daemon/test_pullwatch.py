@@ -15,6 +15,7 @@ from nymph.daemon.tracker import Tracker
 from nymph.daemon.workdirs import Workdirs
 from nymph.launch.pullwait import ANNOTATION_PULL_TIMEOUT
 from nymph.launch.render import HOSTNAME_LABEL
+from tests.support.fakeclock import FakeClock
 from tests.support.watch_cache import WatchCache
 
 IID = "lakeshore-0123abcd"
@@ -57,15 +58,7 @@ class Deleter:
         return True
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def setup(tmp_path: Path, clock: Clock) -> tuple[PullWatch, Tracker, WatchCache, Deleter]:
+def setup(tmp_path: Path, clock: FakeClock) -> tuple[PullWatch, Tracker, WatchCache, Deleter]:
     tracker = Tracker(
         node="node-a", outbox=Outbox(tmp_path / "state"), metrics=Metrics(), workdirs=Workdirs(root=tmp_path)
     )
@@ -98,10 +91,10 @@ def reports(tracker: Tracker) -> list[tuple[str, str | None, str | None]]:
 async def test_a_pod_failing_its_pull_past_the_timeout_is_stopped_and_deleted(tmp_path: Path) -> None:
     """Before the timeout nothing happens; after it the instance is stopped / ImagePull with a
     message naming the image and the time, and its Pod is deleted at once; its going adds nothing."""
-    clock = Clock(1000.0)
+    clock = FakeClock(1000.0)
     watch, tracker, cache, deleter = setup(tmp_path, clock)
     await event(watch, tracker, cache, "ADDED", pod())
-    clock.t = 1005.0
+    clock.now = 1005.0
     await event(watch, tracker, cache, "MODIFIED", pod("ImagePullBackOff"))
     assert await watch.check(now=1009.0) == []
     assert await watch.check(now=1010.5) == [IID]
@@ -117,10 +110,10 @@ async def test_a_pod_failing_its_pull_past_the_timeout_is_stopped_and_deleted(tm
 
 async def test_a_pull_that_recovers_clears_the_clock(tmp_path: Path) -> None:
     """A Pod whose pull works after a failure (it runs) is never stopped for it."""
-    clock = Clock(1000.0)
+    clock = FakeClock(1000.0)
     watch, tracker, cache, deleter = setup(tmp_path, clock)
     await event(watch, tracker, cache, "ADDED", pod())
-    clock.t = 1005.0
+    clock.now = 1005.0
     await event(watch, tracker, cache, "MODIFIED", pod(None, phase="Running"))
     assert await watch.check(now=1100.0) == []
     assert deleter.deleted == []
@@ -128,7 +121,7 @@ async def test_a_pull_that_recovers_clears_the_clock(tmp_path: Path) -> None:
 
 async def test_a_stop_requested_pod_is_left_to_the_stop(tmp_path: Path) -> None:
     """A Pod a user is stopping is not stopped a second time for its pull."""
-    clock = Clock(1000.0)
+    clock = FakeClock(1000.0)
     watch, tracker, cache, deleter = setup(tmp_path, clock)
     await event(watch, tracker, cache, "ADDED", pod())
     tracker.tracks[IID].stop_requested = True
@@ -138,10 +131,10 @@ async def test_a_stop_requested_pod_is_left_to_the_stop(tmp_path: Path) -> None:
 
 async def test_the_clock_survives_a_daemon_restart(tmp_path: Path) -> None:
     """A restarted daemon that finds the Pod still failing keeps counting from the first failure."""
-    clock = Clock(1000.0)
+    clock = FakeClock(1000.0)
     watch, tracker, cache, _ = setup(tmp_path, clock)
     await event(watch, tracker, cache, "ADDED", pod())
-    clock.t = 1008.0
+    clock.now = 1008.0
     watch2, tracker2, cache2, deleter2 = setup(tmp_path, clock)
     await event(watch2, tracker2, cache2, "ADDED", pod("ImagePullBackOff"))
     assert watch2.since[IID] == 1000.0

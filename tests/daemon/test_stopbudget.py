@@ -4,18 +4,11 @@ the whole stop ends within --grace and the reserve, however slowly the queue ans
 from __future__ import annotations
 
 from nymph.daemon.stopbudget import CALL_SECONDS, StopBudget
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.fakeclock import FakeClock
 
 
 def test_a_stop_whose_every_call_times_out_still_ends_within_grace_and_the_reserve() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     budget = StopBudget(grace=20.0, reserve=8.0, clock=clock)
     clock.now += budget.left()  # the unstarted leases: the queue does not answer
     drain = budget.drain()
@@ -28,7 +21,7 @@ def test_a_stop_whose_every_call_times_out_still_ends_within_grace_and_the_reser
 
 
 def test_a_quick_stop_gives_every_step_its_full_cap() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     budget = StopBudget(grace=20.0, reserve=8.0, clock=clock)
     assert budget.left() == CALL_SECONDS and budget.left(cap=10.0) == 10.0
     assert budget.drain() == 20.0

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 from nymph.kube.clientcache import ClientCache, Opener
+from tests.support.fakeclock import FakeClock
 
 
 class FakeClient:
@@ -18,15 +19,7 @@ class FakeClient:
         self.closed = True
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def cache_with(clock: Clock, **kw: Any) -> tuple[ClientCache, list[FakeClient], Opener]:
+def cache_with(clock: FakeClock, **kw: Any) -> tuple[ClientCache, list[FakeClient], Opener]:
     opened: list[FakeClient] = []
     cache = ClientCache(clock=clock, **kw)
 
@@ -40,7 +33,7 @@ def cache_with(clock: Clock, **kw: Any) -> tuple[ClientCache, list[FakeClient], 
 
 
 async def test_one_client_serves_every_call_with_the_same_credential() -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache, opened, opener = cache_with(clock)
 
     async def call() -> int:
@@ -54,7 +47,7 @@ async def test_one_client_serves_every_call_with_the_same_credential() -> None:
 
 
 async def test_a_changed_credential_opens_a_new_client_and_closes_the_old_after_its_last_user() -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache, opened, opener = cache_with(clock)
     async with cache.use("k", "fp1", opener) as old:
         async with cache.use("k", "fp2", opener) as new:
@@ -68,25 +61,25 @@ async def test_a_changed_credential_opens_a_new_client_and_closes_the_old_after_
 
 
 async def test_clients_past_their_age_are_reopened_and_idle_ones_are_closed() -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache, opened, opener = cache_with(clock, max_age=300.0, idle=60.0)
     async with cache.use("a", "fp", opener):
         pass
-    clock.t = 301.0
+    clock.now = 301.0
     async with cache.use("a", "fp", opener) as api:
         assert api.n == 1
     assert opened[0].closed
     async with cache.use("b", "fp", opener):
         pass
     assert len(cache) == 2
-    clock.t = 361.0 + 1
+    clock.now = 361.0 + 1
     await cache.sweep()
     assert len(cache) == 0
     assert all(c.closed for c in opened)
 
 
 async def test_close_closes_everything_not_in_use() -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache, opened, opener = cache_with(clock)
     for key in ("a", "b", "c"):
         async with cache.use(key, "fp", opener):

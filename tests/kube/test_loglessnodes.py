@@ -11,22 +11,15 @@ from nymph.kube.logfollow import follow_container_log
 from nymph.kube.loglessnodes import LoglessNodes
 from nymph.kube.logstream import NoContainerLog, NodeHasNoAddress, classify
 from nymph.launch.logcursor import Cursor
+from tests.support.fakeclock import FakeClock
 
 NO_ADDRESS = "no preferred addresses found; known addresses: []"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_node_is_known_until_its_time_runs_out() -> None:
     """A remembered node is known (with what its answer said) for ``ttl`` seconds, then asked
     again; remembering it again restarts its time."""
-    clock = Clock()
+    clock = FakeClock(1000.0)
     nodes = LoglessNodes(ttl=60, clock=clock)
     assert nodes.known("n1") is None
     assert nodes.remember("n1", NO_ADDRESS) is True
@@ -43,7 +36,7 @@ def test_a_node_is_known_until_its_time_runs_out() -> None:
 
 def test_the_oldest_node_is_forgotten_first_when_full() -> None:
     """At most ``max_nodes`` are kept; a node remembered again counts as the newest."""
-    nodes = LoglessNodes(max_nodes=2, clock=Clock())
+    nodes = LoglessNodes(max_nodes=2, clock=FakeClock(1000.0))
     nodes.remember("a", "x")
     nodes.remember("b", "x")
     nodes.remember("a", "x")  # a is now newer than b
@@ -92,7 +85,7 @@ class NoApi:
 async def test_a_follower_on_a_known_node_ends_at_once_with_its_note() -> None:
     """On a node known to serve no log the follower ships one final, empty chunk with the
     node's note and sends no request; on another node it would ask (and here fail loudly)."""
-    nodes = LoglessNodes(clock=Clock())
+    nodes = LoglessNodes(clock=FakeClock(1000.0))
     nodes.remember("kwok-1", NO_ADDRESS)
     sink = Sink()
     await follow_container_log(
