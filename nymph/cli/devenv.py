@@ -74,8 +74,12 @@ class DevOptions:
     state_dir: str | None = None
 
 
-def step(n: int, total: int, text: str) -> None:
-    print(f"[{n}/{total}] {text}", file=sys.stderr, flush=True)
+#: the steps ``nymph dev`` counts in its progress lines ("[3/7] ...")
+STEPS = 7
+
+
+def step(n: int, text: str) -> None:
+    print(f"[{n}/{STEPS}] {text}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -262,13 +266,12 @@ def run_dev(opts: DevOptions) -> int:
         state.mkdir(parents=True, exist_ok=True)
     else:
         state = fresh_state(platformdirs.user_state_path("nymph") / "dev")
-    total = 7
     procs = Procs()
     script = Path(opts.script).read_text() if opts.script else SAMPLE
     signals = Interrupts()
     try:
-        step(1, total, f"state in {state}")
-        step(2, total, "finding a cluster")
+        step(1, f"state in {state}")
+        step(2, "finding a cluster")
         with find_cluster(state, embedded=opts.embedded, node=opts.node, node_kind=opts.node_kind) as cluster:
             try:
                 return _run_on(cluster, opts, state=state, script=script, procs=procs, signals=signals)
@@ -286,8 +289,7 @@ def run_dev(opts: DevOptions) -> int:
 def _run_on(
     cluster: Cluster, opts: DevOptions, *, state: Path, script: str, procs: Procs, signals: Interrupts
 ) -> int:
-    total = 7
-    step(3, total, "starting the queue service")
+    step(3, "starting the queue service")
     db = state / "queue.db"
     user_token, daemon_token = _token(db, "user"), _token(db, "daemon")
     qport = opts.port or free_port()
@@ -316,7 +318,7 @@ def _run_on(
     _wait_http(f"{url}/healthz", 30, qp, qlog)
     print(f"      queue at {url} (log {qlog})", file=sys.stderr)
 
-    step(4, total, f"starting the daemon for node {cluster.node}")
+    step(4, f"starting the daemon for node {cluster.node}")
     hport = free_port()
     dlog = state / "daemon.log"
     if opts.workdir_root:
@@ -360,10 +362,10 @@ def _run_on(
     _wait_http(f"http://127.0.0.1:{hport}/healthz", 30, dp, dlog)
     print(f"      daemon health on http://127.0.0.1:{hport}/healthz (log {dlog})", file=sys.stderr)
 
-    step(5, total, "creating provider 'dev' and mode 'python', submitting a sample launch")
+    step(5, "creating provider 'dev' and mode 'python', submitting a sample launch")
     _iid, code = asyncio.run(_demo(url, user_token, cluster=cluster, script=script))
 
-    step(6, total, "verifying the audit log")
+    step(6, "verifying the audit log")
     result = verify(root / "audit.jsonl")
     print(
         f"      {root / 'audit.jsonl'}: {'ok, ' + str(result.records) + ' records' if result.ok else 'FAILED: ' + result.problem}",
@@ -372,7 +374,6 @@ def _run_on(
     ok = code == 0 and result.ok
     step(
         7,
-        total,
         "done: the launch reached stopped and the audit chain is intact" if ok else "FAILED (see above)",
     )
     if opts.stay:

@@ -319,7 +319,7 @@ class Store:
         return released
 
     async def release_all(self, *, session: DaemonSession) -> list[str]:
-        """Hand back every lease the session's daemon holds (its session was replaced)."""
+        """Hand back every lease the session's daemon holds (its session was replaced, or it stops)."""
         released = await self.db.write(lambda conn: leases.release_all(conn, session=session, now=now()))
         if released:
             self.tasks_changed.notify(len(released))
