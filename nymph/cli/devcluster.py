@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,9 +125,17 @@ def daemon_kubeconfig(local: LocalCluster, state: Path) -> Path:
 
 
 @contextlib.contextmanager
-def find_cluster(state: Path, *, embedded: bool, node: str | None, node_kind: str) -> Iterator[Cluster]:
+def find_cluster(
+    state: Path,
+    *,
+    embedded: bool,
+    node: str | None,
+    node_kind: str,
+    checkpoint: Callable[[], None] | None = None,
+) -> Iterator[Cluster]:
     """The current kube context when one is reachable (unless ``embedded``), else the embedded
-    local control plane under ``state``, stopped when the block ends."""
+    local control plane under ``state``, stopped when the block ends; ``checkpoint`` runs
+    before each of its processes starts (see :attr:`LocalCluster.checkpoint`)."""
     if not embedded:
         kubeconfig, first = reachable_context()
         if first:
@@ -143,6 +151,7 @@ def find_cluster(state: Path, *, embedded: bool, node: str | None, node_kind: st
         node=kind,
         node_names=() if kind == "real" else (DEFAULT_NODE,),
         progress=lambda m: print(f"      {m}", file=sys.stderr, flush=True),
+        checkpoint=checkpoint,
     )
     try:
         local.start()

@@ -78,7 +78,10 @@ class DevOptions:
 STEPS = 7
 
 
-def step(n: int, text: str) -> None:
+def step(n: int, text: str, signals: Interrupts | None = None) -> None:
+    """Print step ``n``'s progress line; first, an interrupt that has not taken effect does."""
+    if signals is not None:
+        signals.check()
     print(f"[{n}/{STEPS}] {text}", file=sys.stderr, flush=True)
 
 
@@ -121,15 +124,20 @@ class Interrupts:
     - while it starts up and runs the demo, the first one interrupts (``KeyboardInterrupt``:
       what was started so far is stopped on the way out); inside :meth:`held` (a child being
       started and recorded) it waits for the block's end;
+    - an interrupt raised where Python cannot pass it on (a fork handler of the logging module
+      while a child starts prints "Exception ignored" and goes on) is raised again at the next
+      :meth:`check`, which start-up calls at each step and before each process it starts;
     - while it stays up (:meth:`staying`), it ends the stay;
-    - while it stops (:meth:`stopping`), it only says so: a second Ctrl-C never leaves things
-      half-stopped.
+    - once interrupted, and while it stops (:meth:`stopping`), another one only says so: a
+      second Ctrl-C never leaves things half-stopped.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.stop = threading.Event()
+        #: starting -> (staying ->) stopping; "interrupted" from the first signal during start-up
+        #: until the code that stops things says :meth:`stopping`
         self.phase = "starting"
         self._holding = False
         self._pending = False
@@ -138,7 +146,7 @@ class Interrupts:
             signal.signal(s, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        if self.phase == "stopping":
+        if self.phase in ("stopping", "interrupted"):
             # os.write: a handler that prints could interrupt a print of the code it stops
             os.write(2, b"      still stopping what it started; please wait\n")
             return
@@ -147,7 +155,16 @@ class Interrupts:
             if self._holding:
                 self._pending = True
                 return
-            self.phase = "stopping"
+            self.phase = "interrupted"
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise an interrupt that came during start-up and has not taken effect: held back by
+        :meth:`held`, or swallowed where it was raised (start-up would otherwise run on)."""
+        if self._holding:
+            return
+        if self.phase == "interrupted" or (self._pending and self.phase == "starting"):
+            self.phase = "interrupted"
             raise KeyboardInterrupt
 
     @contextlib.contextmanager
@@ -158,9 +175,7 @@ class Interrupts:
             yield
         finally:
             self._holding = False
-        if self._pending and self.phase == "starting":
-            self.phase = "stopping"
-            raise KeyboardInterrupt
+        self.check()
 
     def staying(self) -> None:
         self.phase = "staying"
@@ -272,7 +287,9 @@ def run_dev(opts: DevOptions) -> int:
     try:
         step(1, f"state in {state}")
         step(2, "finding a cluster")
-        with find_cluster(state, embedded=opts.embedded, node=opts.node, node_kind=opts.node_kind) as cluster:
+        with find_cluster(
+            state, embedded=opts.embedded, node=opts.node, node_kind=opts.node_kind, checkpoint=signals.check
+        ) as cluster:
             try:
                 return _run_on(cluster, opts, state=state, script=script, procs=procs, signals=signals)
             finally:
@@ -289,7 +306,7 @@ def run_dev(opts: DevOptions) -> int:
 def _run_on(
     cluster: Cluster, opts: DevOptions, *, state: Path, script: str, procs: Procs, signals: Interrupts
 ) -> int:
-    step(3, "starting the queue service")
+    step(3, "starting the queue service", signals)
     db = state / "queue.db"
     user_token, daemon_token = _token(db, "user"), _token(db, "daemon")
     qport = opts.port or free_port()
@@ -318,7 +335,7 @@ def _run_on(
     _wait_http(f"{url}/healthz", 30, qp, qlog)
     print(f"      queue at {url} (log {qlog})", file=sys.stderr)
 
-    step(4, f"starting the daemon for node {cluster.node}")
+    step(4, f"starting the daemon for node {cluster.node}", signals)
     hport = free_port()
     dlog = state / "daemon.log"
     if opts.workdir_root:
@@ -362,10 +379,10 @@ def _run_on(
     _wait_http(f"http://127.0.0.1:{hport}/healthz", 30, dp, dlog)
     print(f"      daemon health on http://127.0.0.1:{hport}/healthz (log {dlog})", file=sys.stderr)
 
-    step(5, "creating provider 'dev' and mode 'python', submitting a sample launch")
+    step(5, "creating provider 'dev' and mode 'python', submitting a sample launch", signals)
     _iid, code = asyncio.run(_demo(url, user_token, cluster=cluster, script=script))
 
-    step(6, "verifying the audit log")
+    step(6, "verifying the audit log", signals)
     result = verify(root / "audit.jsonl")
     print(
         f"      {root / 'audit.jsonl'}: {'ok, ' + str(result.records) + ' records' if result.ok else 'FAILED: ' + result.problem}",
@@ -375,6 +392,7 @@ def _run_on(
     step(
         7,
         "done: the launch reached stopped and the audit chain is intact" if ok else "FAILED (see above)",
+        signals,
     )
     if opts.stay:
         (state / "user.env").write_text(f"export NYMPH_URL={url}\nexport NYMPH_TOKEN={user_token}\n")

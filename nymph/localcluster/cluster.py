@@ -80,6 +80,9 @@ class LocalCluster:
     node_names: Sequence[str] = (DEFAULT_NODE,)
     controller_manager: bool = True
     progress: Callable[[str], None] | None = None
+    #: called before each control-plane process is started: a caller's way to stop the start
+    #: there (it raises), e.g. an interrupt that an earlier step swallowed
+    checkpoint: Callable[[], None] | None = None
     node: str = "kwok"
     images: Sequence[NodeImage] | None = None
     #: KubeletConfiguration fields over the real node's defaults (e.g. log rotation).
@@ -261,6 +264,8 @@ class LocalCluster:
     # -- helpers ---------------------------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        if self.checkpoint:
+            self.checkpoint()
         self.procs.append(spawn(name, argv, logdir=self.workdir))
 
     def _check_alive(self) -> None:

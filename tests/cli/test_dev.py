@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.devstay import start_dev_stay
+from tests.support.hygiene_plugin import track
 
 pytestmark = pytest.mark.e2e
 
@@ -69,6 +71,58 @@ def test_nymph_dev_reaches_stopped_and_stays_until_interrupted(kube: object, tmp
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "lakeshore-" in out and "Completed" in out
+    _nothing_left(state)
+
+
+def _read_until(proc: subprocess.Popen[str], marker: str, seen: list[str], timeout: float) -> bool:
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            return False
+        seen.append(line)
+        if marker in line:
+            return True
+    return False
+
+
+def test_ctrl_c_while_the_cluster_starts_stops_at_once_and_a_second_one_cannot_cut_the_stop_short(
+    kube: object, tmp_path: Path
+) -> None:
+    """Ctrl-C during start-up interrupts it (exit 130) instead of being held until the demo has
+    run, everything started so far is stopped, and a second Ctrl-C while stopping only says so."""
+    state = tmp_path / "dev"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nymph.cli",
+            "dev",
+            "--embedded",
+            "--node-kind",
+            "kwok",
+            "--state-dir",
+            str(state),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
+        start_new_session=True,
+    )
+    track(proc)
+    seen: list[str] = []
+    assert _read_until(proc, "starting kube-apiserver", seen, 120), "".join(seen)
+    proc.send_signal(signal.SIGINT)
+    assert _read_until(proc, "stopping the cluster", seen, 60), "".join(seen)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=90)
+    text = "".join(seen) + err
+    assert proc.returncode == 130, text
+    assert "nymph: interrupted" in text
+    assert "[3/7]" not in text, "nothing after the interrupted step ran"
+    assert "still stopping what it started" in text, text
     _nothing_left(state)
 
 
