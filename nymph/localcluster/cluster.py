@@ -42,7 +42,15 @@ from nymph.localcluster.clusterdns import ClusterDNS, endpoints_lookup
 from nymph.localcluster.flags import KWOK_NODE_ANNOTATION
 from nymph.localcluster.kubeconfig import cert_kubeconfig, token_kubeconfig
 from nymph.localcluster.kuberay import KubeRayOperator, start_for
-from nymph.localcluster.procs import Proc, Restarter, free_port, port_free, spawn, stop_all
+from nymph.localcluster.procs import (
+    Proc,
+    ProcessesSurvived,
+    Restarter,
+    free_port,
+    port_free,
+    spawn,
+    stop_all,
+)
 from nymph.localcluster.realnode import NodeImage, RealNode, real_node_support
 
 DEFAULT_NODE = "nymph-node-1"
@@ -240,12 +248,19 @@ class LocalCluster:
             self._say("stopping the cluster")
         # kubelet and containerd first, the control plane next, and the node's sweep last: the
         # API server listens on the node's bridge, and hangs in its shutdown if that goes first.
+        # A process that outlives its SIGKILL is a leftover, and the steps after it still run.
         if self.real is not None:
-            self.real.stop_processes()
+            try:
+                self.real.stop_processes()
+            except ProcessesSurvived as exc:
+                self.leftovers.append(str(exc))
         if self.kwok is not None:
             self.kwok.stop()
         procs, self.procs = self.procs, []
-        stop_all(procs)
+        try:
+            stop_all(procs)
+        except ProcessesSurvived as exc:
+            self.leftovers.append(str(exc))
         if self.dns is not None:
             self.dns.stop()
         if self.real is not None:

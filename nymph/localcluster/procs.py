@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nymph.errors import NymphError
+
 #: Ports :func:`free_port` handed out lately: the kernel may give a port just released to the
 #: next bind, so two listeners picked one after the other could otherwise get the same one.
 _RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=512)
@@ -78,10 +80,17 @@ def spawn(name: str, argv: Sequence[str], *, logdir: Path, env: Mapping[str, str
     return Proc(name=name, popen=popen, log=log)
 
 
+class ProcessesSurvived(NymphError):
+    """Processes still running 5 s after SIGKILL (held in the kernel, e.g. on a hung mount)."""
+
+
 def stop_all(procs: Sequence[Proc], *, grace: float = 5.0) -> None:
     """Stop the processes one by one, last started first (the API server exits in about a
     second while etcd is up, but waits out its timeouts when etcd goes at the same time):
-    SIGTERM to the process group, SIGKILL after ``grace`` seconds."""
+    SIGTERM to the process group, SIGKILL after ``grace`` seconds. One that outlives its SIGKILL
+    does not keep the others running: each is stopped, then :class:`ProcessesSurvived` names
+    those still there."""
+    survived: list[str] = []
     for p in reversed(procs):
         if p.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -91,7 +100,12 @@ def stop_all(procs: Sequence[Proc], *, grace: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.popen.pid, signal.SIGKILL)
-            p.popen.wait(timeout=5)
+            try:
+                p.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                survived.append(f"{p.name} (pid {p.popen.pid}, log {p.log})")
+    if survived:
+        raise ProcessesSurvived("still running after SIGKILL: " + "; ".join(survived))
 
 
 class Restarter:

@@ -23,7 +23,7 @@ from nymph.errors import NymphError
 from nymph.localcluster import host, nodeimages
 from nymph.localcluster.certs import PKI
 from nymph.localcluster.nodeconfig import NodeLayout, cni_conflist, containerd_toml, kubelet_yaml
-from nymph.localcluster.procs import Proc, spawn, stop_all
+from nymph.localcluster.procs import Proc, ProcessesSurvived, spawn, stop_all
 from nymph.localcluster.slotreaper import start_reaper
 
 REAL_NODE = "nymph-real"
@@ -274,10 +274,16 @@ class RealNode:
         stop_all(procs, grace=5.0)
 
     def stop(self) -> list[str]:
-        """Stop kubelet and containerd and sweep the slot; returns what could not be removed."""
-        self.stop_processes()
+        """Stop kubelet and containerd and sweep the slot; returns what could not be removed
+        (a process that outlived its SIGKILL among them: the sweep still runs)."""
+        problems: list[str] = []
+        try:
+            self.stop_processes()
+        except ProcessesSurvived as exc:
+            problems.append(str(exc))
         layout, self.layout = self.layout, None
-        problems = host.release_slot(layout) if layout is not None else []
+        if layout is not None:
+            problems += host.release_slot(layout)
         watcher, self.reaper = self.reaper, None
         if watcher is not None:
             assert watcher.stdin is not None
