@@ -132,10 +132,11 @@ def find_cluster(
     node: str | None,
     node_kind: str,
     checkpoint: Callable[[], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
 ) -> Iterator[Cluster]:
     """The current kube context when one is reachable (unless ``embedded``), else the embedded
-    local control plane under ``state``, stopped when the block ends; ``checkpoint`` runs
-    before each of its processes starts (see :attr:`LocalCluster.checkpoint`)."""
+    local control plane under ``state``, stopped when the block ends; ``checkpoint`` and
+    ``on_stop`` are the cluster's (see :class:`LocalCluster`)."""
     if not embedded:
         kubeconfig, first = reachable_context()
         if first:
@@ -152,6 +153,7 @@ def find_cluster(
         node_names=() if kind == "real" else (DEFAULT_NODE,),
         progress=lambda m: print(f"      {m}", file=sys.stderr, flush=True),
         checkpoint=checkpoint,
+        on_stop=on_stop,
     )
     try:
         local.start()

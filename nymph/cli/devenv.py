@@ -169,7 +169,9 @@ class Interrupts:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """A block no signal interrupts (one that comes meanwhile interrupts at its end)."""
+        """A block no signal interrupts (one that comes meanwhile interrupts at its end; one
+        that has not taken effect yet, before it starts)."""
+        self.check()
         self._holding = True
         try:
             yield
@@ -288,7 +290,12 @@ def run_dev(opts: DevOptions) -> int:
         step(1, f"state in {state}")
         step(2, "finding a cluster")
         with find_cluster(
-            state, embedded=opts.embedded, node=opts.node, node_kind=opts.node_kind, checkpoint=signals.check
+            state,
+            embedded=opts.embedded,
+            node=opts.node,
+            node_kind=opts.node_kind,
+            checkpoint=signals.check,
+            on_stop=signals.stopping,
         ) as cluster:
             try:
                 return _run_on(cluster, opts, state=state, script=script, procs=procs, signals=signals)

@@ -88,9 +88,13 @@ class LocalCluster:
     node_names: Sequence[str] = (DEFAULT_NODE,)
     controller_manager: bool = True
     progress: Callable[[str], None] | None = None
-    #: called before each control-plane process is started: a caller's way to stop the start
-    #: there (it raises), e.g. an interrupt that an earlier step swallowed
+    #: called before each control-plane process is started and at each turn of the start's
+    #: waits: a caller's way to stop the start there (it raises), e.g. an interrupt that an
+    #: earlier step swallowed
     checkpoint: Callable[[], None] | None = None
+    #: called first thing in :meth:`stop` (e.g. so that a Ctrl-C from then on does not cut the
+    #: stop short)
+    on_stop: Callable[[], None] | None = None
     node: str = "kwok"
     images: Sequence[NodeImage] | None = None
     #: KubeletConfiguration fields over the real node's defaults (e.g. log rotation).
@@ -244,6 +248,8 @@ class LocalCluster:
             self._wait_default_sa("default", deadline)
 
     def stop(self) -> None:
+        if self.on_stop:
+            self.on_stop()
         if self.procs:
             self._say("stopping the cluster")
         # kubelet and containerd first, the control plane next, and the node's sweep last: the
@@ -284,6 +290,8 @@ class LocalCluster:
         self.procs.append(spawn(name, argv, logdir=self.workdir))
 
     def _check_alive(self) -> None:
+        if self.checkpoint:
+            self.checkpoint()
         for p in list(self.procs):
             if self.kwok is not None and self.kwok.replaced(p):
                 continue  # started again by its Restarter

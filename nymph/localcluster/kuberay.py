@@ -12,6 +12,7 @@ ports are free loopback ports, so concurrent clusters never collide.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nymph.errors import NymphError
-from nymph.localcluster.procs import Proc, free_port, spawn, stop_all
+from nymph.localcluster.procs import Proc, ProcessesSurvived, free_port, spawn, stop_all
 
 CRD_FILES = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
 FIELD_MANAGER = "nymph-localcluster"
@@ -122,7 +123,8 @@ def start_operator(
     try:
         wait_probe(op, deadline=deadline)
     except BaseException:
-        stop_all([op.proc], grace=2.0)
+        with contextlib.suppress(ProcessesSurvived):  # the error that stopped it is the one to tell
+            stop_all([op.proc], grace=2.0)
         raise
     return op
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from nymph.errors import NymphError
 from nymph.localcluster import netfilter
-from nymph.localcluster.procs import Proc, spawn, stop_all
+from nymph.localcluster.procs import Proc, ProcessesSurvived, spawn, stop_all
 
 if TYPE_CHECKING:
     from nymph.localcluster.cluster import LocalCluster
@@ -107,9 +107,13 @@ class KubeRouter:
         self.stopped = True
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
-        stop_all([self.proc], grace=grace)
+        survived: list[str] = []
+        try:
+            stop_all([self.proc], grace=grace)
+        except ProcessesSurvived as exc:  # its rules are still undone
+            survived.append(str(exc))
         netfilter.undo(self.before, netfilter.snapshot(), owned=owned)
-        self.leftovers = netfilter.differences(self.before, netfilter.snapshot())
+        self.leftovers = survived + netfilter.differences(self.before, netfilter.snapshot())
         return self.leftovers
 
 

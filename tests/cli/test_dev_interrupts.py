@@ -80,3 +80,13 @@ def test_a_signal_while_staying_ends_the_stay_without_raising(signals: Interrupt
     os.kill(os.getpid(), signal.SIGINT)
     assert signals.stop.is_set()
     signals.check()
+
+
+def test_a_swallowed_interrupt_keeps_a_held_block_from_starting(signals: Interrupts) -> None:
+    """After a Ctrl-C that was swallowed, the next child is not started (and then stopped): the
+    interrupt is raised as the held block begins."""
+    _signal_swallowed_where_it_lands()
+    started = False
+    with pytest.raises(KeyboardInterrupt), signals.held():
+        started = True
+    assert not started

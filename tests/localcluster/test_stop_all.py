@@ -38,7 +38,7 @@ def test_a_process_that_outlives_its_sigkill_is_named_and_the_others_are_still_s
         with pytest.raises(ProcessesSurvived) as caught:
             stop_all(procs, grace=0.2)
         assert f"stuck (pid {stuck.pid}, log {log})" in str(caught.value)
-        assert "first" not in str(caught.value) and "last" not in str(caught.value)
+        assert "first (pid" not in str(caught.value) and "last (pid" not in str(caught.value)
         assert first.popen.poll() is not None, "the process started before it was stopped"
         assert last.popen.poll() is not None
     finally:
