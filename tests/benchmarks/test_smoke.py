@@ -60,4 +60,7 @@ async def test_smoke_run_writes_every_section(kube: LocalCluster, tmp_path: Path
     assert doc["targets"] is None and doc["soak"] is None
     assert "raw concurrent" in report.table(doc)
     in_run = doc["cpu_per_launch_vs_apiserver_in_run"]
-    assert set(in_run) == {"api", "direct", "kubectl_batched"} and all(v > 0 for v in in_run.values())
+    assert set(in_run) == {"api", "direct", "kubectl_batched"}
+    # /proc counts CPU in clock ticks (10 ms): nymph's CPU for 3 launches may be under one, so 0
+    # is a measurement here, never None (the API server's CPU in the run is always counted).
+    assert all(v is not None and v >= 0 for v in in_run.values())
