@@ -177,17 +177,16 @@ class DispatchClient(Transport):
         )
 
     async def release(self, *, daemon_id: str, task_ids: Sequence[str]) -> list[str]:
-        body = {"daemonId": daemon_id, "taskIds": list(task_ids)}
-        identity = self._identity(daemon_id=daemon_id)
-        answer = await self._dispatch("POST", "/v1/dispatch/release", identity=identity, json=body)
-        return cast(list[str], answer["released"])
+        return await self._release(daemon_id, {"taskIds": list(task_ids)})
 
     async def release_all(self, *, daemon_id: str) -> list[str]:
         """Hand back every lease this daemon holds (it stops, its work sent); the ids handed back."""
+        return await self._release(daemon_id, {"all": True})
+
+    async def _release(self, daemon_id: str, which: dict[str, Any]) -> list[str]:
         identity = self._identity(daemon_id=daemon_id)
-        answer = await self._dispatch(
-            "POST", "/v1/dispatch/release", identity=identity, json={"daemonId": daemon_id, "all": True}
-        )
+        body = {"daemonId": daemon_id, **which}
+        answer = await self._dispatch("POST", "/v1/dispatch/release", identity=identity, json=body)
         return cast(list[str], answer["released"])
 
     async def complete(
