@@ -116,7 +116,10 @@ class Daemon:
         # The audit log, the outbox and the workdirs all live under the root.
         self.disk = DiskHealth(directories=(settings.work.root, settings.state_dir, self.workdirs.base))
         self.outbox = Outbox(
-            settings.state_dir, memory_max=settings.outbox_memory_max, linger=settings.outbox_linger
+            settings.state_dir,
+            memory_max=settings.outbox_memory_max,
+            linger=settings.outbox_linger,
+            pace=settings.outbox_pace,
         )
         self.outbox.also_sync = self.audit
         self.tracker = Tracker(

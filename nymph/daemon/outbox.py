@@ -23,6 +23,7 @@ import base64
 import contextlib
 import datetime as dt
 import random
+import time
 import uuid
 from collections import deque
 from pathlib import Path
@@ -60,6 +61,11 @@ RESET_LINES = 1000
 FLUSH_RETRY_SECONDS = 1.0
 
 
+def _family(kind: str) -> str:
+    """The sends an item's send is paced with: reports and completions go together."""
+    return "report" if kind == "complete" else kind
+
+
 class Outbox:
     def __init__(
         self,
@@ -74,6 +80,7 @@ class Outbox:
         compact_after: int = 2000,
         compact_bytes: int = 32 * 1024 * 1024,
         linger: float = 0.0,
+        pace: float = 0.0,
     ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +90,13 @@ class Outbox:
         #: How long a send waits for more items to join it, when fewer than ``batch_max`` wait
         #: (seconds): what a busy daemon sends goes in a few requests rather than one per item.
         self.linger = linger
+        #: Under load, the sends of one kind (reports with completions, or log chunks) start at
+        #: most once per ``pace`` seconds: a send waits until that long after the last one of its
+        #: kind started, so a busy daemon makes a few requests a second whatever its launch rate
+        #: (each costs the daemon and the queue more CPU than the items it carries). An idle
+        #: daemon's send waits only ``linger``; a full batch or a flush does not wait.
+        self.pace = pace
+        self._started: dict[str, float] = {}
         self.memory_bytes = memory_bytes
         self.log_budget = log_budget
         self.compact_after = compact_after
@@ -376,6 +390,19 @@ class Outbox:
     def _next_batch(self) -> tuple[str, list[dict[str, Any]]]:
         return next_batch(self.mem, max_items=self.batch_max, max_bytes=self.batch_bytes)
 
+    def _wait(self, now: float) -> float:
+        """How long the next send waits for more items to join it (seconds): ``linger``, or
+        until ``pace`` after the last send of its kind started, whichever is later; none for a
+        full batch. A flush ends the wait (see :meth:`run`)."""
+        if len(self.mem) >= self.batch_max:
+            return 0.0
+        wait = self.linger
+        if self.pace > 0:
+            last = self._started.get(_family(str(self.mem[0]["kind"])))
+            if last is not None:
+                wait = max(wait, last + self.pace - now)
+        return wait
+
     async def run(self, send: Sender) -> None:
         backoff = 0.5
         while True:
@@ -386,9 +413,12 @@ class Outbox:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            if self.linger > 0 and len(self.mem) < self.batch_max:
-                await asyncio.sleep(self.linger)
+            wait = self._wait(time.monotonic())
+            if wait > 0 and not self._hurry.is_set():
+                with contextlib.suppress(TimeoutError):  # a flush ends the wait
+                    await asyncio.wait_for(self._hurry.wait(), wait)
             kind, batch = self._next_batch()
+            self._started[_family(kind)] = time.monotonic()
             try:
                 await self._sync()
                 await send(kind, batch)

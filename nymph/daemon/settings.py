@@ -72,6 +72,11 @@ class DaemonSettings:
     #: it (seconds): each reaches the queue up to that much later, and a busy daemon sends them
     #: in a few requests instead of one or two per launch.
     outbox_linger: float = 0.02
+    #: Under load, how often at most the outbox starts a send of one kind (seconds): reports
+    #: with completions, and log chunks, each go at most once per ``outbox_pace`` however many
+    #: launches a second the daemon runs, so each reaches the queue up to that much later under
+    #: load. Every request costs the daemon and the queue more CPU than the items it carries.
+    outbox_pace: float = 0.25
     queue: DaemonQueueSettings = field(default_factory=DaemonQueueSettings)
     kube: KubeSettings = field(default_factory=KubeSettings)
     work: WorkSettings = field(default_factory=WorkSettings)
@@ -100,8 +105,10 @@ class DaemonSettings:
             raise ConfigError("--concurrency must be at least 1 (or 0: the apply path's default)")
         if self.batch_max < 1:
             raise ConfigError("--batch-max must be at least 1")
-        if not 0 <= self.outbox_linger <= 5:
-            raise ConfigError(f"outbox_linger {self.outbox_linger}: use 0 to 5 seconds (0: send at once)")
+        for name, zero in (("outbox_linger", "send at once"), ("outbox_pace", "no pace")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 5:
+                raise ConfigError(f"{name} {value!r}: use 0 to 5 seconds (0: {zero})")
         if self.concurrency == 0:
             return replace(self, concurrency=self.in_flight).check()
         if not self.queue.token:
