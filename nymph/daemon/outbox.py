@@ -61,9 +61,10 @@ RESET_LINES = 1000
 FLUSH_RETRY_SECONDS = 1.0
 
 
-def _family(kind: str) -> str:
-    """The sends an item's send is paced with: reports and completions go together."""
-    return "report" if kind == "complete" else kind
+def _family(kind: str) -> str | None:
+    """The sends an item's send is paced with (reports and completions go together), or None
+    for an item that goes in a request of its own (a log tail): pacing it would only delay it."""
+    return {"report": "report", "complete": "report", "logchunk": "logchunk"}.get(kind)
 
 
 class Outbox:
@@ -94,7 +95,8 @@ class Outbox:
         #: most once per ``pace`` seconds: a send waits until that long after the last one of its
         #: kind started, so a busy daemon makes a few requests a second whatever its launch rate
         #: (each costs the daemon and the queue more CPU than the items it carries). An idle
-        #: daemon's send waits only ``linger``; a full batch or a flush does not wait.
+        #: daemon's send waits only ``linger``; a full batch, a flush or a log tail (a request of
+        #: its own whatever the pace) does not wait for the pace.
         self.pace = pace
         self._started: dict[str, float] = {}
         self.memory_bytes = memory_bytes
@@ -397,8 +399,9 @@ class Outbox:
         if len(self.mem) >= self.batch_max:
             return 0.0
         wait = self.linger
-        if self.pace > 0:
-            last = self._started.get(_family(str(self.mem[0]["kind"])))
+        family = _family(str(self.mem[0]["kind"]))
+        if self.pace > 0 and family is not None:
+            last = self._started.get(family)
             if last is not None:
                 wait = max(wait, last + self.pace - now)
         return wait
@@ -418,7 +421,9 @@ class Outbox:
                 with contextlib.suppress(TimeoutError):  # a flush ends the wait
                     await asyncio.wait_for(self._hurry.wait(), wait)
             kind, batch = self._next_batch()
-            self._started[_family(kind)] = time.monotonic()
+            family = _family(kind)
+            if family is not None:
+                self._started[family] = time.monotonic()
             try:
                 await self._sync()
                 await send(kind, batch)

@@ -110,6 +110,21 @@ async def test_a_full_batch_does_not_wait_for_the_pace(tmp_path: Path) -> None:
     assert rec.sends[1][2] == [2, 3, 4, 5, 6]
 
 
+async def test_log_tails_go_one_per_request_without_waiting_for_the_pace(tmp_path: Path) -> None:
+    """A log tail goes in a request of its own whatever the pace (pacing it would make no
+    fewer requests): tails queued one after another all go at once, not one per pace."""
+    box = Outbox(tmp_path, pace=30.0)
+    rec = Recorder()
+    task = asyncio.create_task(box.run(rec))
+    try:
+        for i in range(4):
+            box.logs(instance_id=f"lakeshore-0000000{i}", text=f"tail {i}")
+        await _until(lambda: len(rec.sends) == 4, timeout=5)
+    finally:
+        task.cancel()
+    assert rec.kinds() == ["logs"] * 4
+
+
 async def _until(cond: Any, *, timeout: float = 5.0) -> None:
     end = time.monotonic() + timeout
     while not cond():
