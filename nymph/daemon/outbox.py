@@ -95,8 +95,8 @@ class Outbox:
         #: most once per ``pace`` seconds: a send waits until that long after the last one of its
         #: kind started, so a busy daemon makes a few requests a second whatever its launch rate
         #: (each costs the daemon and the queue more CPU than the items it carries). An idle
-        #: daemon's send waits only ``linger``; a full batch, a flush or a log tail (a request of
-        #: its own whatever the pace) does not wait for the pace.
+        #: daemon's send waits only ``linger``; a full batch (see :meth:`_full`: a large log chunk
+        #: is one), a flush or a log tail (a request of its own whatever the pace) does not wait.
         self.pace = pace
         self._started: dict[str, float] = {}
         self.memory_bytes = memory_bytes
@@ -392,14 +392,26 @@ class Outbox:
     def _next_batch(self) -> tuple[str, list[dict[str, Any]]]:
         return next_batch(self.mem, max_items=self.batch_max, max_bytes=self.batch_bytes)
 
-    def _wait(self, now: float) -> float:
-        """How long the next send waits for more items to join it (seconds): ``linger``, or
-        until ``pace`` after the last send of its kind started, whichever is later; none for a
-        full batch. A flush ends the wait (see :meth:`run`)."""
-        if len(self.mem) >= self.batch_max:
+    def _full(self, kind: str, batch: list[dict[str, Any]]) -> bool:
+        """Whether waiting could not add to ``batch``: it holds ``batch_max`` items or half of
+        ``batch_bytes`` (one large log chunk), an item of its kind in memory was left out of it
+        (a size limit, another stream, an item between), or items wait on disk (memory is full).
+        """
+        if self.backlog or len(batch) >= self.batch_max:
+            return True
+        if 2 * sum(int(item.get("_bytes") or 0) for item in batch) >= self.batch_bytes:
+            return True
+        family = _family(kind)
+        return sum(1 for item in self.mem if _family(str(item["kind"])) == family) > len(batch)
+
+    def _wait(self, now: float, kind: str, batch: list[dict[str, Any]]) -> float:
+        """How long the next send waits for more items to join ``batch`` (seconds): ``linger``,
+        or until ``pace`` after the last send of its kind started, whichever is later; none
+        when it is full (:meth:`_full`). A flush ends the wait (see :meth:`run`)."""
+        if self._full(kind, batch):
             return 0.0
         wait = self.linger
-        family = _family(str(self.mem[0]["kind"]))
+        family = _family(kind)
         if self.pace > 0 and family is not None:
             last = self._started.get(family)
             if last is not None:
@@ -416,11 +428,12 @@ class Outbox:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            wait = self._wait(time.monotonic())
+            kind, batch = self._next_batch()
+            wait = self._wait(time.monotonic(), kind, batch)
             if wait > 0 and not self._hurry.is_set():
                 with contextlib.suppress(TimeoutError):  # a flush ends the wait
                     await asyncio.wait_for(self._hurry.wait(), wait)
-            kind, batch = self._next_batch()
+                kind, batch = self._next_batch()
             family = _family(kind)
             if family is not None:
                 self._started[family] = time.monotonic()
