@@ -61,10 +61,13 @@ RESET_LINES = 1000
 FLUSH_RETRY_SECONDS = 1.0
 
 
+#: The sends an item's send is paced with, by its kind (reports and completions go together);
+#: a kind not here goes in a request of its own (a log tail): pacing it would only delay it.
+_FAMILIES = {"report": "report", "complete": "report", "logchunk": "logchunk"}
+
+
 def _family(kind: str) -> str | None:
-    """The sends an item's send is paced with (reports and completions go together), or None
-    for an item that goes in a request of its own (a log tail): pacing it would only delay it."""
-    return {"report": "report", "complete": "report", "logchunk": "logchunk"}.get(kind)
+    return _FAMILIES.get(kind)
 
 
 class Outbox:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nymph.daemon.outbox import Outbox
+from nymph.daemon.outbox import Outbox, _family
 from nymph.daemon.settings import load_settings
 from nymph.errors import ConfigError
 
@@ -28,7 +28,7 @@ class Recorder:
         self.sends: list[tuple[float, str, list[Any]]] = []
 
     async def __call__(self, kind: str, batch: list[dict[str, Any]]) -> None:
-        started = self.box._started.get("report" if kind == "complete" else kind, time.monotonic())
+        started = self.box._started.get(_family(kind) or kind, time.monotonic())
         self.sends.append((started, kind, [b.get("seq", b.get("taskId", b.get("offset"))) for b in batch]))
 
     def kinds(self) -> list[str]:
