@@ -4,13 +4,21 @@ List, then watch from the list's resourceVersion; when a watch ends, resume from
 resourceVersion seen; on ``410 Gone`` (or any error) relist and diff against the cache so that
 no change, deletions included, is missed. Every change reaches ``on_event(type, pod)`` with
 ``type`` in ADDED / MODIFIED / DELETED and the pod as plain JSON.
+
+With ``on_events`` instead, changes arrive in batches, in order: every change that came while
+the handler was busy with the last batch (at most ``batch_max``), so a handler that writes each
+change to a database commits many in one transaction under load, and one at a time when idle.
+Either way the cache takes a change only once its handler returned: a handler that fails makes
+the watch relist, which delivers the same differences again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client, watch
@@ -22,10 +30,22 @@ from nymph.kube.errors import KubeError
 from nymph.logsetup import get_logger
 
 OnEvent = Callable[[str, dict[str, Any]], Awaitable[None]]
+Change = tuple[str, dict[str, Any]]
+OnEvents = Callable[[list[Change]], Awaitable[None]]
+
+#: Most changes handed to ``on_events`` at once (and read ahead of a busy handler).
+BATCH_MAX = 256
 
 
 class _Gone(Exception):
     pass
+
+
+@dataclass
+class _End:
+    """The end of a watch's stream, read ahead: how it ended (None: the server closed it)."""
+
+    error: BaseException | None
 
 
 def slim(pod: dict[str, Any]) -> dict[str, Any]:
@@ -74,21 +94,28 @@ class PodWatcher:
         api: client.ApiClient,
         namespace: str,
         label_selector: str,
-        on_event: OnEvent,
+        on_event: OnEvent | None = None,
+        on_events: OnEvents | None = None,
         on_restart: Callable[[str], None] | None = None,
         watch_timeout: int = 240,
         stall_margin: float = 30.0,
+        batch_max: int = BATCH_MAX,
     ) -> None:
+        if (on_event is None) == (on_events is None):
+            raise ValueError("a PodWatcher takes on_event or on_events, one of them")
         self.api = api
         self.namespace = namespace
         self.selector = label_selector
         self.on_event = on_event
+        self.on_events = on_events
+        self.batch_max = max(1, batch_max)
         self.on_restart = on_restart
         self.watch_timeout = watch_timeout
         #: A watch the API server has not ended ``stall_margin`` seconds after it should have is
         #: taken for a dead connection (a half-open TCP stream says nothing): relist.
         self.stall_margin = stall_margin
         self.cache: dict[str, dict[str, Any]] = {}
+        self._rv = ""
         self.synced = asyncio.Event()
         self.connected = False
         self.log = get_logger("watcher", namespace=namespace)
@@ -129,6 +156,7 @@ class PodWatcher:
             raise KubeError(f"listing Pods in {self.namespace}: the answer was not a list")
         self.connected = True
         fresh = {p["metadata"]["name"]: slim(p) for p in data.get("items") or []}
+        changes: list[Change] = []
         for name, pod in fresh.items():
             pod.setdefault("apiVersion", "v1")
             pod.setdefault("kind", "Pod")
@@ -136,17 +164,83 @@ class PodWatcher:
             if old is None or old["metadata"].get("resourceVersion") != pod["metadata"].get(
                 "resourceVersion"
             ):
-                # The cache changes only once the handler has taken the event: if it fails,
-                # the relist that follows sees the same difference and delivers it again.
-                await self.on_event("ADDED" if old is None else "MODIFIED", pod)
-                self.cache[name] = pod
-        for name in [n for n in self.cache if n not in fresh]:
-            await self.on_event("DELETED", self.cache[name])
-            self.cache.pop(name, None)
+                changes.append(("ADDED" if old is None else "MODIFIED", pod))
+        changes += [("DELETED", self.cache[name]) for name in self.cache if name not in fresh]
+        for start in range(0, len(changes), self.batch_max):
+            # The cache changes only once the handler has taken the change: if it fails, the
+            # relist that follows sees the same difference and delivers it again.
+            await self._handle(changes[start : start + self.batch_max])
         self.synced.set()
         return str(data["metadata"].get("resourceVersion") or "")
 
+    async def _handle(self, changes: list[Change]) -> None:
+        """Give ``changes`` to the handler, then to the cache (one at a time with ``on_event``)."""
+        if self.on_events is not None:
+            await self.on_events(changes)
+            for kind, pod in changes:
+                self._cached(kind, pod)
+            return
+        assert self.on_event is not None
+        for kind, pod in changes:
+            await self.on_event(kind, pod)
+            self._cached(kind, pod)
+
+    def _cached(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.cache.pop(pod["metadata"]["name"], None)
+        else:
+            self.cache[pod["metadata"]["name"]] = pod
+
     async def _watch(self, rv: str) -> str:
+        self._rv = rv
+        if self.on_events is None:
+            async with contextlib.aclosing(self._stream(rv)) as changes:
+                async for change in changes:
+                    await self._handle([change])
+            return self._rv
+        return await self._watch_in_batches(rv)
+
+    async def _watch_in_batches(self, rv: str) -> str:
+        """The stream read ahead by a task of its own while the handler works; each batch is
+        every change read meanwhile (up to ``batch_max``: the reader waits for room)."""
+        ahead: asyncio.Queue[Change | _End] = asyncio.Queue(self.batch_max)
+
+        async def read() -> None:
+            try:
+                async with contextlib.aclosing(self._stream(rv)) as changes:
+                    async for change in changes:
+                        await ahead.put(change)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await ahead.put(_End(exc))
+                return
+            await ahead.put(_End(None))
+
+        reader = asyncio.create_task(read(), name=f"nymph-pod-watch-read-{self.namespace}")
+        try:
+            while True:
+                item = await ahead.get()
+                batch: list[Change] = []
+                while not isinstance(item, _End):
+                    batch.append(item)
+                    if len(batch) >= self.batch_max or ahead.empty():
+                        break
+                    item = ahead.get_nowait()
+                if batch:
+                    await self._handle(batch)
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
+                    return self._rv
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _stream(self, rv: str) -> AsyncGenerator[Change, None]:
+        """The changes after ``rv`` until the server ends the watch (``self._rv``: the last
+        resourceVersion seen, bookmarks included)."""
         v1 = client.CoreV1Api(self.api)
         w = RawWatch()
         try:
@@ -168,17 +262,11 @@ class PodWatcher:
                         raise RuntimeError(f"watch error: {obj.get('message')}")
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
-                        rv = str(new_rv)
+                        self._rv = str(new_rv)
                     if kind == "BOOKMARK":
                         continue
-                    name = obj["metadata"]["name"]
-                    await self.on_event(str(kind), slim(obj))
-                    if kind == "DELETED":
-                        self.cache.pop(name, None)
-                    else:
-                        self.cache[name] = obj
+                    yield str(kind), slim(obj)
         except ApiException as exc:
             if exc.status == 410:
                 raise _Gone from None
             raise
-        return rv

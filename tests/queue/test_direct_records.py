@@ -13,6 +13,7 @@ import pytest
 
 from nymph.protocol import LaunchAccepted
 from nymph.queue.db import Database
+from nymph.queue.direct import records as records_module
 from nymph.queue.direct.records import DirectRecords
 
 
@@ -91,3 +92,74 @@ async def test_a_pod_found_gone_or_reaped_is_forgotten(opened: tuple[Database, D
 async def test_a_pod_without_a_version_is_always_written(opened: tuple[Database, DirectRecords]) -> None:
     db, records = opened
     assert await _writes(db, _apply(records, _pod("i-1", "")), _apply(records, _pod("i-1", ""))) == 2
+
+
+async def _direct_instances(db: Database, *ids: str) -> None:
+    def write(c: Any) -> None:
+        for iid in ids:
+            c.execute(
+                "INSERT INTO instances (instance_id, namespace, provider, kube_namespace, state, "
+                "launched_at, updated_at, version, requester, dispatch) "
+                "VALUES (?, 'team-a', 'p', 'jobs', 'queued', 1, 1, 1, 'r', 'direct')",
+                (iid,),
+            )
+
+    await db.write(write)
+
+
+async def _states(db: Database) -> dict[str, str]:
+    rows = await db.read(lambda c: c.execute("SELECT instance_id, state FROM instances").fetchall())
+    return {r["instance_id"]: r["state"] for r in rows}
+
+
+async def test_a_watch_batch_is_one_write_in_order_and_each_version_is_remembered(
+    opened: tuple[Database, DirectRecords],
+) -> None:
+    db, records = opened
+    await _direct_instances(db, "i-1", "i-2")
+    batch = [
+        ("MODIFIED", _pod("i-1", "50")),
+        ("MODIFIED", _pod("i-2", "50")),
+        ("MODIFIED", _pod("i-1", "51", "Running")),
+    ]
+    before = db.commits
+    changed = await records.apply_pods(ns="team-a", changes=batch, ts=2.0)
+    assert db.commits - before == 1
+    assert changed == ["i-1", "i-2"]
+    # in order: i-1's later version is the one that stands
+    assert await _states(db) == {"i-1": "running", "i-2": "starting"}
+    # a relist delivers the latest versions again: each was remembered, nothing is written
+    relist = [("MODIFIED", _pod("i-1", "51", "Running")), ("MODIFIED", _pod("i-2", "50"))]
+    assert await _writes(db, records.apply_pods(ns="team-a", changes=relist, ts=3.0)) == 0
+    # a deletion in a batch is written even for a version applied already
+    assert (
+        await _writes(db, records.apply_pods(ns="team-a", changes=[("DELETED", _pod("i-2", "50"))], ts=4.0))
+        == 1
+    )
+    assert (await _states(db))["i-2"] == "stopped"
+
+
+async def test_a_watch_batch_whose_write_fails_applies_and_remembers_none_of_it(
+    opened: tuple[Database, DirectRecords], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, records = opened
+    await _direct_instances(db, "i-1", "i-2")
+    batch = [("MODIFIED", _pod("i-1", "60", "Running")), ("MODIFIED", _pod("i-2", "60", "Running"))]
+    real = records_module.sql.apply_pod
+    calls: list[str] = []
+
+    def failing(c: Any, **kw: Any) -> str | None:
+        calls.append(kw["pod"]["metadata"]["name"])
+        if len(calls) == 2:
+            raise RuntimeError("disk I/O error")
+        return real(c, **kw)
+
+    monkeypatch.setattr(records_module.sql, "apply_pod", failing)
+    with pytest.raises(RuntimeError):
+        await records.apply_pods(ns="team-a", changes=batch, ts=2.0)
+    # i-1 was written before i-2 failed: rolled back with it
+    assert await _states(db) == {"i-1": "queued", "i-2": "queued"}
+    monkeypatch.setattr(records_module.sql, "apply_pod", real)
+    # delivered again (the watch relists): nothing was taken for applied, so all of it lands
+    assert await _writes(db, records.apply_pods(ns="team-a", changes=batch, ts=3.0)) == 1
+    assert await _states(db) == {"i-1": "running", "i-2": "running"}

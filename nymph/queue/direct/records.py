@@ -4,7 +4,7 @@ or the SQL modules themselves)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nymph.launch.config import Mode, Provider
@@ -115,6 +115,34 @@ class DirectRecords:
             self._applied.pop(_name_and_version(pod)[0], None)
         else:
             self._remember(pod)
+        return changed
+
+    async def apply_pods(
+        self, *, ns: str, changes: Sequence[tuple[str, Mapping[str, Any]]], ts: float
+    ) -> list[str]:
+        """:meth:`apply_pod` for a watch's batch of changes, in order and in one transaction
+        (one commit for them all); the ids of the instances that changed. When the write
+        fails, none of them is applied (nor remembered as applied)."""
+        todo = [
+            (pod, kind == "DELETED") for kind, pod in changes if kind == "DELETED" or not self.applied(pod)
+        ]
+        if not todo:
+            return []
+
+        def write(c: Any) -> list[str]:
+            out: list[str] = []
+            for pod, deleted in todo:
+                changed = sql.apply_pod(c, ns=ns, pod=pod, deleted=deleted, ts=ts)
+                if changed is not None and changed not in out:
+                    out.append(changed)
+            return out
+
+        changed = await self.db.write(write)
+        for pod, deleted in todo:
+            if deleted:
+                self._applied.pop(_name_and_version(pod)[0], None)
+            else:
+                self._remember(pod)
         return changed
 
     async def gone(self, *, instance_id: str, ts: float) -> bool:

@@ -77,13 +77,13 @@ class WatchManager:
     async def _run(self, ns: str, conn: Connection) -> None:
         selector = label_selector({LABEL_MANAGED: "true", LABEL_NAMESPACE: ns})
 
-        async def on_event(kind: str, pod: dict[str, Any]) -> None:
-            ts = now()
-            changed = await self.store.direct.apply_pod(ns=ns, pod=pod, deleted=kind == "DELETED", ts=ts)
-            if changed:
-                self.store.instance_changed.notify(changed)
+        async def on_events(changes: list[tuple[str, dict[str, Any]]]) -> None:
+            # Every change that came while the last batch was written goes in one transaction.
+            for iid in await self.store.direct.apply_pods(ns=ns, changes=changes, ts=now()):
+                self.store.instance_changed.notify(iid)
             if self.on_pod is not None:
-                await self.on_pod(ns=ns, conn=conn, kind=kind, pod=pod)
+                for kind, pod in changes:
+                    await self.on_pod(ns=ns, conn=conn, kind=kind, pod=pod)
 
         backoff = 0.5
         while True:
@@ -91,7 +91,7 @@ class WatchManager:
                 async with self.connector.api(ns=ns, conn=conn, what="watching Pods") as api:
                     backoff = 0.5
                     await PodWatcher(
-                        api=api, namespace=conn.namespace, label_selector=selector, on_event=on_event
+                        api=api, namespace=conn.namespace, label_selector=selector, on_events=on_events
                     ).run()
             except asyncio.CancelledError:
                 raise
