@@ -31,9 +31,9 @@ Which namespaces a write transaction added events to is noted in a context varia
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from nymph.launch.placement import waiting_kind
 from nymph.protocol import EventJSON, iso
@@ -131,6 +131,23 @@ def record(
         (instance_id,),
     ).fetchone()
     if row is None or not changes:
+        return
+    record_row(conn, instance_id=instance_id, row=row, changes=changes, at=at, standing=standing)
+
+
+def record_row(
+    conn: Conn,
+    *,
+    instance_id: str,
+    row: Row | Mapping[str, Any],
+    changes: Sequence[str],
+    at: float,
+    standing: tuple[str, str | None] | None = None,
+) -> None:
+    """:func:`record` from ``row``, the instance as it is now (its namespace, provider,
+    group_id, attempt, state, reason, message, exit_code, node, waiting and waiting_told), for
+    a caller that has just written them and need not read them back."""
+    if not changes:
         return
     waiting = row["waiting"] if row["state"] == "queued" else None
     kind = waiting_kind(waiting)

@@ -56,9 +56,10 @@ def report(
                 continue  # moved off this node: what its old daemon says no longer counts
             # The whole batch is refused (the transaction rolls back: nothing is written).
             raise binding.refusal(session=session, instance_id=r.instance_id, action="a state report")
-        if r.termination is not None and record_termination(
+        terminated = r.termination is not None and record_termination(
             conn, instance_id=r.instance_id, termination=r.termination
-        ):
+        )
+        if terminated:
             changed.add(r.instance_id)
         if inst["stop_requested_at"] is not None and r.state not in (
             InstanceState.STOPPING.value,
@@ -87,6 +88,7 @@ def report(
             message=message,
             node=r.node,
             at=r.at,
+            row=None if terminated else inst,  # read again only if the exit code changed it
         ):
             changed.add(r.instance_id)
             if r.state == InstanceState.STOPPED.value and inst["applied_daemon"] is None:

@@ -9,7 +9,7 @@ import enum
 from nymph.launch.placement import waiting_kind
 from nymph.protocol import now as clock
 from nymph.queue.sql import events, retries
-from nymph.queue.sql.dialect import Conn
+from nymph.queue.sql.dialect import Conn, Row
 from nymph.queue.sql.rows import fetch_instance
 
 
@@ -32,15 +32,19 @@ def transition(
     message: str | None = None,
     node: str | None = None,
     at: float | None = None,
+    row: Row | None = None,
 ) -> bool:
-    """Apply a change to an instance; returns True if anything changed.
+    """Apply a change to an instance; returns True if anything changed. ``row``: the instance
+    as :func:`fetch_instance` read it in this transaction, when nothing has changed it since
+    (else it is read here).
 
     ``None`` (or :data:`KEEP` for ``reason``) leaves a field as it is. A change of state or reason
     appends to the history and a change of state, reason or node to the event stream; any change
     bumps ``version``. A stopped instance never changes. One with a retry policy may be launched
     again as it stops (:mod:`nymph.queue.sql.retries`).
     """
-    row = fetch_instance(conn, instance_id)
+    if row is None:
+        row = fetch_instance(conn, instance_id)
     if row is None or row["state"] == "stopped":
         return False
     new_state = row["state"] if state is None else state
@@ -81,7 +85,21 @@ def transition(
     if row["state"] == "queued" and waiting_kind(row["waiting"]) != waiting_kind(new_waiting):
         changes.append(events.WAITING)
     if changes:
-        events.record(conn, instance_id=instance_id, changes=changes, at=now)
+        # The instance as the update above left it: what reading it back would give.
+        after = {
+            "namespace": row["namespace"],
+            "provider": row["provider"],
+            "group_id": row["group_id"],
+            "attempt": row["attempt"],
+            "state": new_state,
+            "reason": new_reason,
+            "message": new_message,
+            "exit_code": row["exit_code"],
+            "node": new_node,
+            "waiting": new_waiting,
+            "waiting_told": row["waiting_told"],
+        }
+        events.record_row(conn, instance_id=instance_id, row=after, changes=changes, at=now)
     if new_state == "stopped" and row["has_retry"]:
         # In this same transaction: a retry is made once per attempt, whatever is redelivered.
         retries.after_stop(conn, row=row, reason=new_reason, node=new_node, now=now)
