@@ -26,7 +26,7 @@ from nymph.launch.state import (
 )
 from nymph.protocol import LaunchAccepted, TaskKind, now
 from nymph.queue.scheduling import Candidate, Usage, charge, pick_next, quota_blocks
-from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, Row, for_update, lock_key, locks_rows
+from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, Row, lock_key, locks_rows
 from nymph.queue.sql.launches import Guard, accept
 from nymph.queue.sql.quotas import all_quotas, get_quota
 from nymph.queue.sql.rows import fetch_instance
@@ -240,11 +240,7 @@ def pod_change(pod: Mapping[str, Any], *, deleted: bool, stop_requested: bool) -
 def apply_pod(conn: Conn, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts: float) -> str | None:
     """Move a direct instance of ``ns`` along with its Pod; returns its id when it changed."""
     instance_id = str((pod.get("metadata") or {}).get("name") or "")
-    row = conn.execute(
-        "SELECT namespace, dispatch, stop_requested_at FROM instances WHERE instance_id = ?"  # noqa: S608 - a constant
-        + for_update(conn, key=False),
-        (instance_id,),
-    ).fetchone()
+    row = fetch_instance(conn, instance_id)
     if row is None or row["namespace"] != ns or row["dispatch"] != "direct":
         return None
     stop_requested = row["stop_requested_at"] is not None
@@ -256,7 +252,14 @@ def apply_pod(conn: Conn, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts:
     ended = container_termination(pod)
     changed = ended is not None and record_termination(conn, instance_id=instance_id, termination=ended)
     if transition(
-        conn, instance_id=instance_id, now=ts, state=state, reason=reason, message=message, node=node
+        conn,
+        instance_id=instance_id,
+        now=ts,
+        state=state,
+        reason=reason,
+        message=message,
+        node=node,
+        row=None if changed else row,  # read again only if the exit code changed it
     ):
         changed = True
     if deleted:

@@ -351,7 +351,7 @@ def complete(
         if kind == "launch" and instance_id:
             inst = fetch_instance(conn, instance_id)
             if session.node and inst is not None and inst["node"] is None:
-                changed = transition(conn, instance_id=instance_id, now=now, node=session.node)
+                changed = transition(conn, instance_id=instance_id, now=now, node=session.node, row=inst)
         elif kind == "stop" and instance_id and placement.is_move(conn, stop_task_id=task_id):
             # It cleared a node the launch was Unschedulable on; the launch waits for another.
             cur = conn.execute(

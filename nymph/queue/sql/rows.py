@@ -24,7 +24,7 @@ INSTANCE_COLUMNS = (
     "launched_at, updated_at, version, requester, stop_requested_at, waiting, exit_code, "
     "termination_reason, termination_message, results_error, "
     "applied_session, applied_daemon, applied_node, applied_pinned, group_id, group_index, "
-    "attempt, retry_of, retried_as, retry IS NOT NULL AS has_retry, waiting_told"
+    "attempt, retry_of, retried_as, retry IS NOT NULL AS has_retry, waiting_told, dispatch"
 )
 
 
