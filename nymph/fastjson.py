@@ -43,6 +43,32 @@ def dumps_text(obj: Any, default: Callable[[Any], Any] | None = None) -> str:
         return json.dumps(obj, separators=(",", ":"), default=default)
 
 
+def canonical(obj: Any) -> bytes:
+    """``obj`` with sorted keys, no spaces and text unescaped, byte for byte what
+    ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` encodes to
+    UTF-8 (what a hash is taken of, so it may never change). orjson writes that same text for
+    strings, integers, booleans, null, lists and string-keyed objects (UTF-8 orders keys as
+    code points do); a float (written otherwise: ``1e-05`` against ``1e-5``), or anything else,
+    goes to the standard library."""
+    if _plain(obj):
+        try:
+            return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # an integer past 64 bits, a lone surrogate
+            pass
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _plain(obj: Any) -> bool:
+    kind = type(obj)
+    if kind is str or kind is int or kind is bool or obj is None:
+        return True
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in obj.items())
+    if kind is list or kind is tuple:
+        return all(_plain(v) for v in obj)
+    return False
+
+
 def loads(data: str | bytes) -> Any:
     """``data`` decoded, as :func:`json.loads` would."""
     try:

@@ -68,3 +68,57 @@ def test_what_is_encoded_decodes_to_what_the_standard_library_makes_of_it(obj: A
 @given(DOCUMENTS)
 def test_any_document_encoded_as_text_reads_back_as_itself(doc: Any) -> None:
     assert json.loads(fastjson.dumps_text(doc)) == doc
+
+
+CANON_DOCUMENTS = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=5)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=6)
+    ),
+    max_leaves=40,
+)
+
+
+def _reference(doc: Any) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+@given(CANON_DOCUMENTS)
+def test_the_canonical_form_is_byte_for_byte_the_standard_librarys(doc: Any) -> None:
+    """What hash chains were taken of (the audit log's) can never change: any mix of text
+    (control characters, non-ASCII, astral), integers past 64 bits, floats, nesting and key
+    order encodes to exactly the bytes the standard library's sorted, compact form gives."""
+    try:
+        expected = _reference(doc)
+    except UnicodeEncodeError:  # a lone surrogate: refused alike
+        with pytest.raises(UnicodeEncodeError):
+            fastjson.canonical(doc)
+        return
+    assert fastjson.canonical(doc) == expected
+
+
+def test_the_canonical_form_of_an_audit_like_record_is_the_standard_librarys() -> None:
+    record = {
+        "seq": 12,
+        "ts": "2026-12-06T23:00:00.123+00:00",
+        "action": "apply",
+        "instance": "lakeshore-0001",
+        "requester": "caf\u00e9 \u2028 \U0001f600 \x00\x1f\x7f",
+        "manifest_sha256": "ab" * 32,
+        "ok": True,
+        "error": None,
+        "big": 2**64 - 1,
+        "prev": "0" * 64,
+        "\u00e9": 1,
+        "z": 2,
+        "E": 3,
+    }
+    assert fastjson.canonical(record) == _reference(record)
+    # a float takes the standard library's path (orjson writes 1e-5 where it writes 1e-05)
+    assert fastjson.canonical({"x": 1e-05}) == b'{"x":1e-05}'

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nymph import fastjson
 from nymph.daemon.durable import TornAppend, Writer, append_whole, fsync_file, truncate_to, write_in_place
 from nymph.errors import NymphError
 from nymph.logsetup import redact_text
@@ -59,7 +60,9 @@ class AuditWriteError(AuditError):
 
 
 def _canon(record: dict[str, Any]) -> bytes:
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # The same bytes as json.dumps(sort_keys, compact, ensure_ascii=False), which chains written
+    # before were hashed with; by orjson wherever it writes exactly those.
+    return fastjson.canonical(record)
 
 
 def record_hash(record: dict[str, Any]) -> str:

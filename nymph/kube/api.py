@@ -176,7 +176,7 @@ class ApiApplier:
         except Exception as exc:
             return ApplyOutcome(namespace=ns, name=name, error=api_error(exc))
         if 200 <= resp.status <= 299:
-            return ApplyOutcome(namespace=ns, name=name, obj=fastjson.loads(raw))
+            return ApplyOutcome(namespace=ns, name=name, body=raw)  # decoded only if read
         return ApplyOutcome(namespace=ns, name=name, error=status_error(resp.status, resp.reason, raw))
 
     async def delete_pod(

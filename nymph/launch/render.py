@@ -34,6 +34,7 @@ from typing import Any, NotRequired, TypedDict
 
 import yaml
 
+from nymph import fastjson
 from nymph.errors import ValidationError
 from nymph.launch import names
 from nymph.launch.pullwait import ANNOTATION_PULL_TIMEOUT
@@ -147,8 +148,7 @@ def launch_annotation(spec: LaunchSpec) -> str:
     """The value of :data:`ANNOTATION_LAUNCH` for ``spec``'s Pod."""
     if spec.launch_uid is not None:
         return spec.launch_uid
-    canon = json.dumps(spec.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256-" + hashlib.sha256(canon.encode("utf-8")).hexdigest()[:32]
+    return "sha256-" + hashlib.sha256(fastjson.canonical(spec.to_json())).hexdigest()[:32]
 
 
 def render_pod(spec: LaunchSpec, *, node: str | None = None, workdir_root: str | None = None) -> PodManifest:
@@ -278,5 +278,4 @@ def to_json(obj: Any) -> str:
 
 def manifest_sha256(obj: Any) -> str:
     """sha256 of the canonical JSON of a manifest (what the audit log records)."""
-    canon = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    return hashlib.sha256(fastjson.canonical(obj)).hexdigest()

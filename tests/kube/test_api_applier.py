@@ -67,10 +67,13 @@ async def test_api_apply_and_delete_report_what_the_api_server_refused(
         assert _exists(kube, other, "ours")
         [refused] = await applier.apply([_in(other, bare_pod("p", {"lakeshore": "true"}))])
         assert (
-            isinstance(refused.error, Forbidden) and "forbidden" in str(refused.error) and refused.obj is None
+            isinstance(refused.error, Forbidden)
+            and "forbidden" in str(refused.error)
+            and refused.live() is None
         )
         [applied] = await applier.apply([_in(namespace, bare_pod("p", {"lakeshore": "true"}))])
-        assert applied.error is None and applied.obj is not None
-        assert applied.obj["metadata"]["name"] == "p" and applied.obj["metadata"]["uid"]
+        created = applied.live()
+        assert applied.error is None and created is not None
+        assert created["metadata"]["name"] == "p" and created["metadata"]["uid"]
     finally:
         await api.close()

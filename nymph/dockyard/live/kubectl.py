@@ -215,7 +215,7 @@ class Kube:
             err = explain(first_error, doing=f"{doing} {ref(first_manifest)}", namespace=namespace)
             others = f" and {len(failed) - 1} more rejected" if len(failed) > 1 else ""
             raise DockyardLiveError(f"{err}{others}")
-        return [dict(o.obj or {}) for o in outcomes]
+        return [dict(o.live() or {}) for o in outcomes]
 
     async def create(self, manifest: Mapping[str, Any], *, namespace: str | None = None) -> None:
         """``kubectl create -f -`` of one object (its content on stdin only)."""
