@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nymph import fastjson
-from nymph.daemon.durable import TornAppend, Writer, append_whole, fsync_file, truncate_to, write_in_place
+from nymph.daemon.durable import Appender, TornAppend, Writer, truncate_to, write_in_place
 from nymph.errors import NymphError
 from nymph.logsetup import redact_text
 
@@ -133,6 +133,8 @@ class AuditLog:
         self.unsynced = 0  # records written since the last sync (grouped)
         self._head_seq = -1  # the seq of the head last written
         self.head_path = self.path.with_name(self.path.name + ".head")
+        #: The log, held open for its appends and syncs.
+        self._appender = Appender(self.path)
         self._lock = threading.Lock()
         self._write = write  # a seam for tests injecting a failing write
         self._repair_to: int | None = None
@@ -244,10 +246,10 @@ class AuditLog:
                 truncate_to(self.path, self._repair_to)
                 self._repair_to = None
             try:
-                append_whole(self.path, line, write=self._write, sync=not self.grouped)
+                self._appender.append(line, write=self._write, sync=not self.grouped)
             except FileNotFoundError:  # its directory is gone (made at the first record only)
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                append_whole(self.path, line, write=self._write, sync=not self.grouped)
+                self._appender.append(line, write=self._write, sync=not self.grouped)
         except TornAppend as exc:
             self._repair_to = exc.keep
             raise AuditWriteError(f"cannot append to the audit log {self.path}: {exc.strerror}") from None
@@ -275,7 +277,7 @@ class AuditLog:
         if not count:
             return 0
         try:
-            fsync_file(self.path)
+            self._appender.fsync()
         except OSError as exc:
             raise AuditWriteError(
                 f"cannot make the audit log {self.path} durable: {exc.strerror or exc}"

@@ -31,10 +31,9 @@ from typing import Any, Unpack
 
 from nymph import fastjson
 from nymph.daemon.durable import (
+    Appender,
     TornAppend,
     Writer,
-    append_whole,
-    fsync_file,
     replace_atomically,
     truncate_to,
     write_in_place,
@@ -90,6 +89,8 @@ class Outbox:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = self.dir / "outbox.jsonl"
         self.ack_file = self.dir / "outbox.ack"
+        #: The outbox file, held open for its appends and syncs.
+        self._appender = Appender(self.file)
         self.memory_max = memory_max
         #: How long a send waits for more items to join it, when fewer than ``batch_max`` wait
         #: (seconds): what a busy daemon sends goes in a few requests rather than one per item.
@@ -192,7 +193,7 @@ class Outbox:
             truncate_to(self.file, self._repair_to)
             self._repair_to = None
         try:
-            append_whole(self.file, data, write=self._write, sync=False)
+            self._appender.append(data, write=self._write, sync=False)
             self.unsynced = True
         except TornAppend as exc:
             self._repair_to = exc.keep  # cut the partial line before the next append
@@ -256,6 +257,7 @@ class Outbox:
         # sent lines are sent again (harmless: reports and chunks are idempotent at the queue).
         replace_atomically(self.ack_file, b"0")
         replace_atomically(self.file, rest)
+        self._appender.reopen()  # the file held is the one replaced
         shift = self.acked
         for item in self.mem:
             item["_line"] = int(item["_line"]) - shift
@@ -482,7 +484,7 @@ class Outbox:
         if also is not None:
             also.sync()
         if unsynced:
-            fsync_file(self.file)
+            self._appender.fsync()
 
     async def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until everything was sent; a send waiting out its

@@ -484,10 +484,10 @@ def test_audit_refuses_to_continue_a_chain_cut_short(tmp_path: Path) -> None:
 async def test_outbox_items_are_fsynced_once_per_batch_before_they_are_sent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import nymph.daemon.outbox as outbox_module
+    from nymph.daemon.durable import Appender
 
     events: list[str] = []
-    monkeypatch.setattr(outbox_module, "fsync_file", lambda path: events.append(f"fsync {path.name}"))
+    monkeypatch.setattr(Appender, "fsync", lambda self: events.append(f"fsync {self.path.name}"))
     box = Outbox(tmp_path)
     for state in ("starting", "running", "stopped"):
         box.report(instance_id=IID, state=state)
