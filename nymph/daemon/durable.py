@@ -49,22 +49,28 @@ def append_whole(
     """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
     try:
-        keep = os.fstat(fd).st_size
-        try:
-            _write_all(fd, data, write or os.write)
-            if sync:
-                os.fsync(fd)
-        except OSError as exc:
-            try:
-                os.ftruncate(fd, keep)
-                with contextlib.suppress(OSError):
-                    os.fsync(fd)
-            except OSError:
-                raise TornAppend(exc.errno or 5, exc.strerror or str(exc), keep=keep) from exc
-            raise
-        return keep
+        return _append_at(fd, os.fstat(fd).st_size, data, write=write, sync=sync)
     finally:
         os.close(fd)
+
+
+def _append_at(fd: int, keep: int, data: bytes, *, write: Writer | None, sync: bool) -> int:
+    """Append ``data`` to ``fd``, a file ``keep`` bytes long, and fsync it (unless not
+    ``sync``); on failure cut the file back to ``keep`` and re-raise (:class:`TornAppend` when
+    even that fails). Returns ``keep``."""
+    try:
+        _write_all(fd, data, write or os.write)
+        if sync:
+            os.fsync(fd)
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, keep)
+            with contextlib.suppress(OSError):
+                os.fsync(fd)
+        except OSError:
+            raise TornAppend(exc.errno or 5, exc.strerror or str(exc), keep=keep) from exc
+        raise
+    return keep
 
 
 class Appender:
@@ -98,21 +104,11 @@ class Appender:
             self.reopen()
             fd = self._open()
             st = os.fstat(fd)
-        keep = st.st_size
         try:
-            _write_all(fd, data, write or os.write)
-            if sync:
-                os.fsync(fd)
-        except OSError as exc:
-            try:
-                os.ftruncate(fd, keep)
-                with contextlib.suppress(OSError):
-                    os.fsync(fd)
-            except OSError:
-                self.reopen()
-                raise TornAppend(exc.errno or 5, exc.strerror or str(exc), keep=keep) from exc
+            return _append_at(fd, st.st_size, data, write=write, sync=sync)
+        except TornAppend:
+            self.reopen()
             raise
-        return keep
 
     def fsync(self) -> None:
         """As :func:`fsync_file`: what was appended made durable (through the held descriptor)."""

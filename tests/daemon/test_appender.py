@@ -1,11 +1,10 @@
 """The daemon's append-only state files (the outbox, the audit log) are written through one
 descriptor held open, not an open and a close per record and per sync; a write that fails
-still leaves the file as it was; a file removed meanwhile is made again by the next append, and
-one the outbox replaces when it compacts is the one written after."""
+still leaves the file as it was; a file removed meanwhile is made again by the next append
+(the outbox's compaction, which replaces its file, is in ``test_outbox_logs.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ import pytest
 from nymph.daemon import durable
 from nymph.daemon.audit import AuditLog, verify
 from nymph.daemon.durable import Appender
-from nymph.daemon.outbox import Outbox
 
 IID = "lakeshore-0001"
 
@@ -68,38 +66,6 @@ def test_a_file_removed_meanwhile_is_made_again(tmp_path: Path) -> None:
     out.append(b"second\n")
     out.fsync()
     assert path.read_bytes() == b"second\n"
-
-
-async def test_the_outbox_writes_to_the_file_its_compaction_put_in_place(tmp_path: Path) -> None:
-    box = Outbox(tmp_path, compact_after=3)
-    for i in range(8):
-        box.report(instance_id=IID, state="running", message=str(i))
-    sent: list[str] = []
-
-    async def send_five(kind: str, batch: list[dict[str, Any]]) -> None:
-        if len(sent) >= 5:
-            raise OSError("the queue went away")
-        sent.extend(b["message"] for b in batch)
-
-    box.batch_max = 1
-    task = asyncio.create_task(box.run(send_five))
-    await asyncio.sleep(0.3)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    assert sent == [str(i) for i in range(5)]
-    before = (tmp_path / "outbox.jsonl").stat().st_ino
-    box.report(instance_id=IID, state="stopped", message="after the compaction")
-    assert (tmp_path / "outbox.jsonl").stat().st_ino == before
-    again = Outbox(tmp_path)
-    rest: list[str] = []
-
-    async def send(kind: str, batch: list[dict[str, Any]]) -> None:
-        rest.extend(b["message"] for b in batch)
-
-    task = asyncio.create_task(again.run(send))
-    assert await again.flush(timeout=5)
-    task.cancel()
-    assert rest == [*(str(i) for i in range(5, 8)), "after the compaction"]
 
 
 def test_the_audit_log_appends_and_syncs_through_one_open_file(
