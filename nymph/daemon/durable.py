@@ -77,7 +77,7 @@ class Appender:
     """:func:`append_whole` and :func:`fsync_file` on ``path`` through one descriptor kept open
     between them (``O_APPEND``): an append or a sync no longer pays an open and a close, the
     costliest part of a small write on ext4. Whoever puts another file at ``path`` (a rename
-    over it) calls :meth:`reopen`; a cut of the file (:func:`truncate_to`) keeps it the same
+    over it) calls :meth:`close`; a cut of the file (:func:`truncate_to`) keeps it the same
     file; a file removed meanwhile is noticed at the next append, which makes a new one (as
     an open of the path would), and one moved aside goes on being written, as a log is. The
     descriptor is closed with :meth:`close`, or when the object goes."""
@@ -101,13 +101,13 @@ class Appender:
         fd = self._open()
         st = os.fstat(fd)
         if st.st_nlink == 0:  # removed meanwhile: what is written now goes to a new one
-            self.reopen()
+            self.close()
             fd = self._open()
             st = os.fstat(fd)
         try:
             return _append_at(fd, st.st_size, data, write=write, sync=sync)
         except TornAppend:
-            self.reopen()
+            self.close()
             raise
 
     def fsync(self) -> None:
@@ -117,11 +117,8 @@ class Appender:
         else:
             os.fsync(self._fd)
 
-    def reopen(self) -> None:
-        """Let go of the file held: the next append opens whatever ``path`` names then."""
-        self.close()
-
     def close(self) -> None:
+        """Let go of the file held: the next append opens whatever ``path`` names then."""
         if self._closer is not None:
             self._closer()
         self._fd = None

@@ -257,7 +257,7 @@ class Outbox:
         # sent lines are sent again (harmless: reports and chunks are idempotent at the queue).
         replace_atomically(self.ack_file, b"0")
         replace_atomically(self.file, rest)
-        self._appender.reopen()  # the file held is the one replaced
+        self._appender.close()  # the file held is the one replaced
         shift = self.acked
         for item in self.mem:
             item["_line"] = int(item["_line"]) - shift

@@ -108,14 +108,8 @@ class DirectRecords:
     async def apply_pod(self, *, ns: str, pod: Mapping[str, Any], deleted: bool, ts: float) -> str | None:
         """Move the Pod's instance along its history; the instance id when it changed. A version
         of the Pod applied here already is not applied again (:meth:`applied`)."""
-        if not deleted and self.applied(pod):
-            return None
-        changed = await self.db.write(lambda c: sql.apply_pod(c, ns=ns, pod=pod, deleted=deleted, ts=ts))
-        if deleted:
-            self._applied.pop(_name_and_version(pod)[0], None)
-        else:
-            self._remember(pod)
-        return changed
+        changed = await self.apply_pods(ns=ns, changes=[("DELETED" if deleted else "MODIFIED", pod)], ts=ts)
+        return changed[0] if changed else None
 
     async def apply_pods(
         self, *, ns: str, changes: Sequence[tuple[str, Mapping[str, Any]]], ts: float
