@@ -444,5 +444,6 @@ class LocalCluster:
                 time.sleep(0.3)
         raise ClusterStartError(f"no default ServiceAccount in {namespace} in time")
 
-    def wait_default_sa(self, namespace: str, timeout: float = 30.0) -> None:
+    def wait_default_sa(self, namespace: str, timeout: float = 90.0) -> None:
+        # The controller manager makes the account; on a loaded machine it has taken over 30 s.
         self._wait_default_sa(namespace, time.monotonic() + timeout)
