@@ -4,6 +4,7 @@ uvloop is missing, and a clear error for a choice nymph does not know."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import warnings
 
@@ -15,6 +16,24 @@ from nymph.errors import ConfigError
 
 async def _where() -> str:
     return eventloop.running_loop_name()
+
+
+pytestmark = pytest.mark.usefixtures("gc_restored")
+
+
+def test_run_freezes_start_up_and_collects_young_objects_less_often() -> None:
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    made_before = [{"k": [i]} for i in range(1000)]  # start-up's objects
+
+    async def probe() -> tuple[int, tuple[int, int, int]]:
+        return gc.get_freeze_count(), gc.get_threshold()
+
+    frozen, threshold = eventloop.run(probe())
+    assert threshold == (eventloop.GC_YOUNG, 10, 10)
+    assert frozen >= len(made_before)
+    assert eventloop.run(_where()) == "uvloop"  # a second run keeps the same settings
+    assert gc.get_threshold() == (eventloop.GC_YOUNG, 10, 10)
 
 
 def test_the_default_loop_is_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:

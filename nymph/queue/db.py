@@ -35,7 +35,6 @@ import contextlib
 import sqlite3
 import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -44,6 +43,7 @@ import structlog
 
 from nymph.errors import NymphError
 from nymph.queue.dbfiles import DatabaseFileError, make_private
+from nymph.queue.dbthread import DbThread
 from nymph.queue.sql import events
 from nymph.queue.sql.dialect import Conn, setup_sqlite
 from nymph.queue.sql.migrations import MIGRATIONS
@@ -180,7 +180,20 @@ def _run_group(
     conn: sqlite3.Connection, fns: list[Callable[[sqlite3.Connection], Any]]
 ) -> list[tuple[bool, Any]]:
     """Each of ``fns`` in its own savepoint of one write transaction, then one commit; per
-    function ``(True, result)`` or ``(False, exception)`` (its savepoint rolled back)."""
+    function ``(True, result)`` or ``(False, exception)`` (its savepoint rolled back). A group
+    of one needs no savepoint: its transaction is its own, so a failure rolls it all back."""
+    if len(fns) == 1:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fns[0](conn)
+        except Exception as exc:
+            conn.execute("ROLLBACK")
+            return [(False, exc)]
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return [(True, result)]
     out: list[tuple[bool, Any]] = []
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -211,7 +224,7 @@ class Database:
 
     def __init__(self, *, path: Path) -> None:
         self.path = path
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: DbThread | None = None
         self._conn: sqlite3.Connection | None = None
         #: The event loop's read-only connection (see read_small).
         self._reader: sqlite3.Connection | None = None
@@ -223,9 +236,13 @@ class Database:
         self.events_written: Callable[[frozenset[str]], None] = _ignore
 
     async def open(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nymph-queue-db")
-        loop = asyncio.get_running_loop()
-        self._conn = await loop.run_in_executor(self._executor, connect, self.path)
+        self._executor = DbThread(name="nymph-queue-db")
+        try:
+            self._conn = await self._executor.call(connect, self.path)
+        except BaseException:
+            self._executor.close()
+            self._executor = None
+            raise
         self._reader = connect_reader(self.path)
 
     async def close(self) -> None:
@@ -239,8 +256,8 @@ class Database:
             reader.close()
         conn, self._conn = self._conn, None
         if conn is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
-        self._executor.shutdown(wait=True)
+            await self._executor.call(conn.close)
+        self._executor.close()
         self._executor = None
 
     @property
@@ -271,9 +288,7 @@ class Database:
                 conn = self._conn
                 fns = [fn for fn, _ in group]
                 try:
-                    results = await asyncio.get_running_loop().run_in_executor(
-                        self._executor, _run_group, conn, fns
-                    )
+                    results = await self._executor.call(_run_group, conn, fns)
                 except BaseException as exc:  # the transaction as a whole failed (commit, BEGIN)
                     for _, fut in group:
                         if not fut.done():
@@ -342,4 +357,4 @@ class Database:
             with transaction(conn, write=write):
                 return fn(conn)
 
-        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+        return await self._executor.call(job)

@@ -95,3 +95,27 @@ async def test_a_closed_database_refuses_writes_clearly(tmp_path: Path) -> None:
     await db.close()
     with pytest.raises(Exception, match="not open"):
         await db.write(lambda c: c.execute("SELECT 1"))
+
+
+async def test_a_write_alone_runs_without_a_savepoint_and_rolls_back_whole(tmp_path: Path) -> None:
+    """A write with no other queued beside it is its transaction: no savepoint statements, and
+    when it fails, nothing it wrote stays and the next write starts clean."""
+    db = await _opened(tmp_path)
+    statements: list[str] = []
+    try:
+        await db.read(lambda c: c.set_trace_callback(statements.append))
+
+        def refused(c: sqlite3.Connection) -> None:
+            c.execute("INSERT INTO t VALUES (1, 'rolled back')")
+            raise Refused("no")
+
+        with pytest.raises(Refused):
+            await db.write(refused)
+        assert await db.write(lambda c: c.execute("INSERT INTO t VALUES (2, 'kept')").rowcount) == 1
+        rows = await db.read(lambda c: c.execute("SELECT k, v FROM t").fetchall())
+        assert [tuple(r) for r in rows] == [(2, "kept")]
+        assert not [s for s in statements if "SAVEPOINT" in s or "RELEASE" in s]
+        assert statements.count("ROLLBACK") == 1
+    finally:
+        await db.read(lambda c: c.set_trace_callback(None))
+        await db.close()

@@ -75,6 +75,7 @@ def test_shutdown_cancels_what_has_not_started_and_does_not_wait_for_what_has() 
     assert first.result(timeout=5) == "done"
 
 
+@pytest.mark.usefixtures("gc_restored")
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_the_loop_returns_without_waiting_for_a_running_thread(loop: str) -> None:
     """As the default executor of a loop (asyncio's own and uvloop, which the queue runs on), a
