@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nymph import fastjson
 from nymph.launch.config import connection_kwargs
 from nymph.launch.placement import Needs
 from nymph.launch.render import render_pod
@@ -101,8 +102,8 @@ def record_launch(
         "UPDATE instances SET dispatch = 'direct', connection = ?, pod = ?, charge = ?, message = ? "
         "WHERE instance_id = ?",
         (
-            json.dumps(connection),
-            json.dumps(pod),
+            fastjson.dumps_text(connection),
+            fastjson.dumps_text(pod),
             None if held else charge_text(requests),
             message,
             spec.instance_id,
