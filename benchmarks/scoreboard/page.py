@@ -301,7 +301,21 @@ the runs that made each change, not of the run above):
   of the daemon): SQL statements per launch, api 51.4 -> 46.6 and direct 56.1 -> 47.1; commits
   per launch, direct 4.34 -> 3.76; the daemon's file opens per launch 6.26 -> 0.36. The CPU per
   launch in three interleaved rounds of each (queue + daemon, through a slow spell of the
-  machine) moved within its noise: api 5.21 -> 5.05 ms, direct 4.87 -> 4.88 ms."""
+  machine) moved within its noise: api 5.21 -> 5.05 ms, direct 4.87 -> 4.88 ms.
+- The queue hands its database work to the database thread through a plain queue and takes the
+  answer back with one `call_soon_threadsafe` (a thread pool's submit, its future and the
+  asyncio future chained to it cost the event loop more than the hand-off needs: about 16% of
+  the queue loop's samples in direct mode, `py-spy --gil`); a write committed alone runs without a
+  savepoint; the queue and the daemon freeze what start-up made out of the garbage collector's
+  walks and collect young objects every 10,000 allocations, not 700 (the collector was about 3%
+  of the direct queue's CPU in `perf`); a direct launch's connection and Pod are stored as orjson
+  text. The commit before and this code, interleaved, four rounds each (N = 1,000 through the
+  bench's own `Stack.throughput`, a fresh control plane per run): direct queue CPU per launch
+  3.73, 3.41, 3.57, 3.74 -> 3.34, 3.21, 3.32, 4.12 ms (the last through a slow spell: the API
+  server's CPU per launch in the same runs 10.0 -> 12.2 ms); over the API server's CPU in the
+  same run, 0.391, 0.379, 0.381, 0.374 -> 0.361, 0.352, 0.333, 0.338, lower in each round. api
+  queue + daemon, over the API server's: 0.377, 0.356, 0.357, 0.336 -> 0.352, 0.334, 0.333,
+  0.381, within the noise."""
 
 
 def _n(x: int) -> str:
