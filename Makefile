@@ -9,6 +9,9 @@ DEPS := tests/envtest/deps.sh
 IMAGE ?= nymph:dev
 KIND_CLUSTER ?= nymph
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers: one runs the tests that need the control plane, in order
+# (tests/support/xdist_groups.py), the others every other test beside it
+TEST_WORKERS ?= 2
 
 .PHONY: help install install-demo deps images envtest faults test test-unit lint fmt demo bench screenshots image kind-up kind-load deploy undeploy clean
 
@@ -53,8 +56,8 @@ envtest: ## build the local control plane (kube-apiserver, etcd, kwok) and the r
 images: install-demo deps ## build the local images (pause, python, ray, nymph) into ~/.cache/nymph/images (tests do it on demand)
 	$(BIN)/python -m nymph.localcluster.imagebuild
 
-test: install deps envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e on kwok and the real node)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+test: install deps envtest ## run the whole suite (unit, queue, daemon, real-cluster e2e on kwok and the real node), on every core
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 faults: install deps envtest ## the whole fault suite at full size (200 crash-matrix launches on SQLite and on PostgreSQL 1 ms away, every stage killed twice, a 20 s API server outage; 1,000 launches over 3 PostgreSQL replicas, one killed), open_fault checks included
 	NYMPH_FAULT_LAUNCHES=$${NYMPH_FAULT_LAUNCHES:-200} NYMPH_FAULT_ROUNDS=$${NYMPH_FAULT_ROUNDS:-2} \

@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.support.require_plugin",
     "tests.support.hygiene_plugin",
     "tests.support.helm",
+    "tests.support.xdist_groups",
 ]
 
 

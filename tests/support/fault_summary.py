@@ -7,12 +7,14 @@ PostgreSQL for the crash matrix under ``NYMPH_FAULT_BACKEND`` and the replica te
 session runs any of them, the totals they measured are written as one line to
 ``fault-summary.txt`` at the repository root when the session ends, followed by a line per
 figure a test added (the crash matrix on each backend, the replica kill); a session without them
-writes nothing.
+writes nothing. ``make test`` runs every fault test on one pytest-xdist worker (their group, see
+tests/support/xdist_groups.py), so one worker's tally is the whole suite's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,6 +46,25 @@ def fault_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     finally:
         if _started:
             _written.append(TALLY.write())
+
+
+#: The key of a worker's summary in what it hands the main process (pytest-xdist's workeroutput).
+WORKER_SUMMARY = "nymph_fault_summary"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After the session fixtures' teardown wrote the summary: a pytest-xdist worker hands its summary to the main process, which prints it."""
+    handed = getattr(session.config, "workeroutput", None)
+    if handed is not None and _written:
+        handed[WORKER_SUMMARY] = _written[-1]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    lines = (getattr(node, "workeroutput", None) or {}).get(WORKER_SUMMARY)
+    if lines:
+        _written.append([str(line) for line in lines])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -11,6 +11,11 @@ Tests that start long-lived processes register them with :func:`track` (or start
 helper that does): the plugin kills the process group of each tracked process when the test that
 started it ends, pass or fail, so the end-of-run check is a backstop, not the cleanup.
 
+Under pytest-xdist (``make test`` runs on every core) each worker checks the processes its own
+tests started and hands what it found to the main process, which reports them; mounts and
+network devices are checked once, by the main process, after every worker has ended (a device a
+test of one worker made while another worker ended is not that worker's leak).
+
 A SIGTERM to the run (a CI time limit, ``timeout``, ``kill``) interrupts it as Ctrl-C does, so
 the fixtures are torn down (a PostgreSQL server or a control plane a fixture started is stopped)
 and the end-of-run check still runs; a second SIGTERM ends the run at once.
@@ -218,6 +223,22 @@ def _kill(leaks: list[Leak]) -> None:
             os.kill(leak.pid, signal.SIGKILL)
 
 
+#: The key of a worker's leaks in what it hands the main process (pytest-xdist's workeroutput).
+WORKER_LEAKS = "nymph_hygiene_leaks"
+
+
+def _worker_output(config: pytest.Config) -> dict[str, Any] | None:
+    """What a pytest-xdist worker hands the main process at its end; None outside a worker."""
+    return getattr(config, "workeroutput", None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """A pytest-xdist worker ended: its leaks become the run's."""
+    found = (getattr(node, "workeroutput", None) or {}).get(WORKER_LEAKS, [])
+    _state.leaks += tuple(Leak(pid=int(pid), cmdline=str(cmd)) for pid, cmd in found)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     while _tracked:
@@ -227,8 +248,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     while leaks and time.monotonic() < deadline:
         time.sleep(0.1)
         leaks = find_leaks(token=_state.token, root=os.getpid())
-    _state.leaks = tuple(leaks)
     _kill(leaks)
+    handed = _worker_output(session.config)
+    if handed is not None:  # a worker: the main process reports it, and checks the rest
+        handed[WORKER_LEAKS] = [(leak.pid, leak.cmdline) for leak in leaks]
+        return
+    _state.leaks += tuple(leaks)
     roots = _test_tmp_roots(session.config)
     _state.mount_leaks = tuple(
         sorted(

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_inner.py").write_text(body)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
@@ -28,6 +28,7 @@ def run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
             "tests.support.hygiene_plugin",
             "-p",
             "no:cacheprovider",
+            *extra,
             str(tmp_path / "test_inner.py"),
         ],
         capture_output=True,
@@ -58,8 +59,11 @@ def test_leaks_an_orphan():
 """
 
 
-def test_a_leaked_process_fails_the_run_is_named_and_killed(tmp_path: Path) -> None:
-    res = run(tmp_path, LEAKY)
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist-workers"])
+def test_a_leaked_process_fails_the_run_is_named_and_killed(tmp_path: Path, workers: tuple[str, ...]) -> None:
+    """Also when the tests run on pytest-xdist workers: a worker hands its leaks to the main
+    process, which fails the run and names them."""
+    res = run(tmp_path, LEAKY, *workers)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "2 passed" in res.stdout  # the tests themselves pass: the leak alone fails the run
     assert "processes left running after the tests" in res.stdout
