@@ -3,16 +3,12 @@ pytest-xdist workers: the worker that ran them hands its tally to the main proce
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.inner_pytest import run_inner
 from tests.support.tally import SUMMARY
-
-REPO = Path(__file__).resolve().parents[2]
 
 INNER = """
 import pytest
@@ -30,29 +26,10 @@ def test_plain():
 
 @pytest.mark.parametrize("workers", [(), ("-n", "2", "--dist", "loadgroup")], ids=["one-process", "xdist"])
 def test_the_summary_is_printed_by_the_main_process(tmp_path: Path, workers: tuple[str, ...]) -> None:
-    (tmp_path / "test_inner.py").write_text(INNER)
     kept = SUMMARY.read_bytes() if SUMMARY.exists() else None  # the outer run's, if any
     try:
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "tests.support.fault_summary",
-                "-p",
-                "tests.support.xdist_groups",
-                "-p",
-                "no:cacheprovider",
-                *workers,
-                str(tmp_path / "test_inner.py"),
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            cwd=tmp_path,
-            timeout=120,
+        res = run_inner(
+            tmp_path, INNER, "-p", "tests.support.fault_summary", "-p", "tests.support.xdist_groups", *workers
         )
     finally:
         if kept is None:

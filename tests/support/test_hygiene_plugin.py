@@ -12,31 +12,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.inner_pytest import REPO, run_inner
 
 
 def run(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "test_inner.py").write_text(body)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "tests.support.hygiene_plugin",
-            "-p",
-            "no:cacheprovider",
-            *extra,
-            str(tmp_path / "test_inner.py"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    return run_inner(tmp_path, body, "-p", "tests.support.hygiene_plugin", *extra)
 
 
 def _alive(pid: int) -> bool:

@@ -1,37 +1,25 @@
-import os
+"""Under NYMPH_E2E=require a skipped test fails the run, also on pytest-xdist workers (the main
+process sees every worker's reports); elsewhere a skip is a skip."""
+
+from __future__ import annotations
+
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import pytest
+
+from tests.support.inner_pytest import run_inner
+
+SKIPS = "import pytest\n\ndef test_a():\n    pytest.skip('no thing')\n\ndef test_b():\n    pass\n"
 
 
-def run(tmp_path: Path, policy: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "test_sk.py").write_text(
-        "import pytest\n\ndef test_a():\n    pytest.skip('no thing')\n\ndef test_b():\n    pass\n"
-    )
-    env = {**os.environ, "NYMPH_E2E": policy, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "tests.support.require_plugin",
-            "-p",
-            "no:cacheprovider",
-            str(tmp_path / "test_sk.py"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
+def run(tmp_path: Path, policy: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_inner(tmp_path, SKIPS, "-p", "tests.support.require_plugin", *extra, env={"NYMPH_E2E": policy})
 
 
-def test_a_skip_fails_the_run_under_require(tmp_path: Path) -> None:
-    res = run(tmp_path, "require")
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist-workers"])
+def test_a_skip_fails_the_run_under_require(tmp_path: Path, workers: tuple[str, ...]) -> None:
+    res = run(tmp_path, "require", *workers)
     assert res.returncode == 1, res.stdout
     assert "skipped tests are failures" in res.stdout and "test_a" in res.stdout
 

@@ -4,12 +4,9 @@ over the workers beside them."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.inner_pytest import run_inner
 
 INNER = """
 import os
@@ -42,29 +39,17 @@ def test_in_the_fault_suite():
 
 
 def test_the_control_plane_tests_run_on_one_worker_in_order_beside_the_rest(tmp_path: Path) -> None:
-    (tmp_path / "test_inner.py").write_text(INNER)
     log = tmp_path / "ran.log"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "tests.support.xdist_groups",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "2",
-            "--dist",
-            "loadgroup",
-            str(tmp_path / "test_inner.py"),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), "GROUP_LOG": str(log)},
-        cwd=tmp_path,
-        timeout=120,
+    res = run_inner(
+        tmp_path,
+        INNER,
+        "-p",
+        "tests.support.xdist_groups",
+        "-n",
+        "2",
+        "--dist",
+        "loadgroup",
+        env={"GROUP_LOG": str(log)},
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "17 passed" in res.stdout
