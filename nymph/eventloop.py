@@ -17,6 +17,7 @@ collection waits for :data:`GC_YOUNG` new objects instead of 700. Each watch eve
 makes thousands of short-lived dicts and lists that reference counting frees at once; by
 default they set off a young collection every few hundred, and a full one walks every object
 start-up made, again and again.
+
 This module imports asyncio only when a loop is made, so a parser can quote :data:`HELP`.
 """
 
