@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support.tally import SUMMARY, TALLY
+from tests.support.xdist_handoff import handed, worker_output
 
 _written: list[list[str]] = []
 _started: list[str] = []
@@ -54,15 +55,16 @@ WORKER_SUMMARY = "nymph_fault_summary"
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """After the session fixtures' teardown wrote the summary: a pytest-xdist worker hands its summary to the main process, which prints it."""
-    handed = getattr(session.config, "workeroutput", None)
-    if handed is not None and _written:
-        handed[WORKER_SUMMARY] = _written[-1]
+    """After the session fixtures' teardown wrote the summary: a pytest-xdist worker hands it
+    to the main process, which prints it."""
+    out = worker_output(session.config)
+    if out is not None and _written:
+        out[WORKER_SUMMARY] = _written[-1]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    lines = (getattr(node, "workeroutput", None) or {}).get(WORKER_SUMMARY)
+    lines = handed(node, WORKER_SUMMARY)
     if lines:
         _written.append([str(line) for line in lines])
 

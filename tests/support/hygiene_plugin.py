@@ -37,6 +37,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.support.xdist_handoff import handed, worker_output
+
 MARKER = "NYMPH_TEST_RUN"
 NETDEV_PREFIX = "nymt"
 _PROC = Path("/proc")
@@ -227,15 +229,10 @@ def _kill(leaks: list[Leak]) -> None:
 WORKER_LEAKS = "nymph_hygiene_leaks"
 
 
-def _worker_output(config: pytest.Config) -> dict[str, Any] | None:
-    """What a pytest-xdist worker hands the main process at its end; None outside a worker."""
-    return getattr(config, "workeroutput", None)
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """A pytest-xdist worker ended: its leaks become the run's."""
-    found = (getattr(node, "workeroutput", None) or {}).get(WORKER_LEAKS, [])
+    found = handed(node, WORKER_LEAKS) or []
     _state.leaks += tuple(Leak(pid=int(pid), cmdline=str(cmd)) for pid, cmd in found)
 
 
@@ -249,9 +246,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         time.sleep(0.1)
         leaks = find_leaks(token=_state.token, root=os.getpid())
     _kill(leaks)
-    handed = _worker_output(session.config)
-    if handed is not None:  # a worker: the main process reports it, and checks the rest
-        handed[WORKER_LEAKS] = [(leak.pid, leak.cmdline) for leak in leaks]
+    out = worker_output(session.config)
+    if out is not None:  # a worker: the main process reports it, and checks the rest
+        out[WORKER_LEAKS] = [(leak.pid, leak.cmdline) for leak in leaks]
         return
     _state.leaks += tuple(leaks)
     roots = _test_tmp_roots(session.config)

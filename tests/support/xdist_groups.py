@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.xdist_handoff import worker_input
+
 GROUP = "control-plane"
 #: The key, in what the main process gives each worker, of the file it writes the group's ids to.
 IDS_FILE = "nymph_group_ids"
@@ -48,7 +50,7 @@ def _ids_dir() -> Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     """On a worker, after every other plugin chose the items: the group's ids, to the file."""
     result = yield
-    where = (getattr(config, "workerinput", None) or {}).get(IDS_FILE)
+    where = worker_input(config).get(IDS_FILE)
     if where is not None:
         ids = [item.nodeid for item in items if in_group(item)]
         Path(where).write_text("".join(f"{nodeid}\n" for nodeid in ids))
