@@ -315,7 +315,15 @@ the runs that made each change, not of the run above):
   server's CPU per launch in the same runs 10.0 -> 12.2 ms); over the API server's CPU in the
   same run, 0.391, 0.379, 0.381, 0.374 -> 0.361, 0.352, 0.333, 0.338, lower in each round. api
   queue + daemon, over the API server's: 0.377, 0.356, 0.357, 0.336 -> 0.352, 0.334, 0.333,
-  0.381, within the noise."""
+  0.381, within the noise.
+- The queue reads the daemon sessions it knows again together, in one statement every 2 s (the
+  window in which a session replaced or removed through another replica is still accepted
+  here, as before), instead of each session on its own once 2 s had passed since its last read:
+  with a thousand daemons, each calling a few times a minute, nearly every dispatch call read
+  its session from the database (on PostgreSQL, a round trip per call). A session unused for
+  three minutes leaves the cache. `daemons_bench.py --counts 1,1000`, one run each, the code
+  before and after on the same day: queue CPU per launch 5.35 and 6.63 ms -> 6.12 and 6.78 ms
+  for 1 and 1,000 daemons, `cpu_ms_per_launch_ratio` 1.24 -> 1.11."""
 
 
 def _n(x: int) -> str:

@@ -26,9 +26,11 @@ or outside the namespaces it registered for.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nymph.queue.db import Backend
@@ -39,9 +41,17 @@ from nymph.queue.sql import sessions as sql
 from nymph.queue.sql.dialect import DAEMON_KEYS, Conn, lock_key
 
 SESSION_PREFIX = "nyd_"
-#: How long this process trusts a session it read without reading it again (a session replaced
-#: or removed through another replica is refused here at most this much later).
+#: How long this process trusts the sessions it knows without reading them again (a session
+#: replaced or removed through another replica is refused here at most this much later). They
+#: are read again together, in one statement (:meth:`SessionStore.authenticate`): a thousand
+#: daemons each calling every few seconds cost one read every ``CACHE_SECONDS``, not one per call.
 CACHE_SECONDS = 2.0
+#: A known session unused for this long is forgotten (read again at its next call), so the
+#: reads that confirm the known sessions hold only those of daemons that are calling (a daemon
+#: calls at least once per long-poll hold, 50 s by default).
+IDLE_FORGET_SECONDS = 180.0
+#: The most sessions this process keeps known (past that it starts again).
+MAX_CACHED = 10_000
 #: A session's expiry is moved forward once this part of its ttl has passed; the new expiries
 #: are written in one batch every few seconds (:meth:`SessionStore.flush_extended`).
 EXTEND_FRACTION = 0.1
@@ -67,15 +77,32 @@ class Registered:
     replaced: DaemonSession | None = None
 
 
-class SessionStore:
-    """Sessions in the database (any replica accepts any daemon's session), with a short
-    per-process cache of known credentials so a dispatch call rarely reads them."""
+@dataclass(slots=True)
+class _Known:
+    session: DaemonSession
+    #: when a call last used it here
+    used: float
+    #: when it lapses, as far as this process knows
+    expires: float
 
-    def __init__(self, *, settings: SessionSettings, db: Backend) -> None:
+
+class SessionStore:
+    """Sessions in the database (any replica accepts any daemon's session), with a per-process
+    cache of known credentials, confirmed against the database together every
+    :data:`CACHE_SECONDS`, so that a dispatch call rarely reads them."""
+
+    def __init__(
+        self, *, settings: SessionSettings, db: Backend, clock: Callable[[], float] = time.time
+    ) -> None:
         self._settings = settings
         self._db = db
-        #: credential hash -> (session, when this process last confirmed it, its expiry)
-        self._cache: dict[str, tuple[DaemonSession, float, float]] = {}
+        self._clock = clock
+        #: credential hash -> the session, as known here
+        self._cache: dict[str, _Known] = {}
+        #: when every session in the cache was last read from the database (a session read
+        #: since then, on its own, is newer still)
+        self._confirmed_at = 0.0
+        self._confirming: asyncio.Task[None] | None = None
         #: credential hash -> the expiry it was extended to here, not written yet: a daemon's
         #: calls extend its session, and a thousand daemons would otherwise each cost a write
         #: transaction (an fsync on SQLite) every ``ttl * EXTEND_FRACTION``.
@@ -143,7 +170,7 @@ class SessionStore:
             return expires, replaced
 
         expires_at, replaced = await self._db.write(txn)
-        gone = {d for d, e in self._cache.items() if e[0].daemon_id == daemon_id}
+        gone = {d for d, e in self._cache.items() if e.session.daemon_id == daemon_id}
         self._cache = {d: e for d, e in self._cache.items() if d not in gone}
         for d in gone:
             self._extended.discard(d)
@@ -153,12 +180,16 @@ class SessionStore:
         """(the session, False) for a live credential, extending it; (None, True) for a lapsed
         one; (None, False) for one never issued (or replaced, or removed)."""
         digest = _digest(credential)
-        now = time.time()
-        hit = self._cache.get(digest)
-        if hit is not None and now - hit[1] < CACHE_SECONDS and hit[2] > now:
-            return hit[0], False
-        ttl = self._settings.ttl_seconds
+        if self._clock() - self._confirmed_at >= CACHE_SECONDS:
+            await self._confirm()
+        now = self._clock()
+        known = self._cache.get(digest)
+        if known is not None and known.expires > now:
+            known.used = now
+            known.expires = self._extend(digest, known.expires, now)
+            return known.session, False
         row = await self._db.read_one(lambda conn: sql.by_digest(conn, digest=digest))
+        now = self._clock()
         if row is None:
             self._cache.pop(digest, None)
             self._extended.discard(digest)
@@ -171,15 +202,56 @@ class SessionStore:
             await self._db.write(lambda conn: sql.drop(conn, digest=digest))
             return None, True
         session = sql.session_of(row)
-        # Extended only once a good part of the ttl went by, and written with the others due
-        # (fewer writes).
+        if len(self._cache) >= MAX_CACHED:
+            self._cache.clear()
+        self._cache[digest] = _Known(session=session, used=now, expires=self._extend(digest, expires, now))
+        return session, False
+
+    def _extend(self, digest: str, expires: float, now: float) -> float:
+        """The session's expiry after a call at ``now``: moved forward only once a good part of
+        the ttl went by, and written with the others due (fewer writes)."""
+        ttl = self._settings.ttl_seconds
         if expires - now < ttl * (1 - EXTEND_FRACTION):
             expires = now + ttl
             self._extended.put(digest, expires)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[digest] = (session, now, expires)
-        return session, False
+        return expires
+
+    async def _confirm(self) -> None:
+        """Read every known session again, in one statement shared by the calls that wait for
+        it; a call cancelled meanwhile leaves it to the others."""
+        task = self._confirming
+        if task is None:
+            task = asyncio.create_task(self._confirm_known(), name="nymph-sessions-confirm")
+            self._confirming = task
+            task.add_done_callback(self._confirm_done)
+        await asyncio.shield(task)
+
+    def _confirm_done(self, task: asyncio.Task[None]) -> None:
+        self._confirming = None
+        if not task.cancelled():
+            task.exception()  # retrieved: the calls that awaited it raised it
+
+    async def _confirm_known(self) -> None:
+        started = self._clock()
+        for digest in [d for d, k in self._cache.items() if started - k.used >= IDLE_FORGET_SECONDS]:
+            del self._cache[digest]
+        digests = list(self._cache)
+        if not digests:
+            self._confirmed_at = max(self._confirmed_at, started)
+            return
+        found = await self._db.read_one(lambda conn: sql.expiries(conn, digests=digests))
+        for digest in digests:
+            known = self._cache.get(digest)
+            if known is None:
+                continue
+            expires = found.get(digest)
+            if expires is None:  # replaced or removed (a credential never comes back)
+                del self._cache[digest]
+                self._extended.discard(digest)
+                continue
+            # Another replica may have moved it forward; this one's extension may be unwritten.
+            known.expires = max(expires, self._extended.get(digest) or 0.0)
+        self._confirmed_at = max(self._confirmed_at, started)
 
 
 def session_principal(session: DaemonSession) -> Principal:

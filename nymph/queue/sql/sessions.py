@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from nymph.queue.models import DaemonSession
 from nymph.queue.sql.dialect import Conn, Row
@@ -29,6 +29,19 @@ def by_digest(conn: Conn, *, digest: str) -> Row | None:
         (digest,),
     ).fetchone()
     return row
+
+
+def expiries(conn: Conn, *, digests: Sequence[str]) -> dict[str, float]:
+    """The expiry of each of these sessions that still exists (credential hash -> expiry), in
+    one statement."""
+    if not digests:
+        return {}
+    marks = ", ".join("?" * len(digests))
+    rows = conn.execute(
+        f"SELECT digest, expires_at FROM daemon_sessions WHERE digest IN ({marks})",  # noqa: S608 - placeholders only
+        tuple(digests),
+    ).fetchall()
+    return {str(r["digest"]): float(r["expires_at"]) for r in rows}
 
 
 def live_of_daemon(conn: Conn, *, daemon_id: str) -> list[Row]:
