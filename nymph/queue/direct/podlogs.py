@@ -2,7 +2,7 @@
 with the provider's connection, and stores it as the daemon path does (chunks by offset, see
 :mod:`nymph.queue.sql.logchunks`).
 
-The Pod watch hands every batch of events here (:meth:`DirectLogs.on_pods`); a follower starts once the
+The Pod watch hands every event here (:meth:`DirectLogs.on_pod`); a follower starts once the
 container has started and ends when its log is complete. The resume cursor is the one kept with
 the stored log, so a queue restart goes on where the log stopped (the watch's first list
 starts the followers again). The reaper leaves a Pod alone while its log is being followed
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -50,37 +49,22 @@ class DirectLogs:
         a tail read of a Pod on it would be refused the same way."""
         return self.logless.known(_node_key(conn, node)) is not None
 
-    async def on_pods(
-        self, *, ns: str, conn: Connection, changes: Sequence[tuple[str, dict[str, Any]]]
-    ) -> None:
-        """A batch of the watch's changes, in order: a follower starts for each direct Pod whose
-        container has started, and each followed Pod's last state is kept. Whether a Pod is on
-        the direct path is read once for the whole batch."""
-        ask = {
-            name
-            for kind, pod in changes
-            if (name := _name(pod))
-            and name not in self.tasks
-            and kind != "DELETED"
-            and container_started(pod)
-        }
-        direct = await self.store.direct.direct_among(instance_ids=sorted(ask)) if ask else set()
-        for kind, pod in changes:
-            name = _name(pod)
-            if not name:
-                continue
-            if name in self.tasks:
-                self.pods[name] = None if kind == "DELETED" else pod
-                continue
-            if kind == "DELETED" or not container_started(pod):
-                continue
-            if name not in direct:
-                continue  # a daemon-path Pod with the same labels: its daemon follows it
-            self.pods[name] = pod
-            node = str((pod.get("spec") or {}).get("nodeName") or "")
-            task = asyncio.create_task(self._run(ns, conn, name, node), name=f"nymph-direct-logs-{name}")
-            self.tasks[name] = task
-            task.add_done_callback(functools.partial(self._done, name))
+    async def on_pod(self, *, ns: str, conn: Connection, kind: str, pod: dict[str, Any]) -> None:
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        if not name:
+            return
+        if name in self.tasks:
+            self.pods[name] = None if kind == "DELETED" else pod
+            return
+        if kind == "DELETED" or not container_started(pod):
+            return
+        if not await self.store.direct.is_direct(instance_id=name):
+            return  # a daemon-path Pod with the same labels: its daemon follows it
+        self.pods[name] = pod
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        task = asyncio.create_task(self._run(ns, conn, name, node), name=f"nymph-direct-logs-{name}")
+        self.tasks[name] = task
+        task.add_done_callback(functools.partial(self._done, name))
 
     def _done(self, name: str, task: asyncio.Task[None]) -> None:
         self.tasks.pop(name, None)
@@ -117,10 +101,6 @@ class DirectLogs:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-
-
-def _name(pod: dict[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 def _node_key(conn: Connection, node: str) -> str:

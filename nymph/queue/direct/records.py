@@ -149,14 +149,6 @@ class DirectRecords:
     async def is_direct(self, *, instance_id: str) -> bool:
         return await self.db.read_one(lambda c: sql.is_direct(c, instance_id=instance_id))
 
-    async def direct_among(self, *, instance_ids: Sequence[str]) -> set[str]:
-        """Which of these instances are on the direct path, in one read."""
-        if not instance_ids:
-            return set()
-        if len(instance_ids) <= 500:
-            return await self.db.read_one(lambda c: sql.direct_among(c, instance_ids=instance_ids))
-        return await self.db.read(lambda c: sql.direct_among(c, instance_ids=instance_ids))
-
     async def is_reaped(self, *, instance_id: str) -> bool:
         return await self.db.read_one(lambda c: sql.is_reaped(c, instance_id=instance_id))
 

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,12 +26,8 @@ log = structlog.get_logger(__name__, component="queue.direct.watches")
 WatchKey = tuple[str, str]
 
 
-class OnPods(Protocol):
-    """Takes each batch of a watch's changes (``(type, pod)``, in order), after they are applied."""
-
-    async def __call__(
-        self, *, ns: str, conn: Connection, changes: Sequence[tuple[str, dict[str, Any]]]
-    ) -> None: ...
+class OnPod(Protocol):
+    async def __call__(self, *, ns: str, conn: Connection, kind: str, pod: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -49,14 +44,14 @@ class WatchManager:
         store: Store,
         connector: Connector,
         settings: DirectSettings,
-        on_pods: OnPods | None = None,
+        on_pod: OnPod | None = None,
     ) -> None:
         self.store = store
         self.connector = connector
         self.settings = settings
         self.watches: dict[WatchKey, _Watch] = {}
         #: Also told of every Pod event (the live log followers).
-        self.on_pods = on_pods
+        self.on_pod = on_pod
         #: False on a replica that does not run the watches (another holds the lock): a launch
         #: there starts none; the running replica's next tick picks the new instance up.
         self.active = True
@@ -86,8 +81,9 @@ class WatchManager:
             # Every change that came while the last batch was written goes in one transaction.
             for iid in await self.store.direct.apply_pods(ns=ns, changes=changes, ts=now()):
                 self.store.instance_changed.notify(iid)
-            if self.on_pods is not None:
-                await self.on_pods(ns=ns, conn=conn, changes=changes)
+            if self.on_pod is not None:
+                for kind, pod in changes:
+                    await self.on_pod(ns=ns, conn=conn, kind=kind, pod=pod)
 
         backoff = 0.5
         while True:

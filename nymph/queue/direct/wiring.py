@@ -64,7 +64,7 @@ def install(app: web.Application, *, store: Store, db_path: Path | None) -> None
     secrets = SecretStore(db=store.db, box=SecretBox(source=source))
     connector = Connector(secrets=secrets, settings=settings)
     followers = DirectLogs(store=store, connector=connector)
-    watches = WatchManager(store=store, connector=connector, settings=settings, on_pods=followers.on_pods)
+    watches = WatchManager(store=store, connector=connector, settings=settings, on_pod=followers.on_pod)
     janitor = Janitor(
         store=store,
         connector=connector,

@@ -9,7 +9,7 @@ a daemon's reports do on the other path.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,21 +304,6 @@ def request_stop(conn: Conn, *, instance_id: str, ts: float) -> bool:
 def is_direct(conn: Conn, *, instance_id: str) -> bool:
     row = conn.execute("SELECT dispatch FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
     return row is not None and row[0] == "direct"
-
-
-def direct_among(conn: Conn, *, instance_ids: Sequence[str]) -> set[str]:
-    """Which of these instances are on the direct path (one statement per 500 ids)."""
-    found: set[str] = set()
-    ids = list(dict.fromkeys(instance_ids))
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
-        marks = ", ".join("?" * len(chunk))
-        rows = conn.execute(
-            f"SELECT instance_id FROM instances WHERE dispatch = 'direct' AND instance_id IN ({marks})",  # noqa: S608 - placeholders only
-            tuple(chunk),
-        ).fetchall()
-        found.update(str(r[0]) for r in rows)
-    return found
 
 
 def is_reaped(conn: Conn, *, instance_id: str) -> bool:
