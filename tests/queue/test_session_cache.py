@@ -60,6 +60,16 @@ def _store(queue: Queue, clock: Clock) -> tuple[SessionStore, CountingDb]:
     return SessionStore(settings=SessionSettings(), db=db, clock=clock), db  # type: ignore[arg-type]
 
 
+async def _known(queue: Queue, clock: Clock, n: int) -> tuple[SessionStore, CountingDb, list[str]]:
+    """A store of its own on ``queue``'s database with ``n`` sessions registered and each
+    authenticated once (known here)."""
+    store, db = _store(queue, clock)
+    creds = await _registered(store, n)
+    for cred in creds:
+        assert (await store.authenticate(cred))[0] is not None
+    return store, db, creds
+
+
 async def test_known_sessions_are_read_again_together_once_per_window(queue: Queue) -> None:
     """Fifty daemons calling again after the cache window cost one read between them, not one
     each; within the window, none."""
@@ -81,10 +91,7 @@ async def test_known_sessions_are_read_again_together_once_per_window(queue: Que
 
 async def test_calls_waiting_for_the_same_confirmation_share_its_read(queue: Queue) -> None:
     clock = Clock()
-    store, db = _store(queue, clock)
-    creds = await _registered(store, 20)
-    for cred in creds:
-        await store.authenticate(cred)
+    store, db, creds = await _known(queue, clock, 20)
     clock.now += CACHE_SECONDS
     before = db.reads
     got = await asyncio.gather(*(store.authenticate(c) for c in creds))
@@ -126,9 +133,7 @@ async def test_an_expiry_moved_forward_by_another_replica_is_taken_from_the_shar
     """A session another replica has extended is known here by its new expiry from the shared
     reads alone, so calls here queue no extension of their own to write."""
     clock = Clock()
-    store, db = _store(queue, clock)
-    [cred] = await _registered(store, 1)
-    await store.authenticate(cred)
+    store, db, [cred] = await _known(queue, clock, 1)
     ttl = SessionSettings().ttl_seconds
     later = clock.now + 2 * ttl
     await queue.store.db.write(lambda c: c.execute("UPDATE daemon_sessions SET expires_at = ?", (later,)))
@@ -144,9 +149,7 @@ async def test_an_expiry_moved_forward_by_another_replica_is_taken_from_the_shar
 
 async def test_a_session_that_lapsed_in_the_database_is_refused_as_lapsed(queue: Queue) -> None:
     clock = Clock()
-    store, _ = _store(queue, clock)
-    [cred] = await _registered(store, 1)
-    await store.authenticate(cred)
+    store, _, [cred] = await _known(queue, clock, 1)
     past = clock.now - 1.0
     await queue.store.db.write(lambda c: c.execute("UPDATE daemon_sessions SET expires_at = ?", (past,)))
     clock.now += CACHE_SECONDS
@@ -159,10 +162,7 @@ async def test_the_shared_read_holds_only_the_sessions_still_calling(
     """A session unused for ``IDLE_FORGET_SECONDS`` is left out of the shared read (and read
     on its own, once, if it calls again)."""
     clock = Clock()
-    store, _ = _store(queue, clock)
-    creds = await _registered(store, 5)
-    for cred in creds:
-        await store.authenticate(cred)
+    store, _, creds = await _known(queue, clock, 5)
     asked: list[int] = []
     real = sql.expiries
 
@@ -184,9 +184,7 @@ async def test_a_failed_shared_read_fails_its_calls_and_the_next_call_reads_agai
     queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = Clock()
-    store, _ = _store(queue, clock)
-    [cred] = await _registered(store, 1)
-    await store.authenticate(cred)
+    store, _, [cred] = await _known(queue, clock, 1)
     clock.now += CACHE_SECONDS
 
     def broken(conn: Any, *, digests: Any) -> dict[str, float]:
@@ -202,10 +200,7 @@ async def test_a_failed_shared_read_fails_its_calls_and_the_next_call_reads_agai
 
 async def test_a_call_cancelled_while_waiting_leaves_the_shared_read_to_the_others(queue: Queue) -> None:
     clock = Clock()
-    store, _ = _store(queue, clock)
-    creds = await _registered(store, 2)
-    for cred in creds:
-        await store.authenticate(cred)
+    store, _, creds = await _known(queue, clock, 2)
     clock.now += CACHE_SECONDS
     first = asyncio.create_task(store.authenticate(creds[0]))
     second = asyncio.create_task(store.authenticate(creds[1]))
