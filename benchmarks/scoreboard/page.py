@@ -321,9 +321,10 @@ the runs that made each change, not of the run above):
   here, as before), instead of each session on its own once 2 s had passed since its last read:
   with a thousand daemons, each calling a few times a minute, nearly every dispatch call read
   its session from the database (on PostgreSQL, a round trip per call). A session unused for
-  three minutes leaves the cache. `daemons_bench.py --counts 1,1000`, one run each, the code
-  before and after on the same day: queue CPU per launch 5.35 and 6.63 ms -> 6.12 and 6.78 ms
-  for 1 and 1,000 daemons, `cpu_ms_per_launch_ratio` 1.24 -> 1.11."""
+  three minutes leaves the cache. `daemons_bench.py`, one run of the code before and one of
+  this code (`--counts 1,1000`), in the same slow spell of the machine: queue CPU per launch
+  5.35 and 6.63 ms -> 6.12 and 6.78 ms for 1 and 1,000 daemons, `cpu_ms_per_launch_ratio`
+  1.24 -> 1.11."""
 
 
 def _n(x: int) -> str:
