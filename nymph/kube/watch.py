@@ -57,6 +57,28 @@ def slim(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
+#: Where a watch event's ``managedFields`` start and end, as the API server writes a Pod: the
+#: field is the last of ``ObjectMeta`` and the Pod's ``spec`` follows its ``metadata``. Inside a
+#: JSON string every quote is escaped, so neither marker, each with bare quotes, can be found
+#: in a string: only as the document's own syntax (the fields under ``managedFields`` are named
+#: ``f:...``, never ``spec``).
+_MANAGED_START = ',"managedFields":['
+_MANAGED_END = ']},"spec":'
+
+
+def without_managed_fields(data: str) -> str | None:
+    """A watch event's JSON with its object's ``managedFields`` cut out before it is decoded
+    (they are most of the small objects in a Pod's document, and :func:`slim` drops them
+    anyway); None when ``data`` has not the layout the cut relies on."""
+    start = data.find(_MANAGED_START)
+    if start < 0:
+        return None
+    end = data.find(_MANAGED_END, start)
+    if end < 0:
+        return None
+    return data[:start] + data[end + 1 :]
+
+
 class RawWatch(watch.Watch):
     """A watch whose events stay plain JSON: the generated client would also build a V1Pod
     (and parse every timestamp) per event, which nobody here reads (a fifth of the daemon's
@@ -67,13 +89,20 @@ class RawWatch(watch.Watch):
 
     def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
         """The event, as the client's own method gives it (``raw_object`` the object, and the
-        watch's resourceVersion kept), decoded by :mod:`nymph.fastjson`: a Pod's document
-        at every change is most of what a watch costs. An error event, or anything not an
-        event, goes to the client's method, which raises as it always has."""
+        watch's resourceVersion kept), decoded by :mod:`nymph.fastjson` without its
+        ``managedFields`` (:func:`without_managed_fields`): a Pod's document at every change is
+        most of what a watch costs. An error event, or anything not an event, goes to the
+        client's method, which raises as it always has."""
+        cut = without_managed_fields(data) if isinstance(data, str) else None
         try:
-            js = fastjson.loads(data)
+            js = fastjson.loads(data if cut is None else cut)
         except ValueError:
-            return data
+            if cut is None:
+                return data
+            try:  # not the layout the cut relies on after all: the whole event, as it came
+                js = fastjson.loads(data)
+            except ValueError:
+                return data
         kind = js.get("type") if isinstance(js, dict) else None
         obj = js.get("object") if isinstance(js, dict) else None
         meta = obj.get("metadata") if isinstance(obj, dict) else None

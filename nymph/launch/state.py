@@ -144,11 +144,12 @@ def pod_reason(pod: Mapping[str, Any]) -> tuple[Reason | None, str]:
         return Reason.EVICTED, message
     if status_reason == "DeadlineExceeded":
         return Reason.DEADLINE_EXCEEDED, message
-    for cs in _container_statuses(pod):
+    statuses = _container_statuses(pod)
+    for cs in statuses:
         terminated = _get(cs, "state", "terminated") or _get(cs, "lastState", "terminated")
         if isinstance(terminated, _MAPPING) and terminated.get("reason") == "OOMKilled":
             return Reason.OOM_KILLED, str(terminated.get("message") or "container was OOM-killed")
-    for cs in _container_statuses(pod):
+    for cs in statuses:
         waiting = _get(cs, "state", "waiting")
         if isinstance(waiting, _MAPPING):
             reason = waiting.get("reason")
@@ -170,7 +171,7 @@ def pod_reason(pod: Mapping[str, Any]) -> tuple[Reason | None, str]:
     if phase == "Succeeded":
         return Reason.COMPLETED, ""
     if phase == "Failed":
-        for cs in _container_statuses(pod):
+        for cs in statuses:
             terminated = _get(cs, "state", "terminated")
             if isinstance(terminated, _MAPPING):
                 code = terminated.get("exitCode")
