@@ -18,10 +18,20 @@ def _required() -> bool:
     return os.environ.get("NYMPH_E2E", "").strip().lower() == "require"
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+def _record(report: pytest.TestReport | pytest.CollectReport) -> None:
     if _required() and report.skipped:
         reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         _skipped.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _record(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A whole module skipped while it is collected (``pytest.skip(allow_module_level=True)``,
+    an ``importorskip`` at the top): it has no test report of its own."""
+    _record(report)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
