@@ -16,7 +16,7 @@ from nymph.launch.placement import Needs, NodeOffer, add, misfit, waiting_kind, 
 from nymph.launch.state import InstanceState
 from nymph.queue.offers import offer_of
 from nymph.queue.sql import events, waiting
-from nymph.queue.sql.dialect import Conn, Row, indexed_by
+from nymph.queue.sql.dialect import Conn, Row, indexed_by, send
 from nymph.queue.sql.tasks import insert_task
 
 #: A daemon that claimed within this many seconds counts as live for the waiting reason (a
@@ -165,16 +165,19 @@ def update_waiting(conn: Conn, *, now: float) -> None:
     """Give each queued launch (the oldest ``WAITING_BATCH``) the reason no live daemon takes it,
     or clear it; and tell the event stream when the kind of a reason worked out at read time (its
     namespace's quota, its share) starts or stops applying to one of them. A daemon that sends
-    no offer may take anything."""
+    no offer may take anything. The reasons are written and their events recorded together
+    (:func:`_set_waiting`, :func:`nymph.queue.sql.events.record_each`): a few round trips
+    whatever the number of launches given a reason, so a sweep that finds hundreds newly
+    waiting ends as soon as one that finds none."""
     cleared = conn.execute(
         "SELECT instance_id, state FROM instances WHERE waiting IS NOT NULL AND instance_id NOT IN "
         "(SELECT instance_id FROM tasks WHERE kind = 'launch' AND status = 'pending' "
         "AND instance_id IS NOT NULL)"
     ).fetchall()
-    for r in cleared:
-        conn.execute("UPDATE instances SET waiting = NULL WHERE instance_id = ?", (r["instance_id"],))
-        if r["state"] == "queued":
-            events.record(conn, instance_id=r["instance_id"], changes=[events.WAITING], at=now)
+    if cleared:
+        _set_waiting(conn, {None: [r["instance_id"] for r in cleared]})
+        queued = [r["instance_id"] for r in cleared if r["state"] == "queued"]
+        events.record_each(conn, instance_ids=queued, changes=[events.WAITING], at=now)
     used_by_node: dict[str, dict[str, Fraction]] | None = None
     rows = conn.execute(
         "SELECT t.kube_namespace, t.spec, i.instance_id, i.namespace, i.state, i.waiting, i.waiting_told "
@@ -189,6 +192,8 @@ def update_waiting(conn: Conn, *, now: float) -> None:
     # Read only when a launch waits: a thousand live daemons are a thousand rows to parse.
     daemons = _live_offers(conn, now=now)
     unplaced: list[Row] = []
+    new_reasons: dict[str | None, list[str]] = {}
+    kind_changed: list[str] = []
     for r in rows:
         serving = [
             (node, offer)
@@ -204,12 +209,14 @@ def update_waiting(conn: Conn, *, now: float) -> None:
             offers.append((offer, used_by_node.get(node, {})))
         reason = None if len(offers) < len(serving) else why_waiting(_needs(r["spec"]), offers)
         if reason != r["waiting"]:
-            conn.execute("UPDATE instances SET waiting = ? WHERE instance_id = ?", (reason, r["instance_id"]))
+            new_reasons.setdefault(reason, []).append(r["instance_id"])
             if waiting_kind(reason) != waiting_kind(r["waiting"]):  # never for a mere change of figures
-                events.record(conn, instance_id=r["instance_id"], changes=[events.WAITING], at=now)
+                kind_changed.append(r["instance_id"])
                 continue
         if reason is None:
             unplaced.append(r)  # not waiting for a node: its quota or share may hold it
+    _set_waiting(conn, new_reasons)
+    events.record_each(conn, instance_ids=kind_changed, changes=[events.WAITING], at=now)
     told = {r["instance_id"]: r["waiting_told"] for r in rows}
     kinds = waiting.standing(conn, unplaced, now=now, ranked=False)  # no ranks: hundreds at once
     changed = [
@@ -217,15 +224,23 @@ def update_waiting(conn: Conn, *, now: float) -> None:
         for r in unplaced
         if r["instance_id"] in kinds and kinds[r["instance_id"]].kind != told[r["instance_id"]]
     ]
-    for instance_id, now_standing in waiting.standing(conn, changed, now=now).items():
-        if now_standing.kind != told[instance_id]:
-            events.record(
-                conn,
-                instance_id=instance_id,
-                changes=[events.WAITING],
-                at=now,
-                standing=(now_standing.text, now_standing.kind),
-            )
+    standing = {
+        instance_id: (now_standing.text, now_standing.kind)
+        for instance_id, now_standing in waiting.standing(conn, changed, now=now).items()
+        if now_standing.kind != told[instance_id]
+    }
+    events.record_each(conn, instance_ids=list(standing), changes=[events.WAITING], at=now, standing=standing)
+
+
+def _set_waiting(conn: Conn, reasons: Mapping[str | None, Sequence[str]]) -> None:
+    """Store each reason (None: none) on its instances: one statement per reason and
+    :data:`~nymph.queue.sql.events.EACH_CHUNK` instances, its result unread (sent with the next
+    statement that reads, on PostgreSQL)."""
+    for reason, ids in reasons.items():
+        for start in range(0, len(ids), events.EACH_CHUNK):
+            chunk = ids[start : start + events.EACH_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            send(conn, f"UPDATE instances SET waiting = ? WHERE instance_id IN ({marks})", (reason, *chunk))  # noqa: S608
 
 
 # --- moving a launch off a node where it turned out Unschedulable ----------------------------
