@@ -227,6 +227,16 @@ class Needs:
         to :func:`misfit`."""
         return any(v > 0 for v in self.requests.values())
 
+    def key(self) -> tuple[Any, ...]:
+        """Equal for needs that are equal (its tolerations and requests in a set order), and
+        hashable: launches with the same needs share one judgement against the same offers."""
+        return (
+            self.node_selector,
+            tuple(tuple(sorted((str(k), repr(v)) for k, v in t.items())) for t in self.tolerations),
+            tuple(sorted(self.requests.items())),
+            self.avoid,
+        )
+
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any] | None) -> Needs:
         """From a launch spec's JSON (:meth:`nymph.launch.spec.LaunchSpec.to_json`)."""

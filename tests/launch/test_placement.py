@@ -225,3 +225,35 @@ def test_why_waiting() -> None:
     )
     assert why_waiting(Needs(), offers) is None
     assert why_waiting(Needs(), []) == "no live daemon serves this kube namespace"
+
+
+_TOLERATION = st.dictionaries(
+    st.sampled_from(["key", "operator", "value", "effect", "tolerationSeconds"]),
+    st.one_of(st.text(max_size=3), st.integers(0, 3), st.none()),
+    max_size=4,
+)
+_NEEDS = st.builds(
+    Needs,
+    node_selector=st.lists(st.tuples(st.text(max_size=2), st.text(max_size=2)), max_size=2).map(tuple),
+    tolerations=st.lists(_TOLERATION, max_size=2).map(tuple),
+    requests=st.dictionaries(
+        st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), st.fractions(0, 8), max_size=3
+    ),
+    avoid=st.lists(st.text(max_size=2), max_size=2).map(tuple),
+)
+
+
+@given(_NEEDS, _NEEDS)
+def test_needs_share_a_key_exactly_when_they_are_equal(a: Needs, b: Needs) -> None:
+    """The sweep judges launches with equal needs once, by their key: two needs have the same
+    key only when they are equal (never a reason given for other needs), and the order a
+    toleration's fields or the requests were written in does not change it."""
+    assert (a.key() == b.key()) == (a == b)
+    reordered = Needs(
+        node_selector=a.node_selector,
+        tolerations=tuple(dict(reversed(list(t.items()))) for t in a.tolerations),
+        requests=dict(reversed(list(a.requests.items()))),
+        avoid=a.avoid,
+    )
+    assert reordered.key() == a.key()
+    assert hash(reordered.key()) == hash(a.key())

@@ -9,19 +9,48 @@ import asyncio
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from nymph.launch.placement import Needs
+from nymph.queue.pgdb import PgDatabase
 from nymph.queue.sql import placement
 from tests.support.latency_proxy import LatencyProxy, pg_url_through
 from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 NS = "/v1/namespaces/default"
 NO_DAEMON = "no live daemon serves this kube namespace"
+CPU_NODE = {
+    "name": "cpu-node",
+    "labels": {"pool": "cpu"},
+    "taints": [],
+    "allocatable": {"cpu": "2", "memory": "4Gi"},
+}
 
 
-async def _launch(q: Queue) -> str:
-    r = await q.call("POST", f"{NS}/providers/kind/launch", json_body={"mode": "small", "script": "1"})
+#: No sweep but the test's own (the sweeper's would run between its steps).
+QUIET = dataclasses.replace(FAST, lease=dataclasses.replace(FAST.lease, sweep_interval=3600.0))
+
+
+@pytest.fixture
+async def quiet(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
+    """The queue with provider ``kind`` and mode ``small``, on either backend, without a
+    sweeper of its own."""
+    q, runner = await open_queue(tmp_path, QUIET, db=queue_db)
+    try:
+        await add_kind(q)
+        yield q
+    finally:
+        await q.close()
+        await runner.cleanup()
+
+
+async def _launch(q: Queue, fields: dict[str, Any] | None = None) -> str:
+    body = {"mode": "small", "script": "1", **({"fields": fields} if fields else {})}
+    r = await q.call("POST", f"{NS}/providers/kind/launch", json_body=body)
     assert r.status == 202, r.body
     return str(r.body["instanceId"])
 
@@ -45,12 +74,6 @@ async def _waiting_of(q: Queue) -> dict[str, str | None]:
         lambda conn: conn.execute("SELECT instance_id, waiting FROM instances").fetchall()
     )
     return {r["instance_id"]: r["waiting"] for r in rows}
-
-
-async def _sweep(q: Queue) -> None:
-    """The sweep's waiting reasons alone (the rest of a sweep costs the same round trips
-    whatever waits)."""
-    await q.store.db.write(lambda conn: placement.update_waiting(conn, now=time.time()))
 
 
 async def test_many_launches_get_their_reasons_and_one_event_each_per_kind(kind: Queue) -> None:
@@ -81,13 +104,15 @@ async def test_many_launches_get_their_reasons_and_one_event_each_per_kind(kind:
 async def test_a_sweep_costs_as_many_round_trips_for_forty_newly_waiting_launches_as_for_three(
     proxied: tuple[str, LatencyProxy], tmp_path: Path
 ) -> None:
-    """On PostgreSQL 1 ms away (a proxy that counts round trips), giving forty launches their
-    first reason takes the same round trips as giving three theirs: the reasons, the events and
-    the kinds told are written together, not a few statements per launch waited for in turn
-    (hundreds of launches newly waiting held a sweep, and its locks, for seconds)."""
+    """On PostgreSQL 1 ms away (a proxy that counts round trips, which only the sweep's own
+    connections go through), giving forty launches their first reason takes the same round trips
+    as giving three theirs: the reasons, the events and the kinds told are written together, not
+    a few statements per launch waited for in turn (hundreds of launches newly waiting held a
+    sweep, and its locks, for seconds)."""
     db, proxy = proxied
-    quiet = dataclasses.replace(FAST, lease=dataclasses.replace(FAST.lease, sweep_interval=3600.0))
-    q, runner = await open_queue(tmp_path, quiet, db=pg_url_through(db, proxy.port))
+    q, runner = await open_queue(tmp_path, QUIET, db=db)
+    sweeper = PgDatabase(url=pg_url_through(db, proxy.port), pool_size=1)
+    await sweeper.open()
     try:
         await add_kind(q)
         trips: list[int] = []
@@ -95,12 +120,42 @@ async def test_a_sweep_costs_as_many_round_trips_for_forty_newly_waiting_launche
         for n in (3, 40):
             ids += await asyncio.gather(*(_launch(q) for _ in range(n)))
             before = proxy.round_trips
-            await _sweep(q)
+            await sweeper.write(lambda conn: placement.update_waiting(conn, now=time.time()))
             trips.append(proxy.round_trips - before)
         assert trips[0] == trips[1], trips
         assert await _waiting_of(q) == dict.fromkeys(ids, NO_DAEMON)
         told = Counter(e["instanceId"] for e in await _events(q) if e["changes"] == ["waiting"])
         assert told == dict.fromkeys(ids, 1)
     finally:
+        await sweeper.close()
         await q.close()
         await runner.cleanup()
+
+
+async def test_launches_with_the_same_needs_are_judged_once_per_sweep(
+    quiet: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep checks each launch against every live daemon's offer: with a thousand daemons and
+    hundreds of launches that is hundreds of thousands of checks. The offers do not change during
+    a sweep, so launches of one kube namespace with equal needs share one judgement: twelve
+    launches of two kinds of needs cost two, and each still gets the reason its own needs give."""
+    judged: list[Needs] = []
+    real = placement.why_waiting  # type: ignore[attr-defined]
+
+    def counted(needs: Needs, offers: Any) -> str | None:
+        judged.append(needs)
+        return real(needs, offers)
+
+    await quiet.daemon().claim(daemon_id="d1", node="cpu-node", capacity=1, wait=0, node_info=CPU_NODE)
+    big = {"resources": {"requests": {"cpu": "64"}}}
+    picky = {"node_selector": {"gpu": "h100"}}
+    bigs = [await _launch(quiet, big) for _ in range(6)]
+    pickies = [await _launch(quiet, picky) for _ in range(6)]
+    monkeypatch.setattr(placement, "why_waiting", counted)  # as the sweep calls it
+    await quiet.store.sweep()
+    assert len(judged) == 2, judged
+    waiting = await _waiting_of(quiet)
+    assert {waiting[i] for i in bigs} == {
+        "no daemon's node has the allocatable resources for requests cpu=64"
+    }
+    assert {waiting[i] for i in pickies} == {"no daemon's node matches node_selector gpu=h100"}

@@ -178,7 +178,6 @@ def update_waiting(conn: Conn, *, now: float) -> None:
         _set_waiting(conn, {None: [r["instance_id"] for r in cleared]})
         queued = [r["instance_id"] for r in cleared if r["state"] == "queued"]
         events.record_each(conn, instance_ids=queued, changes=[events.WAITING], at=now)
-    used_by_node: dict[str, dict[str, Fraction]] | None = None
     rows = conn.execute(
         "SELECT t.kube_namespace, t.spec, i.instance_id, i.namespace, i.state, i.waiting, i.waiting_told "
         "FROM tasks t "
@@ -189,25 +188,12 @@ def update_waiting(conn: Conn, *, now: float) -> None:
     ).fetchall()
     if not rows:
         return
-    # Read only when a launch waits: a thousand live daemons are a thousand rows to parse.
-    daemons = _live_offers(conn, now=now)
+    judge = _Judge(conn, now=now)  # read only when a launch waits
     unplaced: list[Row] = []
     new_reasons: dict[str | None, list[str]] = {}
     kind_changed: list[str] = []
     for r in rows:
-        serving = [
-            (node, offer)
-            for node, namespaces, offer in daemons
-            if not namespaces or r["kube_namespace"] in namespaces
-        ]
-        offers: list[tuple[NodeOffer, Mapping[str, Fraction]]] = []
-        for node, offer in serving:
-            if offer is None or not node:
-                break  # a daemon that sends no offer may take anything
-            if used_by_node is None:
-                used_by_node = placed_by_node(conn, now=now)
-            offers.append((offer, used_by_node.get(node, {})))
-        reason = None if len(offers) < len(serving) else why_waiting(_needs(r["spec"]), offers)
+        reason = judge.reason(str(r["kube_namespace"]), r["spec"])
         if reason != r["waiting"]:
             new_reasons.setdefault(reason, []).append(r["instance_id"])
             if waiting_kind(reason) != waiting_kind(r["waiting"]):  # never for a mere change of figures
@@ -230,6 +216,53 @@ def update_waiting(conn: Conn, *, now: float) -> None:
         if now_standing.kind != told[instance_id]
     }
     events.record_each(conn, instance_ids=list(standing), changes=[events.WAITING], at=now, standing=standing)
+
+
+class _Judge:
+    """Why no live daemon takes a launch, for one sweep: the daemons' offers are read once (a
+    thousand live daemons are a thousand rows to parse), what is placed on each node at the
+    first offer needed, and each reason worked out once per kube namespace and needs (the
+    offers do not change during a sweep; hundreds of waiting launches, each checked against a
+    thousand offers, would be hundreds of thousands of checks)."""
+
+    def __init__(self, conn: Conn, *, now: float) -> None:
+        self.conn = conn
+        self.now = now
+        self.daemons = _live_offers(conn, now=now)
+        self._used: dict[str, dict[str, Fraction]] | None = None
+        self._offers: dict[str, list[tuple[NodeOffer, Mapping[str, Fraction]]] | None] = {}
+        self._reasons: dict[tuple[str, tuple[object, ...]], str | None] = {}
+
+    def reason(self, kube_ns: str, spec: str | None) -> str | None:
+        """The launch's waiting reason; None when some live daemon serving ``kube_ns`` can
+        take it."""
+        offers = self._offers_in(kube_ns)
+        if offers is None:
+            return None
+        needs = _needs(spec)
+        key = (kube_ns, needs.key())
+        if key not in self._reasons:
+            self._reasons[key] = why_waiting(needs, offers)
+        return self._reasons[key]
+
+    def _offers_in(self, kube_ns: str) -> list[tuple[NodeOffer, Mapping[str, Fraction]]] | None:
+        """The offers of the live daemons serving ``kube_ns``, each with what is placed on its
+        node; None when one of them sends no offer (a daemon that sends none may take
+        anything)."""
+        if kube_ns in self._offers:
+            return self._offers[kube_ns]
+        offers: list[tuple[NodeOffer, Mapping[str, Fraction]]] = []
+        for node, namespaces, offer in self.daemons:
+            if namespaces and kube_ns not in namespaces:
+                continue
+            if offer is None or not node:
+                self._offers[kube_ns] = None
+                return None
+            if self._used is None:
+                self._used = placed_by_node(self.conn, now=self.now)
+            offers.append((offer, self._used.get(node, {})))
+        self._offers[kube_ns] = offers
+        return offers
 
 
 def _set_waiting(conn: Conn, reasons: Mapping[str | None, Sequence[str]]) -> None:
