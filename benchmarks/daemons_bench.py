@@ -16,7 +16,9 @@ POST to the claim answer carrying it), so the generator's delays do not count; t
 launches. Every count's queue and daemons are up together, and the stream runs ``rounds`` times
 (5) on each, the counts taking turns (1, 100, 1,000, then again), so that a slow spell of the
 machine falls on every count alike; the CPU per launch is the median of a count's rounds (each
-round's is kept beside it). Writes ``daemons_1000`` into ``bench-results.json``
+round's is kept beside it). Last, 500 launches that no daemon's node can run are queued on each
+count's queue, and its CPU is read while they wait (``backlog_cpu_pct``): the sweeps that give
+each its reason, against every live daemon's offer. Writes ``daemons_1000`` into ``bench-results.json``
 (its other keys kept):
 
     .venv/bin/python benchmarks/daemons_bench.py [--rate 40] [--seconds 15] [--rounds 3] [--counts 1,100,1000]
@@ -67,6 +69,12 @@ TICKS = os.sysconf("SC_CLK_TCK")
 #: Streams per daemon count, one after the other on the same daemons: the queue's CPU per
 #: launch is the median of theirs.
 ROUNDS = 5
+#: Launches no daemon's node can run, queued after the streams, and how long the queue's CPU is
+#: read while they wait (several sweeps: one every 5 s).
+BACKLOG = 500
+BACKLOG_SECONDS = 21.0
+#: More CPU than any daemon's node offers (:func:`_offer`).
+UNFIT_CPU = "64"
 
 
 # --- one load-generator process ----------------------------------------------------------------
@@ -197,6 +205,7 @@ class Fleet:
     parked: int
     idle_pct: float
     per_round: list[float] = dataclasses.field(default_factory=list)
+    backlog_pct: float | None = None
 
     async def stream(self, *, rate: float, seconds: float, settle: float) -> float:
         """POST ``rate`` launches a second for ``seconds``, wait until every one is claimed;
@@ -220,6 +229,22 @@ class Fleet:
         self.per_round.append(1000 * (_cpu_seconds(self.pid) - c1) / total)
         return self.per_round[-1]
 
+    async def backlog(self, *, launches: int, seconds: float) -> float:
+        """POST ``launches`` that no daemon's node can run (each requests more CPU than any node
+        offers), then the queue's CPU over ``seconds`` (% of one core) while they wait: its
+        sweeps give each a reason, judged against every live daemon's offer."""
+        for first in range(0, launches, 50):
+            await asyncio.gather(
+                *(
+                    schedule_bench.launch(self.user, resources={"requests": {"cpu": UNFIT_CPU}})
+                    for _ in range(min(50, launches - first))
+                )
+            )
+        c0, t0 = _cpu_seconds(self.pid), time.monotonic()
+        await asyncio.sleep(seconds)
+        self.backlog_pct = 100 * (_cpu_seconds(self.pid) - c0) / (time.monotonic() - t0)
+        return self.backlog_pct
+
     async def row(self, *, launches: int) -> dict[str, Any]:
         got = await _scrape(self.url, self.admin)
         p50, p95 = quantile(got["buckets"], 0.5), quantile(got["buckets"], 0.95)
@@ -235,6 +260,7 @@ class Fleet:
             "cpu_ms_per_launch": round(statistics.median(self.per_round), 2),
             "cpu_ms_per_launch_rounds": [round(c, 2) for c in self.per_round],
             "idle_cpu_pct": round(self.idle_pct, 2),
+            "backlog_cpu_pct": None if self.backlog_pct is None else round(self.backlog_pct, 2),
         }
 
 
@@ -323,6 +349,8 @@ def summarize(rows: dict[int, dict[str, Any]], *, rate: float, seconds: float) -
         "p95_ratio": ratio("p95_ms"),
         "cpu_ms_per_launch_ratio": ratio("cpu_ms_per_launch"),
         "idle_cpu_pct": top["idle_cpu_pct"],
+        "backlog_cpu_pct": top.get("backlog_cpu_pct"),
+        "backlog_launches": BACKLOG,
         "runs": {str(n): r for n, r in sorted(rows.items())},
         "rate_per_s": rate,
         "seconds": seconds,
@@ -347,6 +375,7 @@ async def run(
     seconds: float,
     idle_s: float = CLAIM_WAIT + 2,
     rounds: int = ROUNDS,
+    backlog_s: float = BACKLOG_SECONDS,
 ) -> dict[str, Any]:
     say = functools.partial(print, flush=True)
     async with contextlib.AsyncExitStack() as stack:
@@ -358,12 +387,16 @@ async def run(
             for f in fleets:
                 cpu = await f.stream(rate=rate, seconds=seconds, settle=min(1.0, idle_s))
                 say(f"  round {r + 1}: {f.n} daemons, queue CPU {cpu:.2f} ms/launch")
+        if backlog_s > 0:
+            for f in fleets:
+                pct = await f.backlog(launches=BACKLOG, seconds=backlog_s)
+                say(f"  {f.n} daemons, {BACKLOG} launches no node fits: queue CPU {pct:.2f}% of a core")
         rows = {f.n: await f.row(launches=int(rate * seconds) * rounds) for f in fleets}
     for n, row in rows.items():
         say(
             f"  {n} daemons: POST -> claim p50 {row['p50_ms']} ms, p95 {row['p95_ms']} ms; "
             f"queue CPU {row['cpu_ms_per_launch']} ms/launch (rounds: {row['cpu_ms_per_launch_rounds']}), "
-            f"idle {row['idle_cpu_pct']}%"
+            f"idle {row['idle_cpu_pct']}%, with a backlog no node fits {row['backlog_cpu_pct']}%"
         )
     return {**summarize(rows, rate=rate, seconds=seconds), "rounds": rounds, "counts_take_turns": True}
 
@@ -393,6 +426,13 @@ def main(argv: list[str] | None = None) -> int:
         default=CLAIM_WAIT + 2,
         help=f"idle CPU sampled this long (default {CLAIM_WAIT + 2:g}: every long-poll times out once)",
     )
+    parser.add_argument(
+        "--backlog-seconds",
+        type=float,
+        default=BACKLOG_SECONDS,
+        help=f"after the streams, the queue's CPU read this long while {BACKLOG} launches no node "
+        f"fits wait (default {BACKLOG_SECONDS:g}; 0: not measured)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
     parser.add_argument("--no-write", action="store_true", help="print the figures only")
     args = parser.parse_args(argv)
@@ -403,7 +443,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.rounds < 1:
             parser.error("--rounds must be at least 1")
         section = asyncio.run(
-            run(counts, rate=args.rate, seconds=args.seconds, idle_s=args.idle_seconds, rounds=args.rounds)
+            run(
+                counts,
+                rate=args.rate,
+                seconds=args.seconds,
+                idle_s=args.idle_seconds,
+                rounds=args.rounds,
+                backlog_s=args.backlog_seconds,
+            )
         )
     finally:
         for proc in list(schedule_bench._PROCS):

@@ -158,13 +158,30 @@ def daemons(r: dict[str, Any]) -> str:
             break_long_words=False,
         ),
         "",
-        "| daemons | POST -> claim p50 ms | p95 ms | queue CPU ms / launch | idle queue CPU % |",
-        "|---:|---:|---:|---:|---:|",
+    ]
+    backlog = any(row.get("backlog_cpu_pct") is not None for row in runs.values())
+    if backlog:
+        out += [
+            textwrap.fill(
+                f"Last, {_n(int(d.get('backlog_launches') or 0))} launches that no daemon's node can "
+                "run (each requests more CPU than any node offers) are queued on each count's queue, "
+                "and its CPU is read while they wait: the sweeps (one every 5 s) give each its "
+                "reason, judged against every live daemon's offer.",
+                width=96,
+                break_on_hyphens=False,
+                break_long_words=False,
+            ),
+            "",
+        ]
+    out += [
+        "| daemons | POST -> claim p50 ms | p95 ms | queue CPU ms / launch | idle queue CPU % |"
+        + (" queue CPU % with the backlog |" if backlog else ""),
+        "|---:|---:|---:|---:|---:|" + ("---:|" if backlog else ""),
     ]
     for n, row in sorted(runs.items(), key=lambda kv: int(kv[0])):
         out.append(
             f"| {_n(int(n))} | {row['p50_ms']} | {row['p95_ms']} | {row['cpu_ms_per_launch']}{_rounds(row)} | "
-            f"{row['idle_cpu_pct']} |"
+            f"{row['idle_cpu_pct']} |" + (f" {row.get('backlog_cpu_pct')} |" if backlog else "")
         )
     out += [
         "",
