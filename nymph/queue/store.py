@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from nymph.launch.config import Mode, Provider
+from nymph.launch.placement import Needs
 from nymph.launch.spec import LaunchSpec
 from nymph.protocol import (
     ActiveJSON,
@@ -49,6 +50,7 @@ from nymph.queue.output import OutputStore
 from nymph.queue.quotabook import QuotaBook
 from nymph.queue.sql import catalog, completions, dispatch, instances, launches, leases
 from nymph.queue.sql import reports as sql_reports
+from nymph.queue.wakeup import LaunchWork
 
 log = structlog.get_logger(__name__, component="queue.store")
 
@@ -169,7 +171,7 @@ class Store:
         idempotency_key: str | None,
         principal: Principal,
     ) -> LaunchAccepted:
-        accepted, created = await self.db.write(
+        accepted, spec = await self.db.write(
             lambda conn: launches.launch(
                 conn,
                 ns=ns,
@@ -181,8 +183,10 @@ class Store:
                 image_pull_timeout=self.settings.launch.image_pull_timeout,
             )
         )
-        if created:
-            self.tasks_changed.notify(1)
+        if spec is not None:
+            # it wakes only claims that may take it (their namespaces, their node's offer)
+            work = LaunchWork(kube_namespace=str(spec.get("namespace") or ""), needs=Needs.from_spec(spec))
+            self.tasks_changed.notify(1, item=work)
             log.info(
                 "launch accepted",
                 instance=accepted["instanceId"],

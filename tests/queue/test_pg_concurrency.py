@@ -304,7 +304,7 @@ async def test_a_launch_is_written_in_two_round_trips(
     try:
 
         def launch(conn: Conn) -> str:
-            accepted, created = launches.launch(
+            accepted, spec = launches.launch(
                 conn,
                 ns="default",
                 provider_name="kind",
@@ -312,7 +312,7 @@ async def test_a_launch_is_written_in_two_round_trips(
                 idempotency_key=None,
                 requester="tester",
             )
-            assert created
+            assert spec is not None
             return accepted["instanceId"]
 
         await pg.write(launch)  # warm: the pool's connection is open

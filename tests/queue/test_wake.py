@@ -12,7 +12,7 @@ import pytest
 from nymph.queue.broadcast import coalesce
 from nymph.queue.db import Backend
 from nymph.queue.models import QueueSettings
-from nymph.queue.notify import WorkSignal
+from nymph.queue.notify import Ticket, WorkSignal
 from nymph.queue.sql import dispatch
 from nymph.queue.store import Store
 from tests.support.queue_helpers import Queue
@@ -91,6 +91,55 @@ async def test_a_task_only_one_daemon_may_take_reaches_it_past_the_others(kind: 
     for t in waits:
         t.cancel()
     await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def test_a_launch_only_some_nodes_can_run_wakes_only_their_claims(
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten daemons on CPU nodes wait first, one on a GPU node last: a launch that asks for a GPU
+    wakes the GPU node's claim alone (the others are never woken to read), and a launch any node
+    can run still wakes the first in line."""
+    cpu = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8"}}
+    gpu = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8", "nvidia.com/gpu": "1"}}
+    daemons = [(f"c{k}", kind.daemon(), dict(cpu, name=f"c{k}")) for k in range(10)]
+    daemons.append(("g", kind.daemon(), dict(gpu, name="g")))
+    for name, c, offer in daemons:
+        assert await c.claim(daemon_id=name, node=name, capacity=1, wait=0, node_info=offer) == []
+
+    def hold(name: str, c: Any, offer: dict[str, Any]) -> asyncio.Task[Any]:
+        return asyncio.create_task(c.claim(daemon_id=name, node=name, capacity=1, wait=8, node_info=offer))
+
+    waits = {}
+    for name, c, offer in daemons:
+        waits[name] = hold(name, c, offer)
+        await asyncio.sleep(0.05)  # in line in this order
+    await asyncio.sleep(0.3)
+    readers: list[str] = []
+    real = dispatch.idle_claim
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        readers.append(kwargs["req"].daemon_id)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "idle_claim", read)
+    accepted = await kind.user().launch(
+        provider="kind",
+        mode="small",
+        script="print(1)",
+        fields={"resources": {"requests": {"nvidia.com/gpu": "1"}}},
+    )
+    got = await asyncio.wait_for(waits.pop("g"), 5)
+    assert [t["instanceId"] for t in got] == [accepted["instanceId"]]
+    await asyncio.sleep(0.3)
+    assert set(readers) <= {"g"}, readers  # no CPU node's claim was woken to read
+    assert not any(t.done() for t in waits.values())
+    iid = await _launch(kind)
+    done, _ = await asyncio.wait(waits.values(), timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    [first] = done
+    assert first is waits["c0"] and [t["instanceId"] for t in first.result()] == [iid]
+    for t in waits.values():
+        t.cancel()
+    await asyncio.gather(*waits.values(), return_exceptions=True)
 
 
 async def test_an_idle_claim_writes_nothing(kind: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,3 +326,86 @@ async def test_a_long_poll_that_runs_out_unwoken_reads_once(
     await asyncio.sleep(0.3)
     iid = await _launch(kind)
     assert [t["instanceId"] for t in await asyncio.wait_for(held, 4)] == [iid]
+
+
+def test_a_wake_skips_waiters_that_read_after_its_work_came() -> None:
+    """A waiter whose ticket was taken after a notify has read that notify's work (its claim
+    reads after taking the ticket): a wake for that work handed on passes it by, and stops at
+    the first such waiter, since every waiter behind it took its ticket later still."""
+    s = WorkSignal()
+    a, b = s.ticket(), s.ticket()
+    s.notify(1)
+    assert a.event.is_set() and a.wake_for == 1
+    late = s.ticket()  # taken after the notify: it reads the work itself
+    budget = s.finish(a)
+    assert budget == 2
+    s.pass_on(budget, a.wake_for)
+    assert b.event.is_set() and b.wake_for == 1  # taken before the notify: woken
+    s.pass_on(s.finish(b) or 0, b.wake_for)
+    assert not late.event.is_set() and len(s) == 1  # read after the work came: left waiting
+    s.notify(1)  # new work: it has not seen that
+    assert late.event.is_set() and late.wake_for == 2
+
+
+def _woken_reads(s: WorkSignal, waiters: list[Ticket]) -> int:
+    """Every woken waiter finds nothing it can take, as a claim does: it takes a new ticket
+    (before its read), reads, and hands its wake on. The reads, until no waiter is woken."""
+    reads = 0
+    while True:
+        woken = [i for i, t in enumerate(waiters) if t.event.is_set() and not t.done]
+        if not woken:
+            return reads
+        for i in woken:
+            t = waiters[i]
+            budget = s.finish(t)
+            waiters[i] = s.ticket()
+            reads += 1
+            s.pass_on(budget or 0, t.wake_for)
+
+
+def test_a_burst_of_work_nobody_can_take_costs_each_waiter_a_read_not_one_per_task() -> None:
+    """500 tasks no waiter can take, notified while none of 1,000 waiters has read yet: each
+    waiter reads once (its read sees all 500), not once per task (half a million reads: each
+    task's wake travelled through every waiter). Work that comes after they read wakes them
+    again."""
+    s = WorkSignal()
+    waiters = [s.ticket() for _ in range(1000)]
+    for _ in range(500):
+        s.notify(1)
+    assert _woken_reads(s, waiters) == 1000
+    assert len(s) == 1000
+    s.notify(1)
+    assert _woken_reads(s, waiters) == 1000  # one task none can take still visits each once
+
+
+def test_a_wake_for_work_a_waiter_may_not_take_passes_it_by_and_it_keeps_its_place() -> None:
+    """A notify that says what its work is wakes the first waiter that may take it; the ones
+    it passes by keep their place in line, first for the next work they may take. A notify that
+    does not say (a relayed one, other kinds of work) wakes the first in line."""
+    s = WorkSignal()
+    odd = s.ticket(accepts=lambda item: item % 2 == 1)
+    even = s.ticket(accepts=lambda item: item % 2 == 0)
+    anything = s.ticket()
+    s.notify(1, item=2)
+    assert (odd.event.is_set(), even.event.is_set(), anything.event.is_set()) == (False, True, False)
+    assert even.wake_item == 2
+    s.finish(even)
+    s.notify(1, item=4)  # nobody left who takes only even work: the one that takes anything
+    assert anything.event.is_set() and not odd.event.is_set()
+    s.finish(anything)
+    s.notify(1, item=6)  # nobody may take it: nobody is woken, the budget is not spent on reads
+    assert not odd.event.is_set() and len(s) == 1
+    s.notify(1)  # not told what it is: the first in line
+    assert odd.event.is_set()
+
+
+def test_a_handed_on_wake_keeps_its_work_and_skips_who_may_not_take_it() -> None:
+    s = WorkSignal()
+    first = s.ticket(accepts=lambda item: item == "x")
+    other = s.ticket(accepts=lambda item: item == "y")
+    second = s.ticket(accepts=lambda item: item == "x")
+    s.notify(1, item="x")
+    assert first.event.is_set() and first.wake_item == "x"
+    budget = s.finish(first)
+    s.pass_on(budget or 0, first.wake_for, first.wake_item)  # it found nothing after all
+    assert second.event.is_set() and not other.event.is_set()

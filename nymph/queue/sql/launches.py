@@ -221,9 +221,10 @@ def launch(
     requester: str,
     guard: Guard | None = None,
     image_pull_timeout: int | None = None,
-) -> tuple[LaunchAccepted, bool]:
-    """A launch for a daemon: accepted, then its task queued. ``(202 body, created)``; a
-    provider that dispatches directly raises :class:`WrongPath` (nothing written)."""
+) -> tuple[LaunchAccepted, dict[str, Any] | None]:
+    """A launch for a daemon: accepted, then its task queued. ``(202 body, the task's spec)``,
+    the spec None for an Idempotency-Key replay (nothing queued); a provider that dispatches
+    directly raises :class:`WrongPath` (nothing written)."""
     ts = now()
     got = accept(
         conn,
@@ -238,7 +239,8 @@ def launch(
         direct=False,
     )
     if got.spec is None or got.provider is None:
-        return got.accepted, False
+        return got.accepted, None
+    spec = got.spec.to_json()
     insert_task(
         conn,
         kind=TaskKind.LAUNCH.value,
@@ -246,11 +248,11 @@ def launch(
         kube_ns=got.spec.namespace,
         provider=got.provider.name,
         instance_id=got.spec.instance_id,
-        spec=got.spec.to_json(),
+        spec=spec,
         requester=requester,
         ts=ts,
     )
-    return got.accepted, True
+    return got.accepted, spec
 
 
 def launch_dockyard(

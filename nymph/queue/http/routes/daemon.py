@@ -34,6 +34,7 @@ from nymph.queue.http.routes.refusals import logged_refusal
 from nymph.queue.models import ClaimRequest, ClaimResult, DaemonSession, Report, TaskCompletion
 from nymph.queue.notify import hold_deadline, wait_for_event
 from nymph.queue.offers import ParsedOffer
+from nymph.queue.wakeup import claim_accepts
 
 routes = web.RouteTableDef()
 log = structlog.get_logger(__name__, component="queue.dispatch")
@@ -168,19 +169,21 @@ async def claim(request: web.Request) -> web.Response:
     signal = store.tasks_changed
     result = ClaimResult(tasks=[], next_due=None)
     carried: int | None = None  # a wake-up received and not yet answered by a claim
+    carried_for, carried_item = 0, None  # the notify that wake-up is for, and its work
+    accepts = claim_accepts(namespaces=req.namespaces, offer=req.node_info)
     woken = True
     try:
         while not _disconnected(request):
             # In line before reading, so a task committed meanwhile wakes this claim (a claim
             # that can take nothing waits aside: new work is not for it).
-            ticket = signal.ticket(in_line=req.capacity > 0)
+            ticket = signal.ticket(in_line=req.capacity > 0, accepts=accepts)
             try:
                 result = await store.claim(req=req, scope=scope)
                 if carried is not None:
                     # The wake was for work this claim cannot take (another node or namespace),
                     # or it filled up and more may wait: the next claim in line tries.
                     if (not result.tasks and result.work_elsewhere) or len(result.tasks) >= req.capacity > 0:
-                        signal.pass_on(carried)
+                        signal.pass_on(carried, carried_for, carried_item)
                     carried = None
                 remaining = deadline - loop.time()
                 if result.tasks or signal.closed or remaining <= 0:
@@ -192,7 +195,7 @@ async def claim(request: web.Request) -> web.Response:
             finally:
                 woke = signal.finish(ticket)
                 if woke is not None:
-                    carried = woke
+                    carried, carried_for, carried_item = woke, ticket.wake_for, ticket.wake_item
             if not woken and carried is None and deadline - loop.time() <= 0:
                 # The hold ran out and nothing woke it: no task came for it since its last read
                 # (one due meanwhile would have ended the wait sooner). The daemon claims again
@@ -202,7 +205,7 @@ async def claim(request: web.Request) -> web.Response:
         if carried is not None:
             # Leaving (answered, disconnected, shut down) with a wake-up it did not try: the
             # claim read before the task that woke it may have been committed.
-            signal.pass_on(carried + 1)
+            signal.pass_on(carried + 1, carried_for, carried_item)
     if result.tasks:
         request.app[METRICS].claimed(result.waited)
         log.info(

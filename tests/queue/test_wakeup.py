@@ -1,0 +1,70 @@
+"""Whether a waiting claim may take a new launch, as its wake-up is routed: never no for a
+claim that could take it (a wake kept from it would leave the launch waiting for the claim's
+hold to run out), no for a namespace it does not serve or a node that could not run it."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nymph.launch.placement import Needs, NodeOffer, Taint, misfit
+from nymph.queue.wakeup import LaunchWork, claim_accepts
+
+GPU = NodeOffer(
+    name="g1",
+    labels={"pool": "gpu"},
+    taints=(Taint(key="gpu", effect="NoSchedule"),),
+    allocatable={"cpu": Fraction(8), "nvidia.com/gpu": Fraction(1)},
+)
+CPU = NodeOffer(name="c1", labels={"pool": "cpu"}, taints=(), allocatable={"cpu": Fraction(8)})
+WANTS_GPU = Needs(
+    requests={"nvidia.com/gpu": Fraction(1)},
+    tolerations=({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},),
+)
+
+
+def test_a_claim_may_take_what_its_namespaces_and_its_node_allow() -> None:
+    gpu_job = LaunchWork(kube_namespace="ml", needs=WANTS_GPU)
+    assert claim_accepts(namespaces=(), offer=GPU)(gpu_job)
+    assert claim_accepts(namespaces=("ml", "web"), offer=GPU)(gpu_job)
+    assert not claim_accepts(namespaces=("web",), offer=GPU)(gpu_job)  # another namespace
+    assert not claim_accepts(namespaces=(), offer=CPU)(gpu_job)  # no GPU on that node
+    assert claim_accepts(namespaces=(), offer=None)(gpu_job)  # no offer: it may take anything
+    plain = LaunchWork(kube_namespace="ml", needs=Needs())
+    assert not claim_accepts(namespaces=(), offer=GPU)(plain)  # the GPU node's taint
+    assert claim_accepts(namespaces=(), offer=CPU)(plain)
+    assert not claim_accepts(namespaces=(), offer=GPU)(
+        LaunchWork(
+            kube_namespace="ml",
+            needs=Needs(requests=WANTS_GPU.requests, tolerations=WANTS_GPU.tolerations, avoid=("g1",)),
+        )
+    )  # moved off that node
+    assert claim_accepts(namespaces=("web",), offer=CPU)(object())  # other work: any claim
+
+
+_AMOUNT = st.fractions(min_value=0, max_value=16)
+_RESOURCES = st.sampled_from(["cpu", "memory", "nvidia.com/gpu"])
+
+
+@given(
+    requests=st.dictionaries(_RESOURCES, _AMOUNT, max_size=3),
+    allocatable=st.dictionaries(_RESOURCES, _AMOUNT, max_size=3),
+    used=st.dictionaries(_RESOURCES, _AMOUNT, max_size=3),
+    labels=st.dictionaries(st.sampled_from(["pool", "zone"]), st.sampled_from(["a", "b"]), max_size=2),
+    selector=st.dictionaries(st.sampled_from(["pool", "zone"]), st.sampled_from(["a", "b"]), max_size=2),
+)
+def test_a_claim_whose_node_could_run_a_launch_is_never_passed_by(
+    requests: dict[str, Fraction],
+    allocatable: dict[str, Fraction],
+    used: dict[str, Fraction],
+    labels: dict[str, str],
+    selector: dict[str, str],
+) -> None:
+    """Whatever is placed on the node: if the node can run the launch with it there, the claim
+    is one its wake may go to."""
+    offer = NodeOffer(name="n", labels=labels, taints=(), allocatable=allocatable)
+    needs = Needs(node_selector=tuple(sorted(selector.items())), requests=requests)
+    if misfit(needs, offer, used=used) is None:
+        assert claim_accepts(namespaces=("ml",), offer=offer)(LaunchWork(kube_namespace="ml", needs=needs))
