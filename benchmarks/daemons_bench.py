@@ -16,9 +16,10 @@ POST to the claim answer carrying it), so the generator's delays do not count; t
 launches. Every count's queue and daemons are up together, and the stream runs ``rounds`` times
 (5) on each, the counts taking turns (1, 100, 1,000, then again), so that a slow spell of the
 machine falls on every count alike; the CPU per launch is the median of a count's rounds (each
-round's is kept beside it). Last, 500 launches that no daemon's node can run are queued on each
-count's queue, and its CPU is read while they wait (``backlog_cpu_pct``): the sweeps that give
-each its reason, against every live daemon's offer. Writes ``daemons_1000`` into ``bench-results.json``
+round's is kept beside it). Last, 500 launches that no daemon's node can run are POSTed to each
+count's queue at the same rate: its CPU per such launch (``backlog_cpu_ms_per_launch``: their
+wake-ups included), then its CPU while they wait (``backlog_cpu_pct``: the sweeps that give each
+its reason, against every live daemon's offer). Writes ``daemons_1000`` into ``bench-results.json``
 (its other keys kept):
 
     .venv/bin/python benchmarks/daemons_bench.py [--rate 40] [--seconds 15] [--rounds 3] [--counts 1,100,1000]
@@ -72,7 +73,7 @@ ROUNDS = 5
 #: Launches no daemon's node can run, queued after the streams, and how long the queue's CPU is
 #: read while they wait (several sweeps: one every 5 s).
 BACKLOG = 500
-BACKLOG_SECONDS = 21.0
+BACKLOG_SECONDS = 16.0
 #: More CPU than any daemon's node offers (:func:`_offer`).
 UNFIT_CPU = "64"
 
@@ -205,6 +206,7 @@ class Fleet:
     parked: int
     idle_pct: float
     per_round: list[float] = dataclasses.field(default_factory=list)
+    backlog_ms: float | None = None
     backlog_pct: float | None = None
 
     async def stream(self, *, rate: float, seconds: float, settle: float) -> float:
@@ -229,21 +231,29 @@ class Fleet:
         self.per_round.append(1000 * (_cpu_seconds(self.pid) - c1) / total)
         return self.per_round[-1]
 
-    async def backlog(self, *, launches: int, seconds: float) -> float:
+    async def backlog(self, *, launches: int, rate: float, seconds: float) -> tuple[float, float]:
         """POST ``launches`` that no daemon's node can run (each requests more CPU than any node
-        offers), then the queue's CPU over ``seconds`` (% of one core) while they wait: its
-        sweeps give each a reason, judged against every live daemon's offer."""
-        for first in range(0, launches, 50):
-            await asyncio.gather(
-                *(
+        offers) at ``rate`` a second: the queue's CPU per such launch (ms), from the first POST
+        to 2 s after the last (their wake-ups included); then its CPU over ``seconds`` (% of one
+        core) while they wait (the sweeps give each a reason, against every daemon's offer)."""
+        c0, started = _cpu_seconds(self.pid), time.monotonic()
+        posts = []
+        for k in range(launches):
+            delay = started + k / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            posts.append(
+                asyncio.create_task(
                     schedule_bench.launch(self.user, resources={"requests": {"cpu": UNFIT_CPU}})
-                    for _ in range(min(50, launches - first))
                 )
             )
-        c0, t0 = _cpu_seconds(self.pid), time.monotonic()
+        await asyncio.gather(*posts)
+        await asyncio.sleep(2.0)
+        c1, t1 = _cpu_seconds(self.pid), time.monotonic()
+        self.backlog_ms = 1000 * (c1 - c0) / launches
         await asyncio.sleep(seconds)
-        self.backlog_pct = 100 * (_cpu_seconds(self.pid) - c0) / (time.monotonic() - t0)
-        return self.backlog_pct
+        self.backlog_pct = 100 * (_cpu_seconds(self.pid) - c1) / (time.monotonic() - t1)
+        return self.backlog_ms, self.backlog_pct
 
     async def row(self, *, launches: int) -> dict[str, Any]:
         got = await _scrape(self.url, self.admin)
@@ -260,6 +270,7 @@ class Fleet:
             "cpu_ms_per_launch": round(statistics.median(self.per_round), 2),
             "cpu_ms_per_launch_rounds": [round(c, 2) for c in self.per_round],
             "idle_cpu_pct": round(self.idle_pct, 2),
+            "backlog_cpu_ms_per_launch": None if self.backlog_ms is None else round(self.backlog_ms, 2),
             "backlog_cpu_pct": None if self.backlog_pct is None else round(self.backlog_pct, 2),
         }
 
@@ -349,6 +360,7 @@ def summarize(rows: dict[int, dict[str, Any]], *, rate: float, seconds: float) -
         "p95_ratio": ratio("p95_ms"),
         "cpu_ms_per_launch_ratio": ratio("cpu_ms_per_launch"),
         "idle_cpu_pct": top["idle_cpu_pct"],
+        "backlog_cpu_ms_per_launch": top.get("backlog_cpu_ms_per_launch"),
         "backlog_cpu_pct": top.get("backlog_cpu_pct"),
         "backlog_launches": BACKLOG,
         "runs": {str(n): r for n, r in sorted(rows.items())},
@@ -389,14 +401,18 @@ async def run(
                 say(f"  round {r + 1}: {f.n} daemons, queue CPU {cpu:.2f} ms/launch")
         if backlog_s > 0:
             for f in fleets:
-                pct = await f.backlog(launches=BACKLOG, seconds=backlog_s)
-                say(f"  {f.n} daemons, {BACKLOG} launches no node fits: queue CPU {pct:.2f}% of a core")
+                ms, pct = await f.backlog(launches=BACKLOG, rate=rate, seconds=backlog_s)
+                say(
+                    f"  {f.n} daemons, {BACKLOG} launches no node fits: queue CPU {ms:.2f} ms/launch, "
+                    f"then {pct:.2f}% of a core while they wait"
+                )
         rows = {f.n: await f.row(launches=int(rate * seconds) * rounds) for f in fleets}
     for n, row in rows.items():
         say(
             f"  {n} daemons: POST -> claim p50 {row['p50_ms']} ms, p95 {row['p95_ms']} ms; "
             f"queue CPU {row['cpu_ms_per_launch']} ms/launch (rounds: {row['cpu_ms_per_launch_rounds']}), "
-            f"idle {row['idle_cpu_pct']}%, with a backlog no node fits {row['backlog_cpu_pct']}%"
+            f"idle {row['idle_cpu_pct']}%; launches no node fits {row['backlog_cpu_ms_per_launch']} ms/launch, "
+            f"then {row['backlog_cpu_pct']}% while they wait"
         )
     return {**summarize(rows, rate=rate, seconds=seconds), "rounds": rounds, "counts_take_turns": True}
 
@@ -430,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         "--backlog-seconds",
         type=float,
         default=BACKLOG_SECONDS,
-        help=f"after the streams, the queue's CPU read this long while {BACKLOG} launches no node "
-        f"fits wait (default {BACKLOG_SECONDS:g}; 0: not measured)",
+        help=f"after the streams, {BACKLOG} launches no node fits are POSTed, and the queue's CPU "
+        f"is read this long while they wait (default {BACKLOG_SECONDS:g}; 0: neither is measured)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
     parser.add_argument("--no-write", action="store_true", help="print the figures only")

@@ -164,9 +164,10 @@ def daemons(r: dict[str, Any]) -> str:
         out += [
             textwrap.fill(
                 f"Last, {_n(int(d.get('backlog_launches') or 0))} launches that no daemon's node can "
-                "run (each requests more CPU than any node offers) are queued on each count's queue, "
-                "and its CPU is read while they wait: the sweeps (one every 5 s) give each its "
-                "reason, judged against every live daemon's offer.",
+                "run (each requests more CPU than any node offers) are POSTed to each count's queue "
+                "at the same rate: its CPU per such launch (their wake-ups included), then its CPU "
+                "while they wait (the sweeps, one every 5 s, give each its reason, judged against "
+                "every live daemon's offer).",
                 width=96,
                 break_on_hyphens=False,
                 break_long_words=False,
@@ -175,13 +176,14 @@ def daemons(r: dict[str, Any]) -> str:
         ]
     out += [
         "| daemons | POST -> claim p50 ms | p95 ms | queue CPU ms / launch | idle queue CPU % |"
-        + (" queue CPU % with the backlog |" if backlog else ""),
-        "|---:|---:|---:|---:|---:|" + ("---:|" if backlog else ""),
+        + (" CPU ms / launch no node fits | queue CPU % while they wait |" if backlog else ""),
+        "|---:|---:|---:|---:|---:|" + ("---:|---:|" if backlog else ""),
     ]
     for n, row in sorted(runs.items(), key=lambda kv: int(kv[0])):
         out.append(
             f"| {_n(int(n))} | {row['p50_ms']} | {row['p95_ms']} | {row['cpu_ms_per_launch']}{_rounds(row)} | "
-            f"{row['idle_cpu_pct']} |" + (f" {row.get('backlog_cpu_pct')} |" if backlog else "")
+            f"{row['idle_cpu_pct']} |"
+            + (f" {row.get('backlog_cpu_ms_per_launch')} | {row.get('backlog_cpu_pct')} |" if backlog else "")
         )
     out += [
         "",
