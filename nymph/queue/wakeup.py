@@ -7,14 +7,39 @@ daemon of a thousand-node cluster. The test is a necessary condition only (what 
 the node, quotas and shares are the claim's to read), so it never keeps a wake from a claim
 that could take the work; work of any other kind, and wakes relayed from other replicas, wake
 any claim (:class:`nymph.queue.notify.WorkSignal`).
+
+A wake for work nobody may take asks every waiting claim: a thousand checks. Nodes of one pool
+offer the same labels, taints and allocatable under different names, so each check is worked
+out once per such offer and needs (:data:`_JUDGED`), and the rest are a dictionary lookup.
+Everything here runs on the event loop's thread.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nymph.launch.placement import Needs, NodeOffer, misfit
+
+#: Whether an offer can run needs that avoid no node, by their numbers (:func:`_number`): the
+#: offer's labels, taints and allocatable (its name left out), and :meth:`Needs.key`.
+_JUDGED: dict[tuple[int, int], bool] = {}
+#: Each offer's and each needs' number: two small integers make a key far cheaper to hash than
+#: the two keys themselves, for each of a thousand claims. Numbers are never reused, so a
+#: judgement kept under one can only be about what it stands for.
+_NUMBERS: dict[tuple[str, object], int] = {}
+_counter = itertools.count()
+_MAX = 16384
+
+
+def _number(kind: str, key: object) -> int:
+    got = _NUMBERS.get((kind, key))
+    if got is None:
+        if len(_NUMBERS) >= _MAX:
+            _NUMBERS.clear()
+        got = _NUMBERS[(kind, key)] = next(_counter)
+    return got
 
 
 @dataclass(frozen=True)
@@ -23,18 +48,39 @@ class LaunchWork:
 
     kube_namespace: str
     needs: Needs
+    #: The needs' number (:func:`_number`), worked out once for every claim it is checked against.
+    number: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "number", _number("needs", self.needs.key()))
+
+
+def _offer_key(offer: NodeOffer) -> tuple[object, ...]:
+    return (tuple(sorted(offer.labels.items())), offer.taints, tuple(sorted(offer.allocatable.items())))
 
 
 def claim_accepts(*, namespaces: Sequence[str], offer: NodeOffer | None) -> Callable[[object], bool]:
     """Whether a claim serving ``namespaces`` (none: every one) from a node with ``offer``
     (None: it sends none, and may take anything) may take a piece of work."""
     served = frozenset(namespaces)
+    offer_number = -1 if offer is None else _number("offer", _offer_key(offer))
 
     def accepts(item: object) -> bool:
         if not isinstance(item, LaunchWork):
             return True
         if served and item.kube_namespace not in served:
             return False
-        return offer is None or misfit(item.needs, offer) is None
+        if offer is None:
+            return True
+        if item.needs.avoid:  # the node's name counts: judged for this node alone
+            return misfit(item.needs, offer) is None
+        key = (offer_number, item.number)
+        fits = _JUDGED.get(key)
+        if fits is None:
+            fits = misfit(item.needs, offer) is None
+            if len(_JUDGED) >= _MAX:
+                _JUDGED.clear()
+            _JUDGED[key] = fits
+        return fits
 
     return accepts

@@ -44,6 +44,24 @@ def test_a_claim_may_take_what_its_namespaces_and_its_node_allow() -> None:
     assert claim_accepts(namespaces=("web",), offer=CPU)(object())  # other work: any claim
 
 
+def test_nodes_offering_the_same_share_a_judgement_and_others_get_their_own() -> None:
+    """A judgement is kept by what the node offers (its name left out) and the needs: a node
+    of the same pool gets the same answer, a bigger node or other needs their own, whatever
+    was judged before them."""
+    needs = Needs(requests={"cpu": Fraction(16)})
+    small = [NodeOffer(name=f"s{k}", allocatable={"cpu": Fraction(8)}) for k in range(3)]
+    big = NodeOffer(name="b", allocatable={"cpu": Fraction(32)})
+    work = LaunchWork(kube_namespace="ml", needs=needs)
+    assert [claim_accepts(namespaces=(), offer=o)(work) for o in [*small, big]] == [False, False, False, True]
+    again = LaunchWork(kube_namespace="ml", needs=Needs(requests={"cpu": Fraction(16)}))
+    assert again.number == work.number  # equal needs, one number
+    assert claim_accepts(namespaces=(), offer=big)(again) and not claim_accepts(
+        namespaces=(), offer=small[0]
+    )(again)
+    less = LaunchWork(kube_namespace="ml", needs=Needs(requests={"cpu": Fraction(4)}))
+    assert less.number != work.number and claim_accepts(namespaces=(), offer=small[1])(less)
+
+
 _AMOUNT = st.fractions(min_value=0, max_value=16)
 _RESOURCES = st.sampled_from(["cpu", "memory", "nvidia.com/gpu"])
 
