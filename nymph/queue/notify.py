@@ -81,12 +81,12 @@ class WorkSignal:
 
     A notify may say what the work is: its wakes then go only to waiters whose claims may take
     it (:mod:`nymph.queue.wakeup`), the others keep their place. A wake goes only to a waiter
-    that took its ticket before the work's notify: one taken
-    since has read the work already and found nothing for it. Tickets join the line in the
-    order they are taken, so once the first waiter in line has seen the work, all have, and
-    the wake stops there. Without this, each of a burst of tasks that no waiter can take
-    travelled through every waiter (500 such tasks and 1,000 daemons: half a million claims
-    read), though each waiter read all of them at its first wake.
+    that took its ticket before the work's notify: one taken since has read the work already
+    and found nothing for it. Tickets join the line in the order they are taken, so once the
+    first waiter in line has seen the work, all have, and the wake stops there. Without this,
+    each of a burst of tasks that no waiter can take travelled through every waiter (500 such
+    tasks and 1,000 daemons: half a million claims read), though each waiter read all of them
+    at its first wake.
     """
 
     def __init__(self, *, relay: Callable[[int | None], None] | None = None) -> None:
