@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -213,14 +213,8 @@ class Fleet:
         """POST ``rate`` launches a second for ``seconds``, wait until every one is claimed;
         the queue's CPU per launch (ms), kept as a round."""
         total = int(rate * seconds)
-        c1, started = _cpu_seconds(self.pid), time.monotonic()
-        posts = []
-        for k in range(total):
-            delay = started + k / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            posts.append(asyncio.create_task(schedule_bench.launch(self.user)))
-        await asyncio.gather(*posts)
+        c1 = _cpu_seconds(self.pid)
+        await _paced(total, rate, lambda: schedule_bench.launch(self.user))
         want = total * (len(self.per_round) + 1)
         deadline = time.monotonic() + 120
         got = await _scrape(self.url, self.admin)
@@ -236,18 +230,9 @@ class Fleet:
         offers) at ``rate`` a second: the queue's CPU per such launch (ms), from the first POST
         to 2 s after the last (their wake-ups included); then its CPU over ``seconds`` (% of one
         core) while they wait (the sweeps give each a reason, against every daemon's offer)."""
-        c0, started = _cpu_seconds(self.pid), time.monotonic()
-        posts = []
-        for k in range(launches):
-            delay = started + k / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            posts.append(
-                asyncio.create_task(
-                    schedule_bench.launch(self.user, resources={"requests": {"cpu": UNFIT_CPU}})
-                )
-            )
-        await asyncio.gather(*posts)
+        c0 = _cpu_seconds(self.pid)
+        unfit = {"requests": {"cpu": UNFIT_CPU}}
+        await _paced(launches, rate, lambda: schedule_bench.launch(self.user, resources=unfit))
         await asyncio.sleep(2.0)
         c1, t1 = _cpu_seconds(self.pid), time.monotonic()
         self.backlog_ms = 1000 * (c1 - c0) / launches
@@ -273,6 +258,19 @@ class Fleet:
             "backlog_cpu_ms_per_launch": None if self.backlog_ms is None else round(self.backlog_ms, 2),
             "backlog_cpu_pct": None if self.backlog_pct is None else round(self.backlog_pct, 2),
         }
+
+
+async def _paced(count: int, rate: float, post: Callable[[], Awaitable[object]]) -> None:
+    """``count`` POSTs at ``rate`` a second (each sent on time, however long the ones before
+    take), all answered."""
+    started = time.monotonic()
+    posts = []
+    for k in range(count):
+        delay = started + k / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        posts.append(asyncio.create_task(post()))
+    await asyncio.gather(*posts)
 
 
 @contextlib.asynccontextmanager
@@ -346,7 +344,9 @@ async def fleet(n: int, *, idle_s: float, say: Any) -> AsyncIterator[Fleet]:
                         w.wait(5)
 
 
-def summarize(rows: dict[int, dict[str, Any]], *, rate: float, seconds: float) -> dict[str, Any]:
+def summarize(
+    rows: dict[int, dict[str, Any]], *, rate: float, seconds: float, backlog: int = BACKLOG
+) -> dict[str, Any]:
     """The ``daemons_1000`` section: the largest count's figures and its ratios to one daemon."""
     one, top = rows[min(rows)], rows[max(rows)]
 
@@ -362,7 +362,7 @@ def summarize(rows: dict[int, dict[str, Any]], *, rate: float, seconds: float) -
         "idle_cpu_pct": top["idle_cpu_pct"],
         "backlog_cpu_ms_per_launch": top.get("backlog_cpu_ms_per_launch"),
         "backlog_cpu_pct": top.get("backlog_cpu_pct"),
-        "backlog_launches": BACKLOG,
+        "backlog_launches": backlog,
         "runs": {str(n): r for n, r in sorted(rows.items())},
         "rate_per_s": rate,
         "seconds": seconds,
@@ -388,6 +388,7 @@ async def run(
     idle_s: float = CLAIM_WAIT + 2,
     rounds: int = ROUNDS,
     backlog_s: float = BACKLOG_SECONDS,
+    backlog: int = BACKLOG,
 ) -> dict[str, Any]:
     say = functools.partial(print, flush=True)
     async with contextlib.AsyncExitStack() as stack:
@@ -399,11 +400,11 @@ async def run(
             for f in fleets:
                 cpu = await f.stream(rate=rate, seconds=seconds, settle=min(1.0, idle_s))
                 say(f"  round {r + 1}: {f.n} daemons, queue CPU {cpu:.2f} ms/launch")
-        if backlog_s > 0:
+        if backlog_s > 0 and backlog > 0:
             for f in fleets:
-                ms, pct = await f.backlog(launches=BACKLOG, rate=rate, seconds=backlog_s)
+                ms, pct = await f.backlog(launches=backlog, rate=rate, seconds=backlog_s)
                 say(
-                    f"  {f.n} daemons, {BACKLOG} launches no node fits: queue CPU {ms:.2f} ms/launch, "
+                    f"  {f.n} daemons, {backlog} launches no node fits: queue CPU {ms:.2f} ms/launch, "
                     f"then {pct:.2f}% of a core while they wait"
                 )
         rows = {f.n: await f.row(launches=int(rate * seconds) * rounds) for f in fleets}
@@ -414,7 +415,11 @@ async def run(
             f"idle {row['idle_cpu_pct']}%; launches no node fits {row['backlog_cpu_ms_per_launch']} ms/launch, "
             f"then {row['backlog_cpu_pct']}% while they wait"
         )
-    return {**summarize(rows, rate=rate, seconds=seconds), "rounds": rounds, "counts_take_turns": True}
+    return {
+        **summarize(rows, rate=rate, seconds=seconds, backlog=backlog),
+        "rounds": rounds,
+        "counts_take_turns": True,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,11 +448,17 @@ def main(argv: list[str] | None = None) -> int:
         help=f"idle CPU sampled this long (default {CLAIM_WAIT + 2:g}: every long-poll times out once)",
     )
     parser.add_argument(
+        "--backlog",
+        type=int,
+        default=BACKLOG,
+        help=f"launches no node fits, POSTed after the streams (default {BACKLOG}; 0: none)",
+    )
+    parser.add_argument(
         "--backlog-seconds",
         type=float,
         default=BACKLOG_SECONDS,
-        help=f"after the streams, {BACKLOG} launches no node fits are POSTed, and the queue's CPU "
-        f"is read this long while they wait (default {BACKLOG_SECONDS:g}; 0: neither is measured)",
+        help="the queue's CPU is read this long while the launches no node fits wait "
+        f"(default {BACKLOG_SECONDS:g}; 0: neither is measured)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
     parser.add_argument("--no-write", action="store_true", help="print the figures only")
@@ -466,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 idle_s=args.idle_seconds,
                 rounds=args.rounds,
                 backlog_s=args.backlog_seconds,
+                backlog=args.backlog,
             )
         )
     finally:

@@ -23,7 +23,7 @@ def test_a_short_run_claims_every_launch_and_merges_its_section(
     out.write_text(json.dumps({"scheduling": {"kept": True}}))
     argv = [
         *("--counts", "1,3", "--rate", "10", "--seconds", "2", "--rounds", "2"),
-        *("--idle-seconds", "0.5", "--out", str(out)),
+        *("--idle-seconds", "0.5", "--backlog", "10", "--backlog-seconds", "0.5", "--out", str(out)),
     ]
     before = signal.getsignal(signal.SIGTERM)
     assert daemons_bench.main(argv) == 0
@@ -35,8 +35,11 @@ def test_a_short_run_claims_every_launch_and_merges_its_section(
     assert doc["scheduling"] == {"kept": True}
     section = doc["daemons_1000"]
     assert set(section["runs"]) == {"1", "3"}
+    assert section["backlog_launches"] == 10
     for row in section["runs"].values():
-        assert row["claimed"] == row["launches"] == 40  # 20 a round
+        # 20 a round; the 10 launches no node fits, POSTed after the rounds, are never claimed
+        assert row["claimed"] == row["launches"] == 40
+        assert row["backlog_cpu_ms_per_launch"] > 0 and row["backlog_cpu_pct"] >= 0
         rounds = row["cpu_ms_per_launch_rounds"]
         assert len(rounds) == 2 and all(c > 0 for c in rounds)
         assert min(rounds) <= row["cpu_ms_per_launch"] <= max(rounds)  # their median

@@ -4,34 +4,17 @@ claim settled it (not only at the poll's timeout)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from nymph.protocol import InstanceJSON
-from nymph.queue.models import LeaseSettings
 from nymph.queue.sql import retire
-from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
+from tests.support.queue_helpers import Queue
 
 POLL_WAIT = 20.0
 #: Far below POLL_WAIT: a poll answered only at its timeout fails the test.
 PROMPT = 6.0
-
-
-@pytest.fixture
-async def no_sweeper(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
-    """The queue with provider ``kind``, whose sweeper practically never runs."""
-    settings = dataclasses.replace(FAST, lease=LeaseSettings(sweep_interval=3600.0, stop_node_fallback=1.0))
-    q, runner = await open_queue(tmp_path, settings, db=queue_db)
-    try:
-        await add_kind(q)
-        yield q
-    finally:
-        await q.close()
-        await runner.cleanup()
 
 
 async def _leased_once(q: Queue) -> tuple[str, int]:

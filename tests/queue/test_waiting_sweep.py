@@ -6,10 +6,8 @@ three."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ from nymph.launch.placement import Needs
 from nymph.queue.pgdb import PgDatabase
 from nymph.queue.sql import placement
 from tests.support.latency_proxy import LatencyProxy, pg_url_through
-from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
+from tests.support.queue_helpers import NO_SWEEPER, Queue, add_kind, open_queue
 
 NS = "/v1/namespaces/default"
 NO_DAEMON = "no live daemon serves this kube namespace"
@@ -29,23 +27,6 @@ CPU_NODE = {
     "taints": [],
     "allocatable": {"cpu": "2", "memory": "4Gi"},
 }
-
-
-#: No sweep but the test's own (the sweeper's would run between its steps).
-QUIET = dataclasses.replace(FAST, lease=dataclasses.replace(FAST.lease, sweep_interval=3600.0))
-
-
-@pytest.fixture
-async def quiet(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
-    """The queue with provider ``kind`` and mode ``small``, on either backend, without a
-    sweeper of its own."""
-    q, runner = await open_queue(tmp_path, QUIET, db=queue_db)
-    try:
-        await add_kind(q)
-        yield q
-    finally:
-        await q.close()
-        await runner.cleanup()
 
 
 async def _launch(q: Queue, fields: dict[str, Any] | None = None) -> str:
@@ -110,7 +91,7 @@ async def test_a_sweep_costs_as_many_round_trips_for_forty_newly_waiting_launche
     a few statements per launch waited for in turn (hundreds of launches newly waiting held a
     sweep, and its locks, for seconds)."""
     db, proxy = proxied
-    q, runner = await open_queue(tmp_path, QUIET, db=db)
+    q, runner = await open_queue(tmp_path, NO_SWEEPER, db=db)
     sweeper = PgDatabase(url=pg_url_through(db, proxy.port), pool_size=1)
     await sweeper.open()
     try:
@@ -133,7 +114,7 @@ async def test_a_sweep_costs_as_many_round_trips_for_forty_newly_waiting_launche
 
 
 async def test_launches_with_the_same_needs_are_judged_once_per_sweep(
-    quiet: Queue, monkeypatch: pytest.MonkeyPatch
+    no_sweeper: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sweep checks each launch against every live daemon's offer: with a thousand daemons and
     hundreds of launches that is hundreds of thousands of checks. The offers do not change during
@@ -146,15 +127,15 @@ async def test_launches_with_the_same_needs_are_judged_once_per_sweep(
         judged.append(needs)
         return real(needs, offers)
 
-    await quiet.daemon().claim(daemon_id="d1", node="cpu-node", capacity=1, wait=0, node_info=CPU_NODE)
+    await no_sweeper.daemon().claim(daemon_id="d1", node="cpu-node", capacity=1, wait=0, node_info=CPU_NODE)
     big = {"resources": {"requests": {"cpu": "64"}}}
     picky = {"node_selector": {"gpu": "h100"}}
-    bigs = [await _launch(quiet, big) for _ in range(6)]
-    pickies = [await _launch(quiet, picky) for _ in range(6)]
+    bigs = [await _launch(no_sweeper, big) for _ in range(6)]
+    pickies = [await _launch(no_sweeper, picky) for _ in range(6)]
     monkeypatch.setattr(placement, "why_waiting", counted)  # as the sweep calls it
-    await quiet.store.sweep()
+    await no_sweeper.store.sweep()
     assert len(judged) == 2, judged
-    waiting = await _waiting_of(quiet)
+    waiting = await _waiting_of(no_sweeper)
     assert {waiting[i] for i in bigs} == {
         "no daemon's node has the allocatable resources for requests cpu=64"
     }

@@ -25,7 +25,7 @@ import structlog
 from nymph.queue.models import QueueSettings
 from tests.support.latency_proxy import LatencyProxy, running_proxy
 from tests.support.pg_server import PgServer, PgUnavailable, running_server
-from tests.support.queue_helpers import FAST, Queue, Served, add_kind, open_queue
+from tests.support.queue_helpers import FAST, NO_SWEEPER, Queue, Served, add_kind, open_queue
 
 BACKENDS = ("sqlite", "postgresql")
 #: The test folders whose tests run on SQLite only (see the module's docstring).
@@ -104,6 +104,19 @@ async def kind(queue: Queue) -> Queue:
     """The queue with provider ``kind`` (kube namespace ``jobs``) and mode ``small``."""
     await add_kind(queue)
     return queue
+
+
+@pytest.fixture
+async def no_sweeper(tmp_path: Path, queue_db: Path | str) -> AsyncIterator[Queue]:
+    """The queue with provider ``kind`` (kube namespace ``jobs``) and mode ``small``, on either
+    backend, whose sweeper practically never runs: the test sweeps when it means to."""
+    q, runner = await open_queue(tmp_path, NO_SWEEPER, db=queue_db)
+    try:
+        await add_kind(q)
+        yield q
+    finally:
+        await q.close()
+        await runner.cleanup()
 
 
 @pytest.fixture

@@ -49,6 +49,10 @@ FAST = QueueSettings(
 )
 
 
+#: FAST, with a sweeper that practically never runs (a test sweeps when it means to).
+NO_SWEEPER = dataclasses.replace(FAST, lease=dataclasses.replace(FAST.lease, sweep_interval=3600.0))
+
+
 REGISTER = "/v1/dispatch/register"
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
