@@ -16,7 +16,6 @@ from typing import Any
 import structlog
 
 from nymph.launch.config import Mode, Provider
-from nymph.launch.placement import Needs
 from nymph.launch.spec import LaunchSpec
 from nymph.protocol import (
     ActiveJSON,
@@ -185,7 +184,7 @@ class Store:
         )
         if spec is not None:
             # it wakes only claims that may take it (their namespaces, their node's offer)
-            work = LaunchWork(kube_namespace=str(spec.get("namespace") or ""), needs=Needs.from_spec(spec))
+            work = LaunchWork(kube_namespace=str(spec.get("namespace") or ""), spec=spec)
             self.tasks_changed.notify(1, item=work)
             log.info(
                 "launch accepted",

@@ -16,9 +16,10 @@ Everything here runs on the event loop's thread.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from nymph.launch.placement import Needs, NodeOffer, misfit
 
@@ -42,17 +43,27 @@ def _number(kind: str, key: object) -> int:
     return got
 
 
-@dataclass(frozen=True)
 class LaunchWork:
-    """A queued launch, as a wake-up carries it."""
+    """A queued launch, as a wake-up carries it. Its needs (``needs``, or read from its task's
+    ``spec`` when first asked) and their number are worked out once, and only when a waiting
+    claim is asked about it: a launch POSTed while no claim waits pays nothing for them."""
 
-    kube_namespace: str
-    needs: Needs
-    #: The needs' number (:func:`_number`), worked out once for every claim it is checked against.
-    number: int = field(init=False, compare=False)
+    def __init__(
+        self, *, kube_namespace: str, needs: Needs | None = None, spec: Mapping[str, Any] | None = None
+    ) -> None:
+        self.kube_namespace = kube_namespace
+        self._spec = spec
+        if needs is not None:
+            self.__dict__["needs"] = needs
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "number", _number("needs", self.needs.key()))
+    @functools.cached_property
+    def needs(self) -> Needs:
+        return Needs.from_spec(self._spec)
+
+    @functools.cached_property
+    def number(self) -> int:
+        """The needs' number (:func:`_number`), for every claim it is checked against."""
+        return _number("needs", self.needs.key())
 
 
 def _offer_key(offer: NodeOffer) -> tuple[object, ...]:
@@ -63,9 +74,10 @@ def claim_accepts(*, namespaces: Sequence[str], offer: NodeOffer | None) -> Call
     """Whether a claim serving ``namespaces`` (none: every one) from a node with ``offer``
     (None: it sends none, and may take anything) may take a piece of work."""
     served = frozenset(namespaces)
-    offer_number = -1 if offer is None else _number("offer", _offer_key(offer))
+    offer_number: int | None = None  # worked out at the first launch it is asked about
 
     def accepts(item: object) -> bool:
+        nonlocal offer_number
         if not isinstance(item, LaunchWork):
             return True
         if served and item.kube_namespace not in served:
@@ -74,6 +86,8 @@ def claim_accepts(*, namespaces: Sequence[str], offer: NodeOffer | None) -> Call
             return True
         if item.needs.avoid:  # the node's name counts: judged for this node alone
             return misfit(item.needs, offer) is None
+        if offer_number is None:
+            offer_number = _number("offer", _offer_key(offer))
         key = (offer_number, item.number)
         fits = _JUDGED.get(key)
         if fits is None:

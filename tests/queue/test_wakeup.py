@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nymph.launch.placement import Needs, NodeOffer, Taint, misfit
+from nymph.queue.notify import WorkSignal
 from nymph.queue.wakeup import LaunchWork, claim_accepts
 
 GPU = NodeOffer(
@@ -86,3 +87,19 @@ def test_a_claim_whose_node_could_run_a_launch_is_never_passed_by(
     needs = Needs(node_selector=tuple(sorted(selector.items())), requests=requests)
     if misfit(needs, offer, used=used) is None:
         assert claim_accepts(namespaces=("ml",), offer=offer)(LaunchWork(kube_namespace="ml", needs=needs))
+
+
+def test_a_launch_notified_while_no_claim_waits_has_its_needs_never_read() -> None:
+    """Reading a launch's needs from its spec (its quantities parsed) is left to the first
+    waiting claim asked about it: a POST while no claim waits pays nothing for it, and a claim
+    asked reads them once."""
+    spec = {"namespace": "ml", "resources": {"requests": {"cpu": "16"}}}
+    s = WorkSignal()
+    idle = LaunchWork(kube_namespace="ml", spec=spec)
+    s.notify(1, item=idle)
+    assert "needs" not in vars(idle)
+    t = s.ticket(accepts=claim_accepts(namespaces=(), offer=CPU))
+    asked = LaunchWork(kube_namespace="ml", spec=spec)
+    s.notify(1, item=asked)
+    assert not t.event.is_set()  # 16 CPUs: more than the node has
+    assert asked.needs.requests == {"cpu": Fraction(16)}

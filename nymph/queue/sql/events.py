@@ -125,10 +125,7 @@ def record(
     ``standing``: the waiting reason worked out at read time and its kind (a quota, a share), for
     a queued instance that has no stored one. The kind told is kept on the instance
     (``waiting_told``), so that the sweeper tells only a change of it."""
-    row = conn.execute(
-        f"SELECT {_SNAPSHOT} FROM instances WHERE instance_id = ?",  # noqa: S608
-        (instance_id,),
-    ).fetchone()
+    row = conn.execute(_SNAPSHOT_OF, (instance_id,)).fetchone()
     if row is None or not changes:
         return
     record_row(conn, instance_id=instance_id, row=row, changes=changes, at=at, standing=standing)
@@ -138,6 +135,7 @@ def record(
 _SNAPSHOT = (
     "namespace, provider, group_id, attempt, state, reason, message, exit_code, node, waiting, waiting_told"
 )
+_SNAPSHOT_OF = f"SELECT {_SNAPSHOT} FROM instances WHERE instance_id = ?"  # noqa: S608
 #: Most instances one statement of :func:`record_each` names (a statement's parameters are
 #: bounded, and so is what one read brings back).
 EACH_CHUNK = 500
