@@ -101,6 +101,9 @@ class Backend(Protocol):
         gives cursors as it writes)."""
         ...
 
+    #: Whether :meth:`broadcast` reaches other replicas (what it costs to say is then worth it).
+    relays: bool
+
     def broadcast(self, key: str) -> None: ...
 
     async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
@@ -221,6 +224,9 @@ def _ignore(namespaces: frozenset[str]) -> None:
 
 class Database:
     """The service's connection, owned by one thread; see the module docstring."""
+
+    #: One process owns the file: there are no other replicas to tell.
+    relays = False
 
     def __init__(self, *, path: Path) -> None:
         self.path = path

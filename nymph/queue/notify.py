@@ -89,10 +89,10 @@ class WorkSignal:
     at its first wake.
     """
 
-    def __init__(self, *, relay: Callable[[int | None], None] | None = None) -> None:
+    def __init__(self, *, relay: Callable[[int | None, Any], None] | None = None) -> None:
         self._line: deque[Ticket] = deque()
-        #: Passes each notify on to other replicas (a count, or None for all); ``wake`` and
-        #: ``wake_all`` are how theirs arrive here.
+        #: Passes each notify on to other replicas (a count and what the work is, or None and
+        #: None for all); ``wake`` and ``wake_all`` are how theirs arrive here.
         self._relay = relay
         self._aside: set[Ticket] = set()  # waiters that take no work (capacity 0): only closing wakes them
         #: Finished tickets still in the line: left there (taking one out of a line of a thousand
@@ -147,16 +147,16 @@ class WorkSignal:
         return False
 
     def notify(self, count: int = 1, *, item: Any = None) -> None:
-        """``count`` new tasks (``item``: what they are, when told): wake that many waiters
-        (here and on every other replica, where it wakes any)."""
+        """``count`` new tasks (``item``: what they are, when told): wake that many waiters,
+        here and on every other replica (told what the work is too)."""
         self.wake(count, item=item)
         if self._relay is not None and count > 0:
-            self._relay(count)
+            self._relay(count, item)
 
     def notify_all(self) -> None:
         self.wake_all()
         if self._relay is not None:
-            self._relay(None)
+            self._relay(None, None)
 
     def wake(self, count: int = 1, *, item: Any = None) -> None:
         """Wake ``count`` waiters of this process only."""

@@ -168,6 +168,9 @@ def _broken(exc: BaseException) -> bool:
 class PgDatabase:
     """The service's PostgreSQL connections; same interface as :class:`nymph.queue.db.Database`."""
 
+    #: Every replica on the database hears :meth:`broadcast`.
+    relays = True
+
     def __init__(self, *, url: str, pool_size: int = 16, timeout: float = 3.0) -> None:
         self.url = url
         self.pool_size = pool_size

@@ -60,7 +60,9 @@ class Store:
         self.settings = settings
         #: Woken, one waiting claim per new task, whenever a task may have become claimable
         #: (here and, told through the database, on every other replica).
-        self.tasks_changed = WorkSignal(relay=lambda count: db.broadcast(work_key(count)))
+        self.tasks_changed = WorkSignal(
+            relay=(lambda count, item: db.broadcast(work_key(count, item))) if db.relays else None
+        )
         #: Woken per instance id whenever an instance changed.
         self.instance_changed = KeyedSignal(relay=db.broadcast)
         #: The namespaces' event streams (woken after each commit that added events).

@@ -5,8 +5,10 @@ node could run it if nothing else ran there (:func:`nymph.launch.placement.misfi
 node's offer): a launch only a few nodes can run does not wake, one claim after another, every
 daemon of a thousand-node cluster. The test is a necessary condition only (what is placed on
 the node, quotas and shares are the claim's to read), so it never keeps a wake from a claim
-that could take the work; work of any other kind, and wakes relayed from other replicas, wake
-any claim (:class:`nymph.queue.notify.WorkSignal`).
+that could take the work; work of any other kind wakes any claim
+(:class:`nymph.queue.notify.WorkSignal`). A wake relayed to the other replicas carries the
+launch's kube namespace and the spec fields its needs come from (:meth:`LaunchWork.wire`), so
+there too it wakes only the claims that could take it.
 
 A wake for work nobody may take asks every waiting claim: a thousand checks. Nodes of one pool
 offer the same labels, taints and allocatable under different names, so each check is worked
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +35,12 @@ _JUDGED: dict[tuple[int, int], bool] = {}
 _NUMBERS: dict[tuple[str, object], int] = {}
 _counter = itertools.count()
 _MAX = 16384
+#: The launch spec's fields a launch's needs are read from (:meth:`Needs.from_spec`): what a
+#: wake-up relayed to another replica carries of its spec.
+NEEDS_FIELDS = ("nodeSelector", "tolerations", "resources", "avoidNodes")
+#: The longest wire form a wake-up is relayed with (a notify's payload holds under 8,000
+#: bytes); a launch whose needs take more is relayed as a bare count, which wakes any claim.
+WIRE_MAX = 2000
 
 
 def _number(kind: str, key: object) -> int:
@@ -64,6 +73,34 @@ class LaunchWork:
     def number(self) -> int:
         """The needs' number (:func:`_number`), for every claim it is checked against."""
         return _number("needs", self.needs.key())
+
+    def wire(self) -> str | None:
+        """This wake-up as another replica reads it back (:meth:`from_wire`): the kube
+        namespace and the spec fields its needs come from, as compact JSON. None when it has no
+        spec (needs given as they are) or its needs are too long to send."""
+        if self._spec is None:
+            return None
+        spec = {k: self._spec[k] for k in NEEDS_FIELDS if self._spec.get(k)}
+        text = json.dumps({"ns": self.kube_namespace, "spec": spec}, separators=(",", ":"))
+        return text if len(text) <= WIRE_MAX else None
+
+    @classmethod
+    def from_wire(cls, text: str) -> LaunchWork | None:
+        """The wake-up :meth:`wire` wrote; None for text it did not write (the wake then
+        wakes any claim, as one that says nothing of its work)."""
+        try:
+            body = json.loads(text)
+            if not (
+                isinstance(body, dict)
+                and isinstance(body.get("ns"), str)
+                and isinstance(body.get("spec"), dict)
+            ):
+                return None
+            work = cls(kube_namespace=body["ns"], spec=body["spec"])
+            work.needs.key()  # read now: a claim asked about it must not meet a bad spec
+        except (ValueError, TypeError, ArithmeticError):
+            return None
+        return work
 
 
 def _offer_key(offer: NodeOffer) -> tuple[object, ...]:

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from fractions import Fraction
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from nymph.queue.broadcast import coalesce
+from nymph.launch.placement import NodeOffer
+from nymph.queue.broadcast import coalesce, work_key
 from nymph.queue.db import Backend
 from nymph.queue.models import QueueSettings
 from nymph.queue.notify import Ticket, WorkSignal
 from nymph.queue.sql import dispatch
 from nymph.queue.store import Store
-from tests.support.queue_helpers import Queue
+from nymph.queue.wakeup import LaunchWork, claim_accepts
+from tests.support.pg_server import PgServer
+from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
 
 
 async def _launch(q: Queue) -> str:
@@ -250,22 +255,29 @@ def test_close_wakes_everyone_in_line_and_aside_and_later_tickets_at_once() -> N
 
 
 def test_notify_is_relayed_with_its_count_and_a_wake_from_elsewhere_is_not_relayed_again() -> None:
-    relayed: list[int | None] = []
-    s = WorkSignal(relay=relayed.append)
+    relayed: list[tuple[int | None, object]] = []
+
+    def relay(count: int | None, item: object) -> None:
+        relayed.append((count, item))
+
+    s = WorkSignal(relay=relay)
     tickets = [s.ticket() for _ in range(3)]
     s.notify(2)
+    s.notify(1, item="gpu")
     s.notify_all()
-    assert relayed == [2, None]
-    s2 = WorkSignal(relay=relayed.append)
+    assert relayed == [(2, None), (1, "gpu"), (None, None)]
+    s2 = WorkSignal(relay=relay)
     there = [s2.ticket() for _ in range(3)]
     s2.wake(1)  # another replica's notify arriving here
     assert [t.event.is_set() for t in there] == [True, False, False]
     s2.wake_all()
     assert all(t.event.is_set() for t in there) and all(t.event.is_set() for t in tickets)
-    assert relayed == [2, None]
+    assert relayed == [(2, None), (1, "gpu"), (None, None)]
 
 
 class _FakeBackend:
+    relays = True
+
     def __init__(self) -> None:
         self.sent: list[str] = []
 
@@ -409,3 +421,98 @@ def test_a_handed_on_wake_keeps_its_work_and_skips_who_may_not_take_it() -> None
     budget = s.finish(first)
     s.pass_on(budget or 0, first.wake_for, first.wake_item)  # it found nothing after all
     assert second.event.is_set() and not other.event.is_set()
+
+
+def test_a_launchs_wake_is_relayed_with_what_it_needs_and_wakes_only_who_may_take_it() -> None:
+    """A launch's wake travels to the other replicas with its kube namespace and needs: there it
+    wakes the first claim that may take it, past the ones that may not, which keep their place."""
+    here, there = _FakeBackend(), _FakeBackend()
+    a = Store(db=cast(Backend, here), settings=QueueSettings())
+    b = Store(db=cast(Backend, there), settings=QueueSettings())
+    spec = {"namespace": "jobs", "script": "print(1)", "resources": {"requests": {"nvidia.com/gpu": "1"}}}
+    a.tasks_changed.notify(1, item=LaunchWork(kube_namespace="jobs", spec=spec))
+    [key] = here.sent
+    assert key.startswith("tasks:1@") and "print(1)" not in key  # its needs, not its script
+    cpu = NodeOffer(name="c", allocatable={"cpu": Fraction(8)})
+    gpu = NodeOffer(name="g", allocatable={"cpu": Fraction(8), "nvidia.com/gpu": Fraction(1)})
+    cpus = [b.tasks_changed.ticket(accepts=claim_accepts(namespaces=("jobs",), offer=cpu)) for _ in range(3)]
+    other_ns = b.tasks_changed.ticket(accepts=claim_accepts(namespaces=("web",), offer=gpu))
+    right = b.tasks_changed.ticket(accepts=claim_accepts(namespaces=("jobs",), offer=gpu))
+    b.woken_elsewhere(key)
+    assert right.event.is_set() and right.wake_item is not None
+    assert not any(t.event.is_set() for t in [*cpus, other_ns]) and len(b.tasks_changed) == 4
+    b.woken_elsewhere("tasks:1")  # a count alone (an older replica, other work): the first in line
+    assert cpus[0].event.is_set()
+
+
+def test_relayed_launch_wakes_sent_together_keep_their_kinds_of_work_apart() -> None:
+    gpu, plain = (
+        LaunchWork(kube_namespace="jobs", spec={"resources": {"limits": {"nvidia.com/gpu": "1"}}}),
+        LaunchWork(kube_namespace="jobs", spec={}),
+    )
+    g, p = work_key(1, gpu), work_key(1, plain)
+    assert g != p and g.startswith("tasks:1@") and p.startswith("tasks:1@")
+    assert coalesce([g, "tasks:2", p, g, "i-1", g]) == ["tasks:2", work_key(3, gpu), p, "i-1"]
+    assert coalesce([g, "tasks:", p]) == ["tasks:"]  # every claim: what each is adds nothing
+    assert coalesce([g, ""]) == [""]
+    b = Store(db=cast(Backend, _FakeBackend()), settings=QueueSettings())
+    offer = NodeOffer(name="g", allocatable={"nvidia.com/gpu": Fraction(1)})
+    claims = [b.tasks_changed.ticket(accepts=claim_accepts(namespaces=(), offer=offer)) for _ in range(5)]
+    for key in coalesce([g, g, g]):
+        b.woken_elsewhere(key)
+    assert [t.event.is_set() for t in claims] == [True] * 3 + [False] * 2
+
+
+async def test_a_launch_posted_to_one_replica_wakes_only_the_claims_on_another_that_may_take_it(
+    pg_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas on one PostgreSQL database: a GPU launch POSTed to the first wakes, on the
+    second, the GPU node's claim alone; ten CPU nodes' claims waiting before it never read."""
+    url = pg_server.fresh_database()
+    a, runner_a = await open_queue(tmp_path, FAST, db=url)
+    b, runner_b = await open_queue(tmp_path, FAST, db=url)
+    waits: dict[str, asyncio.Task[Any]] = {}
+    try:
+        await add_kind(a)
+        cpu = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8"}}
+        gpu = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8", "nvidia.com/gpu": "1"}}
+        daemons = [(f"c{k}", b.daemon(), dict(cpu, name=f"c{k}")) for k in range(10)]
+        daemons.append(("g", b.daemon(), dict(gpu, name="g")))
+        for name, c, offer in daemons:
+            assert await c.claim(daemon_id=name, node=name, capacity=1, wait=0, node_info=offer) == []
+        for name, c, offer in daemons:
+            waits[name] = asyncio.create_task(
+                c.claim(daemon_id=name, node=name, capacity=1, wait=15, node_info=offer)
+            )
+            await asyncio.sleep(0.05)  # in line in this order
+        await asyncio.sleep(0.3)
+        assert len(b.store.tasks_changed) == 11
+        readers: list[str] = []
+        real = dispatch.idle_claim
+
+        def read(*args: Any, **kwargs: Any) -> Any:
+            readers.append(kwargs["req"].daemon_id)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(dispatch, "idle_claim", read)
+        t0 = time.monotonic()
+        accepted = await a.user().launch(
+            provider="kind",
+            mode="small",
+            script="print(1)",
+            fields={"resources": {"requests": {"nvidia.com/gpu": "1"}}},
+        )
+        got = await asyncio.wait_for(waits.pop("g"), 10)
+        assert [t["instanceId"] for t in got] == [accepted["instanceId"]]
+        assert time.monotonic() - t0 < 5  # woken through the database, not at the hold's end
+        await asyncio.sleep(0.3)
+        assert set(readers) <= {"g"}, readers  # no CPU node's claim was woken to read
+        assert not any(t.done() for t in waits.values())
+    finally:
+        for t in waits.values():
+            t.cancel()
+        await asyncio.gather(*waits.values(), return_exceptions=True)
+        for q, runner in ((a, runner_a), (b, runner_b)):
+            await q.close()
+            await runner.cleanup()
+        pg_server.drop_database(url)

@@ -103,3 +103,69 @@ def test_a_launch_notified_while_no_claim_waits_has_its_needs_never_read() -> No
     s.notify(1, item=asked)
     assert not t.event.is_set()  # 16 CPUs: more than the node has
     assert asked.needs.requests == {"cpu": Fraction(16)}
+
+
+_LABEL = st.text(alphabet="abcxyz./-", min_size=1, max_size=8)
+_QUANTITY = st.sampled_from(["1", "500m", "2Gi", "0", "64", "1.5"])
+
+
+@given(
+    selector=st.lists(st.tuples(_LABEL, _LABEL), max_size=3),
+    tolerations=st.lists(
+        st.fixed_dictionaries(
+            {
+                "key": _LABEL,
+                "operator": st.sampled_from(["Exists", "Equal"]),
+                "effect": st.sampled_from(["NoSchedule", "NoExecute"]),
+            }
+        ),
+        max_size=2,
+    ),
+    requests=st.dictionaries(st.sampled_from(["cpu", "memory", "nvidia.com/gpu"]), _QUANTITY, max_size=3),
+    limits=st.dictionaries(st.sampled_from(["cpu", "memory"]), _QUANTITY, max_size=2),
+    avoid=st.lists(_LABEL, max_size=2),
+    namespace=_LABEL,
+)
+def test_a_wake_up_relayed_to_another_replica_reads_back_as_the_same_launch(
+    selector: list[tuple[str, str]],
+    tolerations: list[dict[str, str]],
+    requests: dict[str, str],
+    limits: dict[str, str],
+    avoid: list[str],
+    namespace: str,
+) -> None:
+    """What another replica reads back from a launch's wire form has the same kube namespace
+    and needs (so the same claims may take it there), and nothing of the spec but them."""
+    spec = {
+        "namespace": namespace,
+        "script": "print('secret-looking text')",
+        "env": {"A": "b"},
+        "nodeSelector": [list(p) for p in selector],
+        "tolerations": tolerations,
+        "resources": {"requests": requests, "limits": limits},
+        "avoidNodes": avoid,
+    }
+    work = LaunchWork(kube_namespace=namespace, spec=spec)
+    wire = work.wire()
+    assert wire is not None and "secret-looking" not in wire and '"env"' not in wire
+    back = LaunchWork.from_wire(wire)
+    assert back is not None
+    assert back.kube_namespace == namespace and back.needs.key() == work.needs.key()
+    for offer in (GPU, CPU):
+        assert claim_accepts(namespaces=(namespace,), offer=offer)(back) == claim_accepts(
+            namespaces=(namespace,), offer=offer
+        )(work)
+
+
+def test_a_wire_form_it_did_not_write_reads_as_no_work_in_particular() -> None:
+    """Text that is not a wake-up's wire form (a newer or broken sender) gives None: the wake
+    then wakes any claim, never none; needs too long to send are not sent."""
+    for text in ("", "{", "[]", '{"ns": 1, "spec": {}}', '{"ns": "a", "spec": []}', '{"spec": {}}'):
+        assert LaunchWork.from_wire(text) is None, text
+    odd = LaunchWork.from_wire('{"ns": "a", "spec": {"resources": {"requests": {"cpu": "lots"}}}}')
+    assert (
+        odd is not None and odd.needs.requests == {}
+    )  # an unparseable quantity is left out, as the API server's Pod would show
+    huge = LaunchWork(kube_namespace="a", spec={"nodeSelector": [["k" * 50, f"v{i}"] for i in range(100)]})
+    assert huge.wire() is None
+    assert LaunchWork(kube_namespace="a", needs=Needs()).wire() is None  # no spec to send
