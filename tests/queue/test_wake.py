@@ -516,3 +516,38 @@ async def test_a_launch_posted_to_one_replica_wakes_only_the_claims_on_another_t
             await q.close()
             await runner.cleanup()
         pg_server.drop_database(url)
+
+
+def test_a_stream_of_launches_no_node_there_can_run_costs_another_replica_no_read() -> None:
+    """Launches POSTed one by one to one replica, none of which a node on the other can run:
+    there, each arrives as its own wake (a new notify every waiter has not seen yet), and one
+    that said only its count would wake every waiter in turn, one read each. Told what each
+    launch needs, the other replica wakes no one."""
+
+    def reads(relay_items: bool) -> int:
+        here, there = _FakeBackend(), _FakeBackend()
+        a = Store(db=cast(Backend, here), settings=QueueSettings())
+        b = Store(db=cast(Backend, there), settings=QueueSettings())
+        cpu = NodeOffer(name="c", allocatable={"cpu": Fraction(8)})
+        accepts = claim_accepts(namespaces=("jobs",), offer=cpu)
+        waiters = [b.tasks_changed.ticket(accepts=accepts) for _ in range(200)]
+        total = 0
+        for _ in range(50):
+            work = LaunchWork(kube_namespace="jobs", spec={"resources": {"requests": {"cpu": "64"}}})
+            a.tasks_changed.notify(1, item=work)
+            key = here.sent.pop()
+            b.woken_elsewhere(key if relay_items else key.partition("@")[0])
+            while True:  # each woken claim reads, finds nothing, waits again and hands the wake on
+                woken = [i for i, t in enumerate(waiters) if t.event.is_set() and not t.done]
+                if not woken:
+                    break
+                for i in woken:
+                    t = waiters[i]
+                    budget = b.tasks_changed.finish(t)
+                    waiters[i] = b.tasks_changed.ticket(accepts=accepts)
+                    total += 1
+                    b.tasks_changed.pass_on(budget or 0, t.wake_for, t.wake_item)
+        return total
+
+    assert reads(relay_items=False) == 50 * 200
+    assert reads(relay_items=True) == 0
