@@ -35,10 +35,18 @@ a process of its own), as a database in another machine of the zone would:
   core, and the replicas, PostgreSQL, the proxy and this load share the machine's cores, so
   more replicas cannot add much.
 
-Merges its figures into ``bench-results.json`` under ``pg_concurrency`` and ``pg_replicas`` (the
-file's other keys are kept); ``daemon_bench.py --markdown`` shows them on docs/performance.md.
+* ``pg_relay``: two replicas; ``relay_daemons`` daemons (the many-daemons benchmark's load
+  generator, each node offering 8 CPUs) park their claims on the second, and launches that
+  request 64 CPUs are POSTed to the first. The second replica's CPU per such launch: the wake
+  each launch sends it through the database says what the launch needs, so it wakes none of
+  its claims (a wake that said only "a task came" would have each claim read, one launch after
+  another).
 
-    .venv/bin/python benchmarks/pg_bench.py [--quick] [--out bench-results.json]
+Merges its figures into ``bench-results.json`` under ``pg_concurrency``, ``pg_replicas`` and
+``pg_relay`` (the file's other keys are kept); ``daemon_bench.py --markdown`` shows them on
+docs/performance.md.
+
+    .venv/bin/python benchmarks/pg_bench.py [--quick] [--only pg_relay,...] [--out bench-results.json]
 """
 
 from __future__ import annotations
@@ -101,9 +109,26 @@ class Params:
     #: and the loops each limited replica serves (3 replicas serve three times as many).
     replica_cpu: float = 0.25
     loops_per_replica: int = 6
+    #: ``pg_relay``: daemons whose claims wait on the second replica, launches no node of theirs
+    #: fits POSTed to the first, at this rate a second.
+    relay_daemons: int = 500
+    relay_launches: int = 200
+    relay_rate: float = 40.0
 
 
-QUICK = Params(rounds=4, seconds=4.0, warmup=1.0, workers=6, teams=3, warmup_bursts=3)
+QUICK = Params(
+    rounds=4,
+    seconds=4.0,
+    warmup=1.0,
+    workers=6,
+    teams=3,
+    warmup_bursts=3,
+    relay_daemons=20,
+    relay_launches=10,
+    relay_rate=20.0,
+)
+#: The sections, in the order they run (``--only`` picks some).
+SECTIONS = ("pg_concurrency", "pg_replicas", "pg_relay")
 _PROCS: list[subprocess.Popen[str]] = []
 
 
@@ -409,6 +434,98 @@ async def throughput(
     }
 
 
+async def _park(url: str, admin: str, daemons: int, token: str) -> list[subprocess.Popen[str]]:
+    """``daemons`` daemons (the many-daemons benchmark's load generator: each its own session
+    and node offer, 8 CPUs) whose claims wait on ``url``; returns once every claim waits."""
+    from benchmarks import daemons_bench
+
+    workers = []
+    per = daemons_bench.PER_PROCESS
+    for first in range(0, daemons, per):
+        argv = [
+            sys.executable,
+            daemons_bench.__file__,
+            "--worker",
+            url,
+            str(first),
+            str(min(per, daemons - first)),
+            "1",
+        ]
+        proc = await asyncio.to_thread(
+            subprocess.Popen,
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "NYMPH_BENCH_DAEMON_TOKEN": token},
+            start_new_session=True,
+        )
+        _PROCS.append(proc)
+        workers.append(proc)
+    for w in workers:
+        assert w.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(w.stdout.readline), 300)
+        if line.strip() != "ready":
+            raise RuntimeError(f"a load-generator process did not start: {line!r}")
+    deadline = time.monotonic() + 60
+    # polling another process's metrics: there is no event to wait on
+    while (await daemons_bench._scrape(url, admin)).get("waiting", 0) < daemons:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the daemons' claims did not all park")
+        await asyncio.sleep(0.2)
+    return workers
+
+
+async def relay(db: str, p: Params) -> dict[str, Any]:
+    """``pg_relay``: two replicas on ``db``; ``relay_daemons`` daemons park their claims on the
+    second, and ``relay_launches`` launches that no node of theirs fits (each requests more CPU
+    than a node offers) are POSTed to the first, ``relay_rate`` a second. What the second
+    replica spends for launches it hears of through the database and none of its claims may
+    take: its CPU (% of a core) over as long with no launches and while they come, and the
+    difference per launch. A wake that says only how many tasks came wakes each waiting claim
+    to read, one launch after another."""
+    from benchmarks import daemons_bench
+
+    admin = await asyncio.to_thread(write_once, db, lambda conn: create_token(conn, role=Role.ADMIN).token)
+    async with replicas(db, 2) as r:
+        await _teams(r, 1)
+        workers = await _park(r.urls[1], admin, p.relay_daemons, r.daemon_token)
+        try:
+            sender, receiver = r.procs[0].pid, r.procs[1].pid
+            window = p.relay_launches / p.relay_rate + 2.0
+            await asyncio.sleep(2.0)  # the registrations' trailing writes
+            c0, t0 = cpu(receiver).own, time.monotonic()
+            await asyncio.sleep(window)
+            idle_pct = 100 * (cpu(receiver).own - c0) / (time.monotonic() - t0)
+            unfit = {"resources": {"requests": {"cpu": "64"}}}
+            async with QueueClient(base_url=r.urls[0], token=r.user_token, timeout=60) as user:
+
+                async def post() -> None:
+                    await user.launch(
+                        provider="bench", mode="tiny", script="true", namespace="team-0", fields=unfit
+                    )
+
+                s0, c0, t0 = cpu(sender).own, cpu(receiver).own, time.monotonic()
+                await daemons_bench._paced(p.relay_launches, p.relay_rate, post)
+                await asyncio.sleep(max(0.0, t0 + window - time.monotonic()))
+                s1, c1, t1 = cpu(sender).own, cpu(receiver).own, time.monotonic()
+            busy_pct = 100 * (c1 - c0) / (t1 - t0)
+            waiting = (await daemons_bench._scrape(r.urls[1], admin)).get("waiting", 0)
+        finally:
+            for w in workers:
+                await asyncio.to_thread(_stop, w)
+    return {
+        "daemons": p.relay_daemons,
+        "launches": p.relay_launches,
+        "rate_per_s": p.relay_rate,
+        "receiver_idle_cpu_pct": round(idle_pct, 1),
+        "receiver_cpu_pct": round(busy_pct, 1),
+        "receiver_cpu_ms_per_launch": round(10 * (busy_pct - idle_pct) * (t1 - t0) / p.relay_launches, 2),
+        "sender_cpu_ms_per_launch": round(1000 * (s1 - s0) / p.relay_launches, 2),
+        "claims_waiting_after": waiting,
+    }
+
+
 #: What the durable run reports (the rest is in the main run).
 DURABLE_KEYS = (
     "one_post_ms",
@@ -438,62 +555,80 @@ async def durable_concurrency(p: Params) -> dict[str, Any]:
     return {k: got[k] for k in DURABLE_KEYS}
 
 
-async def run(p: Params, say: Any) -> dict[str, Any]:
+async def run(p: Params, say: Any, only: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with running_server() as server, proxy(server, p) as (port, proxy_pid):
-        say("pg_concurrency")
-        raw = server.fresh_database()
-        dbname = raw.split("/", 3)[3].split("?", 1)[0]
-        with LockSampler(server.url(), dbname) as sampler:
-            assert server.proc is not None
-            out["pg_concurrency"] = await concurrency(
-                pg_url_through(raw, port), p, sampler, proxy_pid, server.proc.pid
+        if "pg_concurrency" in only:
+            await _concurrency_section(server, port, proxy_pid, p, say, out)
+        if "pg_replicas" in only:
+            await _replicas_section(server, port, proxy_pid, p, say, out)
+        if "pg_relay" in only:
+            say(
+                f"pg_relay: {p.relay_daemons} daemons on one replica, launches no node fits POSTed to the other"
             )
-        say(f"  {out['pg_concurrency']}")
-        say("pg_concurrency with nymph's own client as the load")
-        raw = server.fresh_database()
-        dbname = raw.split("/", 3)[3].split("?", 1)[0]
-        with LockSampler(server.url(), dbname) as sampler:
-            got = await concurrency(
-                pg_url_through(raw, port), p, sampler, proxy_pid, server.proc.pid, lean=False
-            )
-        out["pg_concurrency"]["queue_client"] = {k: got[k] for k in CLIENT_KEYS}
-        say(f"  {out['pg_concurrency']['queue_client']}")
-        say("pg_concurrency on a durable server")
-        out["pg_concurrency"]["durable"] = await durable_concurrency(p)
-        say(f"  {out['pg_concurrency']['durable']}")
-        runs: dict[str, dict[str, Any]] = {"limited": {}, "unlimited": {}}
-        with cpu_limits() as limits:
-            if limits.root is None:
-                say(f"pg_replicas: no CPU limit can be set here ({limits.reason}): unlimited only")
-            for kind in ("limited", "unlimited"):
-                if kind == "limited" and limits.root is None:
-                    continue
-                for count in (1, 3):
-                    say(f"pg_replicas: {count} ({kind})")
-                    db = pg_url_through(server.fresh_database(), port)
-                    assert server.proc is not None
-                    runs[kind][str(count)] = await throughput(
-                        db, count, p, proxy_pid, server.proc.pid, limits if kind == "limited" else None
-                    )
-                    say(f"  {runs[kind][str(count)]}")
-
-        def ratio(rows: dict[str, Any]) -> float | None:
-            if not rows:
-                return None
-            return round(rows["3"]["launches_per_s"] / max(rows["1"]["launches_per_s"], 1e-9), 2)
-
-        out["pg_replicas"] = {
-            "ratio_3_to_1": ratio(runs["limited"]),
-            "replica_cpu_limit": p.replica_cpu if runs["limited"] else None,
-            "loops_per_replica": p.loops_per_replica,
-            "replicas": runs["limited"],
-            "unlimited": {"ratio_3_to_1": ratio(runs["unlimited"]), "replicas": runs["unlimited"]},
-            "workers": p.workers,
-            "teams": p.teams,
-            "target": ">= 1.5",
-        }
+            out["pg_relay"] = await relay(pg_url_through(server.fresh_database(), port), p)
+            say(f"  {out['pg_relay']}")
     return out
+
+
+async def _concurrency_section(
+    server: PgServer, port: int, proxy_pid: int, p: Params, say: Any, out: dict[str, Any]
+) -> None:
+    say("pg_concurrency")
+    raw = server.fresh_database()
+    dbname = raw.split("/", 3)[3].split("?", 1)[0]
+    with LockSampler(server.url(), dbname) as sampler:
+        assert server.proc is not None
+        out["pg_concurrency"] = await concurrency(
+            pg_url_through(raw, port), p, sampler, proxy_pid, server.proc.pid
+        )
+    say(f"  {out['pg_concurrency']}")
+    say("pg_concurrency with nymph's own client as the load")
+    raw = server.fresh_database()
+    dbname = raw.split("/", 3)[3].split("?", 1)[0]
+    with LockSampler(server.url(), dbname) as sampler:
+        got = await concurrency(pg_url_through(raw, port), p, sampler, proxy_pid, server.proc.pid, lean=False)
+    out["pg_concurrency"]["queue_client"] = {k: got[k] for k in CLIENT_KEYS}
+    say(f"  {out['pg_concurrency']['queue_client']}")
+    say("pg_concurrency on a durable server")
+    out["pg_concurrency"]["durable"] = await durable_concurrency(p)
+    say(f"  {out['pg_concurrency']['durable']}")
+
+
+async def _replicas_section(
+    server: PgServer, port: int, proxy_pid: int, p: Params, say: Any, out: dict[str, Any]
+) -> None:
+    runs: dict[str, dict[str, Any]] = {"limited": {}, "unlimited": {}}
+    with cpu_limits() as limits:
+        if limits.root is None:
+            say(f"pg_replicas: no CPU limit can be set here ({limits.reason}): unlimited only")
+        for kind in ("limited", "unlimited"):
+            if kind == "limited" and limits.root is None:
+                continue
+            for count in (1, 3):
+                say(f"pg_replicas: {count} ({kind})")
+                db = pg_url_through(server.fresh_database(), port)
+                assert server.proc is not None
+                runs[kind][str(count)] = await throughput(
+                    db, count, p, proxy_pid, server.proc.pid, limits if kind == "limited" else None
+                )
+                say(f"  {runs[kind][str(count)]}")
+
+    def ratio(rows: dict[str, Any]) -> float | None:
+        if not rows:
+            return None
+        return round(rows["3"]["launches_per_s"] / max(rows["1"]["launches_per_s"], 1e-9), 2)
+
+    out["pg_replicas"] = {
+        "ratio_3_to_1": ratio(runs["limited"]),
+        "replica_cpu_limit": p.replica_cpu if runs["limited"] else None,
+        "loops_per_replica": p.loops_per_replica,
+        "replicas": runs["limited"],
+        "unlimited": {"ratio_3_to_1": ratio(runs["unlimited"]), "replicas": runs["unlimited"]},
+        "workers": p.workers,
+        "teams": p.teams,
+        "target": ">= 1.5",
+    }
 
 
 def merge(path: Path, figures: dict[str, Any], p: Params) -> dict[str, Any]:
@@ -510,7 +645,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="few rounds and short runs (a smoke run)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"the sections to run, comma-separated (default: all, {','.join(SECTIONS)})",
+    )
     args = parser.parse_args(argv)
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown or not only:
+        parser.error(
+            f"--only takes some of {', '.join(SECTIONS)}" + (f", not {', '.join(unknown)}" if unknown else "")
+        )
     p = QUICK if args.quick else Params()
     started = time.time()
 
@@ -519,18 +665,27 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(level="warning")
     try:
-        figures = asyncio.run(run(p, say))
+        figures = asyncio.run(run(p, say, only))
     finally:
         for proc in list(_PROCS):
             _stop(proc)
     doc = merge(args.out, figures, p)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    c, rep = figures["pg_concurrency"], figures["pg_replicas"]
-    print(
-        f"pg_concurrency.ratio_16_to_1 = {c['ratio_16_to_1']} (one {c['one_post_ms']} ms, 16 {c['burst_16_ms']} ms)"
-    )
-    print(f"pg_replicas.ratio_3_to_1 = {rep['ratio_3_to_1']} ({json.dumps(rep['replicas'])})")
-    print(f"written to {args.out} (under pg_concurrency, pg_replicas)")
+    if "pg_concurrency" in figures:
+        c = figures["pg_concurrency"]
+        print(
+            f"pg_concurrency.ratio_16_to_1 = {c['ratio_16_to_1']} (one {c['one_post_ms']} ms, 16 {c['burst_16_ms']} ms)"
+        )
+    if "pg_replicas" in figures:
+        rep = figures["pg_replicas"]
+        print(f"pg_replicas.ratio_3_to_1 = {rep['ratio_3_to_1']} ({json.dumps(rep['replicas'])})")
+    if "pg_relay" in figures:
+        r = figures["pg_relay"]
+        print(
+            f"pg_relay.receiver_cpu_ms_per_launch = {r['receiver_cpu_ms_per_launch']} "
+            f"({r['daemons']} daemons; {r['receiver_cpu_pct']}% of a core, {r['receiver_idle_cpu_pct']}% idle)"
+        )
+    print(f"written to {args.out} (under {', '.join(figures)})")
     return 0
 
 

@@ -1,5 +1,5 @@
 """The PostgreSQL writes section of docs/performance.md (``benchmarks/pg_bench.py``, under
-``pg_concurrency`` and ``pg_replicas``)."""
+``pg_concurrency``, ``pg_replicas`` and ``pg_relay``)."""
 
 from __future__ import annotations
 
@@ -137,7 +137,28 @@ def pg_writes(r: dict[str, Any]) -> str:
             "",
             *_rows(free["replicas"]),
         ]
+    out += _relay(r.get("pg_relay"))
     return "\n".join(out)
+
+
+def _relay(relay: Any) -> list[str]:
+    """What a replica spends on launches POSTed to another that none of its claims may take."""
+    if not isinstance(relay, dict):
+        return []
+    return [
+        "",
+        _fill(
+            f"Launches posted to one replica, heard of by another (`pg_relay`, run of {relay.get('when')}): "
+            f"{relay.get('daemons')} daemons, each node offering 8 CPUs, park their claims on the second "
+            f"replica; {relay.get('launches')} launches that each request 64 CPUs are POSTed to the first, "
+            f"{relay.get('rate_per_s')} a second. The wake each launch sends through the database says "
+            "what the launch needs, so the second replica wakes none of its claims for them: it spent "
+            f"{relay.get('receiver_cpu_ms_per_launch')} ms of CPU per launch ({relay.get('receiver_cpu_pct')}% "
+            f"of a core while they came, {relay.get('receiver_idle_cpu_pct')}% over as long without them); "
+            f"the first spent {relay.get('sender_cpu_ms_per_launch')} ms per launch it took. "
+            f"{relay.get('claims_waiting_after')} claims were still waiting after the last launch."
+        ),
+    ]
 
 
 def _rows(rows: dict[str, Any]) -> list[str]:
