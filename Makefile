@@ -87,7 +87,7 @@ demo: install-demo deps envtest ## the main job: queue + daemon + a sample launc
 # One run against the local control plane: raw API server limit, nymph end to end, latency, CPU
 # per launch, idle footprint, queue claims; writes bench-results.json, adds the scheduler with a
 # backlog (schedule_bench.py, under "scheduling") and PostgreSQL 1 ms away (pg_bench.py, under
-# "pg_concurrency" and "pg_replicas"), the API server's CPU per create at set paces
+# "pg_concurrency", "pg_replicas" and "pg_relay"), the API server's CPU per create at set paces
 # (raw_paced.py, under "raw_paced"), then docs/performance.md from it. SOAK=1 adds
 # the 10,000-launch RSS soak.
 bench: install envtest ## the benchmark scoreboard: prints a table, writes bench-results.json and docs/performance.md (SOAK=1: 10,000-launch soak)
