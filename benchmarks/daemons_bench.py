@@ -273,6 +273,53 @@ async def _paced(count: int, rate: float, post: Callable[[], Awaitable[object]])
     await asyncio.gather(*posts)
 
 
+async def start_workers(
+    workers: list[subprocess.Popen[str]], url: str, token: str, daemons: int, *, capacity: int
+) -> None:
+    """Load-generator processes (:data:`PER_PROCESS` daemons each, added to ``workers`` as each
+    starts, for the caller to stop with :func:`stop_workers`) whose ``daemons`` daemons register
+    on ``url`` with ``token``; returns once every process has said it is ready."""
+    for first in range(0, daemons, PER_PROCESS):
+        count = min(PER_PROCESS, daemons - first)
+        argv = [sys.executable, __file__, "--worker", url, str(first), str(count), str(capacity)]
+        workers.append(
+            await asyncio.to_thread(
+                subprocess.Popen,
+                argv,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "NYMPH_BENCH_DAEMON_TOKEN": token},
+                start_new_session=True,
+            )
+        )
+    for w in workers:
+        assert w.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(w.stdout.readline), 300)
+        if line.strip() != "ready":
+            raise RuntimeError(f"a load-generator process did not start: {line!r}")
+
+
+async def wait_parked(url: str, admin: str, daemons: int, *, timeout: float = 60.0) -> int:
+    """How many claims wait on ``url`` once ``daemons`` do, or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    # polling another process's metrics: there is no event to wait on
+    while (await _scrape(url, admin)).get("waiting", 0) < daemons and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.2)
+    return int((await _scrape(url, admin)).get("waiting", 0))
+
+
+def stop_workers(workers: list[subprocess.Popen[str]]) -> None:
+    for w in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(w.pid, signal.SIGTERM)
+    for w in workers:
+        try:
+            w.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait(5)
+
+
 @contextlib.asynccontextmanager
 async def fleet(n: int, *, idle_s: float, say: Any) -> AsyncIterator[Fleet]:
     """A fresh queue, ``n`` daemons from load-generator processes, every claim parked and the
@@ -287,38 +334,8 @@ async def fleet(n: int, *, idle_s: float, say: Any) -> AsyncIterator[Fleet]:
             workers: list[subprocess.Popen[str]] = []
             try:
                 # the same total capacity whatever the count: one daemon takes 1,000 at a time
-                capacity = max(1, TOTAL_CAPACITY // n)
-                for first in range(0, n, PER_PROCESS):
-                    count = min(PER_PROCESS, n - first)
-                    argv = [
-                        sys.executable,
-                        __file__,
-                        "--worker",
-                        q.url,
-                        str(first),
-                        str(count),
-                        str(capacity),
-                    ]
-                    workers.append(
-                        await asyncio.to_thread(
-                            subprocess.Popen,
-                            argv,
-                            stdout=subprocess.PIPE,
-                            text=True,
-                            env={**os.environ, "NYMPH_BENCH_DAEMON_TOKEN": q.daemon_token},
-                            start_new_session=True,
-                        )
-                    )
-                for w in workers:
-                    assert w.stdout is not None
-                    line = await asyncio.wait_for(asyncio.to_thread(w.stdout.readline), 300)
-                    if line.strip() != "ready":
-                        raise RuntimeError(f"a load-generator process did not start: {line!r}")
-                deadline = time.monotonic() + 60
-                # polling another process's metrics: there is no event to wait on
-                while (await _scrape(q.url, admin)).get("waiting", 0) < n and time.monotonic() < deadline:  # noqa: ASYNC110
-                    await asyncio.sleep(0.2)
-                parked = (await _scrape(q.url, admin)).get("waiting", 0)
+                await start_workers(workers, q.url, q.daemon_token, n, capacity=max(1, TOTAL_CAPACITY // n))
+                parked = await wait_parked(q.url, admin, n)
                 say(f"  {n} daemons: {parked} claims parked")
                 c0, t0 = _cpu_seconds(q.proc.pid), time.monotonic()
                 await asyncio.sleep(idle_s)
@@ -333,15 +350,7 @@ async def fleet(n: int, *, idle_s: float, say: Any) -> AsyncIterator[Fleet]:
                     idle_pct=idle_pct,
                 )
             finally:
-                for w in workers:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(w.pid, signal.SIGTERM)
-                for w in workers:
-                    try:
-                        w.wait(20)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(w.pid, signal.SIGKILL)
-                        w.wait(5)
+                await asyncio.to_thread(stop_workers, workers)
 
 
 def summarize(

@@ -75,7 +75,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import sigterm  # noqa: E402
+from benchmarks import daemons_bench, sigterm  # noqa: E402
 from benchmarks.cpulimit import CpuLimits, cpu_limits  # noqa: E402
 from benchmarks.rawpost import RawPoster  # noqa: E402
 from benchmarks.scoreboard.procstat import context_switches, cpu  # noqa: E402
@@ -434,48 +434,6 @@ async def throughput(
     }
 
 
-async def _park(url: str, admin: str, daemons: int, token: str) -> list[subprocess.Popen[str]]:
-    """``daemons`` daemons (the many-daemons benchmark's load generator: each its own session
-    and node offer, 8 CPUs) whose claims wait on ``url``; returns once every claim waits."""
-    from benchmarks import daemons_bench
-
-    workers = []
-    per = daemons_bench.PER_PROCESS
-    for first in range(0, daemons, per):
-        argv = [
-            sys.executable,
-            daemons_bench.__file__,
-            "--worker",
-            url,
-            str(first),
-            str(min(per, daemons - first)),
-            "1",
-        ]
-        proc = await asyncio.to_thread(
-            subprocess.Popen,
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "NYMPH_BENCH_DAEMON_TOKEN": token},
-            start_new_session=True,
-        )
-        _PROCS.append(proc)
-        workers.append(proc)
-    for w in workers:
-        assert w.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(w.stdout.readline), 300)
-        if line.strip() != "ready":
-            raise RuntimeError(f"a load-generator process did not start: {line!r}")
-    deadline = time.monotonic() + 60
-    # polling another process's metrics: there is no event to wait on
-    while (await daemons_bench._scrape(url, admin)).get("waiting", 0) < daemons:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the daemons' claims did not all park")
-        await asyncio.sleep(0.2)
-    return workers
-
-
 async def relay(db: str, p: Params) -> dict[str, Any]:
     """``pg_relay``: two replicas on ``db``; ``relay_daemons`` daemons park their claims on the
     second, and ``relay_launches`` launches that no node of theirs fits (each requests more CPU
@@ -484,13 +442,15 @@ async def relay(db: str, p: Params) -> dict[str, Any]:
     take: its CPU (% of a core) over as long with no launches and while they come, and the
     difference per launch. A wake that says only how many tasks came wakes each waiting claim
     to read, one launch after another."""
-    from benchmarks import daemons_bench
-
     admin = await asyncio.to_thread(write_once, db, lambda conn: create_token(conn, role=Role.ADMIN).token)
     async with replicas(db, 2) as r:
         await _teams(r, 1)
-        workers = await _park(r.urls[1], admin, p.relay_daemons, r.daemon_token)
+        workers: list[subprocess.Popen[str]] = []
         try:
+            # each node offers 8 CPUs (the many-daemons benchmark's load generator)
+            await daemons_bench.start_workers(workers, r.urls[1], r.daemon_token, p.relay_daemons, capacity=1)
+            if await daemons_bench.wait_parked(r.urls[1], admin, p.relay_daemons) < p.relay_daemons:
+                raise RuntimeError("the daemons' claims did not all park")
             sender, receiver = r.procs[0].pid, r.procs[1].pid
             window = p.relay_launches / p.relay_rate + 2.0
             await asyncio.sleep(2.0)  # the registrations' trailing writes
@@ -512,8 +472,7 @@ async def relay(db: str, p: Params) -> dict[str, Any]:
             busy_pct = 100 * (c1 - c0) / (t1 - t0)
             waiting = (await daemons_bench._scrape(r.urls[1], admin)).get("waiting", 0)
         finally:
-            for w in workers:
-                await asyncio.to_thread(_stop, w)
+            await asyncio.to_thread(daemons_bench.stop_workers, workers)
     return {
         "daemons": p.relay_daemons,
         "launches": p.relay_launches,

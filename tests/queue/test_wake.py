@@ -40,6 +40,34 @@ def _count(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
     return calls
 
 
+#: Node offers: ten of CPU nodes, then one of a GPU node, as daemons send them.
+_CPU_NODE = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8"}}
+_GPU_NODE = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8", "nvidia.com/gpu": "1"}}
+
+
+async def _gpu_launch(q: Queue) -> str:
+    accepted = await q.user().launch(
+        provider="kind",
+        mode="small",
+        script="print(1)",
+        fields={"resources": {"requests": {"nvidia.com/gpu": "1"}}},
+    )
+    return str(accepted["instanceId"])
+
+
+def _readers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The daemon ids of the claims that read the queue (an idle claim's read), from now on."""
+    readers: list[str] = []
+    real = dispatch.idle_claim
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        readers.append(kwargs["req"].daemon_id)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "idle_claim", read)
+    return readers
+
+
 async def test_one_launch_wakes_one_of_many_waiting_claims(
     kind: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,10 +132,8 @@ async def test_a_launch_only_some_nodes_can_run_wakes_only_their_claims(
     """Ten daemons on CPU nodes wait first, one on a GPU node last: a launch that asks for a GPU
     wakes the GPU node's claim alone (the others are never woken to read), and a launch any node
     can run still wakes the first in line."""
-    cpu = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8"}}
-    gpu = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8", "nvidia.com/gpu": "1"}}
-    daemons = [(f"c{k}", kind.daemon(), dict(cpu, name=f"c{k}")) for k in range(10)]
-    daemons.append(("g", kind.daemon(), dict(gpu, name="g")))
+    daemons = [(f"c{k}", kind.daemon(), dict(_CPU_NODE, name=f"c{k}")) for k in range(10)]
+    daemons.append(("g", kind.daemon(), dict(_GPU_NODE, name="g")))
     for name, c, offer in daemons:
         assert await c.claim(daemon_id=name, node=name, capacity=1, wait=0, node_info=offer) == []
 
@@ -119,22 +145,10 @@ async def test_a_launch_only_some_nodes_can_run_wakes_only_their_claims(
         waits[name] = hold(name, c, offer)
         await asyncio.sleep(0.05)  # in line in this order
     await asyncio.sleep(0.3)
-    readers: list[str] = []
-    real = dispatch.idle_claim
-
-    def read(*args: Any, **kwargs: Any) -> Any:
-        readers.append(kwargs["req"].daemon_id)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "idle_claim", read)
-    accepted = await kind.user().launch(
-        provider="kind",
-        mode="small",
-        script="print(1)",
-        fields={"resources": {"requests": {"nvidia.com/gpu": "1"}}},
-    )
+    readers = _readers(monkeypatch)
+    gpu_job = await _gpu_launch(kind)
     got = await asyncio.wait_for(waits.pop("g"), 5)
-    assert [t["instanceId"] for t in got] == [accepted["instanceId"]]
+    assert [t["instanceId"] for t in got] == [gpu_job]
     await asyncio.sleep(0.3)
     assert set(readers) <= {"g"}, readers  # no CPU node's claim was woken to read
     assert not any(t.done() for t in waits.values())
@@ -474,10 +488,8 @@ async def test_a_launch_posted_to_one_replica_wakes_only_the_claims_on_another_t
     waits: dict[str, asyncio.Task[Any]] = {}
     try:
         await add_kind(a)
-        cpu = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8"}}
-        gpu = {"name": "", "labels": {}, "taints": [], "allocatable": {"cpu": "8", "nvidia.com/gpu": "1"}}
-        daemons = [(f"c{k}", b.daemon(), dict(cpu, name=f"c{k}")) for k in range(10)]
-        daemons.append(("g", b.daemon(), dict(gpu, name="g")))
+        daemons = [(f"c{k}", b.daemon(), dict(_CPU_NODE, name=f"c{k}")) for k in range(10)]
+        daemons.append(("g", b.daemon(), dict(_GPU_NODE, name="g")))
         for name, c, offer in daemons:
             assert await c.claim(daemon_id=name, node=name, capacity=1, wait=0, node_info=offer) == []
         for name, c, offer in daemons:
@@ -487,23 +499,11 @@ async def test_a_launch_posted_to_one_replica_wakes_only_the_claims_on_another_t
             await asyncio.sleep(0.05)  # in line in this order
         await asyncio.sleep(0.3)
         assert len(b.store.tasks_changed) == 11
-        readers: list[str] = []
-        real = dispatch.idle_claim
-
-        def read(*args: Any, **kwargs: Any) -> Any:
-            readers.append(kwargs["req"].daemon_id)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(dispatch, "idle_claim", read)
+        readers = _readers(monkeypatch)
         t0 = time.monotonic()
-        accepted = await a.user().launch(
-            provider="kind",
-            mode="small",
-            script="print(1)",
-            fields={"resources": {"requests": {"nvidia.com/gpu": "1"}}},
-        )
+        gpu_job = await _gpu_launch(a)
         got = await asyncio.wait_for(waits.pop("g"), 10)
-        assert [t["instanceId"] for t in got] == [accepted["instanceId"]]
+        assert [t["instanceId"] for t in got] == [gpu_job]
         assert time.monotonic() - t0 < 5  # woken through the database, not at the hold's end
         await asyncio.sleep(0.3)
         assert set(readers) <= {"g"}, readers  # no CPU node's claim was woken to read
