@@ -41,7 +41,7 @@ def coalesce(keys: list[str]) -> list[str]:
         if count is None:
             continue
         n, sep, wire = key.removeprefix(TASKS_KEY).partition(ITEM_SEP)
-        if not n.isdigit():
+        if not (n.isascii() and n.isdigit()):
             count = None
         elif sep:
             items[wire] = items.get(wire, 0) + int(n)
@@ -69,7 +69,7 @@ def wake_for(
         events.wake(key.removeprefix(EVENTS_KEY))
     elif key.startswith(TASKS_KEY):
         count, sep, wire = key.removeprefix(TASKS_KEY).partition(ITEM_SEP)
-        if count.isdigit():
+        if count.isascii() and count.isdigit():
             tasks.wake(int(count), item=LaunchWork.from_wire(wire) if sep else None)
         else:
             tasks.wake_all()

@@ -98,7 +98,7 @@ class LaunchWork:
                 return None
             work = cls(kube_namespace=body["ns"], spec=body["spec"])
             work.needs.key()  # read now: a claim asked about it must not meet a bad spec
-        except (ValueError, TypeError, ArithmeticError):
+        except (ValueError, TypeError, ArithmeticError, RecursionError):
             return None
         return work
 

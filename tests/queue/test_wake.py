@@ -457,6 +457,10 @@ def test_a_launchs_wake_is_relayed_with_what_it_needs_and_wakes_only_who_may_tak
     assert not any(t.event.is_set() for t in [*cpus, other_ns]) and len(b.tasks_changed) == 4
     b.woken_elsewhere("tasks:1")  # a count alone (an older replica, other work): the first in line
     assert cpus[0].event.is_set()
+    b.woken_elsewhere("tasks:1@{not json")  # what it cannot read: any claim, never no one
+    assert cpus[1].event.is_set()
+    b.woken_elsewhere("tasks:\u00b2")  # not a count: every claim, and no error
+    assert all(t.event.is_set() for t in [*cpus, other_ns])
 
 
 def test_relayed_launch_wakes_sent_together_keep_their_kinds_of_work_apart() -> None:
@@ -469,6 +473,7 @@ def test_relayed_launch_wakes_sent_together_keep_their_kinds_of_work_apart() -> 
     assert coalesce([g, "tasks:2", p, g, "i-1", g]) == ["tasks:2", work_key(3, gpu), p, "i-1"]
     assert coalesce([g, "tasks:", p]) == ["tasks:"]  # every claim: what each is adds nothing
     assert coalesce([g, ""]) == [""]
+    assert coalesce(["tasks:\u00b2", "i-1"]) == ["tasks:", "i-1"]  # not a count: every claim
     b = Store(db=cast(Backend, _FakeBackend()), settings=QueueSettings())
     offer = NodeOffer(name="g", allocatable={"nvidia.com/gpu": Fraction(1)})
     claims = [b.tasks_changed.ticket(accepts=claim_accepts(namespaces=(), offer=offer)) for _ in range(5)]

@@ -160,7 +160,8 @@ def test_a_wake_up_relayed_to_another_replica_reads_back_as_the_same_launch(
 def test_a_wire_form_it_did_not_write_reads_as_no_work_in_particular() -> None:
     """Text that is not a wake-up's wire form (a newer or broken sender) gives None: the wake
     then wakes any claim, never none; needs too long to send are not sent."""
-    for text in ("", "{", "[]", '{"ns": 1, "spec": {}}', '{"ns": "a", "spec": []}', '{"spec": {}}'):
+    nested = "[" * 5000 + "]" * 5000
+    for text in ("", "{", "[]", '{"ns": 1, "spec": {}}', '{"ns": "a", "spec": []}', '{"spec": {}}', nested):
         assert LaunchWork.from_wire(text) is None, text
     odd = LaunchWork.from_wire('{"ns": "a", "spec": {"resources": {"requests": {"cpu": "lots"}}}}')
     assert (
