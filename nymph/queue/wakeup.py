@@ -81,7 +81,10 @@ class LaunchWork:
         if self._spec is None:
             return None
         spec = {k: self._spec[k] for k in NEEDS_FIELDS if self._spec.get(k)}
-        text = json.dumps({"ns": self.kube_namespace, "spec": spec}, separators=(",", ":"))
+        try:
+            text = json.dumps({"ns": self.kube_namespace, "spec": spec}, separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError):  # not JSON after all: sent as a bare count
+            return None
         return text if len(text) <= WIRE_MAX else None
 
     @classmethod

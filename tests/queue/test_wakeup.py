@@ -170,3 +170,4 @@ def test_a_wire_form_it_did_not_write_reads_as_no_work_in_particular() -> None:
     huge = LaunchWork(kube_namespace="a", spec={"nodeSelector": [["k" * 50, f"v{i}"] for i in range(100)]})
     assert huge.wire() is None
     assert LaunchWork(kube_namespace="a", needs=Needs()).wire() is None  # no spec to send
+    assert LaunchWork(kube_namespace="a", spec={"resources": {"requests": {"cpu": object()}}}).wire() is None
