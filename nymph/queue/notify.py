@@ -63,6 +63,9 @@ class Ticket:
     #: Whether its claim may take a piece of work (None: any); a wake for work it may not
     #: take passes it by (:mod:`nymph.queue.wakeup`).
     accepts: Callable[[Any], bool] | None = None
+    #: The group of waiters its ``accepts`` answers with (see :class:`WorkSignal`), while it
+    #: waits in line; None: it answers alone.
+    group: object = None
 
 
 #: Finished tickets a line keeps at least before sweeping them out.
@@ -87,6 +90,11 @@ class WorkSignal:
     each of a burst of tasks that no waiter can take travelled through every waiter (500 such
     tasks and 1,000 daemons: half a million claims read), though each waiter read all of them
     at its first wake.
+
+    An ``accepts`` may belong to a group of waiters that answer alike (its ``group``, a key,
+    and ``group_may(item)``, False only when no waiter of the group may take ``item``): the
+    waiters in line are counted by group, and a wake for work that no group in line may take
+    ends at once, instead of asking each of a thousand waiters in turn.
     """
 
     def __init__(self, *, relay: Callable[[int | None, Any], None] | None = None) -> None:
@@ -100,6 +108,10 @@ class WorkSignal:
         self._dead = 0
         #: Notifies so far (here or relayed): a ticket's ``seen``, a wake's ``wake_for``.
         self._notified = 0
+        #: The waiters in line that have not finished, by group: group -> [how many, the
+        #: ``accepts`` of one of them]; and how many answer alone (no group).
+        self._groups: dict[object, list[Any]] = {}
+        self._alone = 0
         self.closed = False
 
     def ticket(self, *, in_line: bool = True, accepts: Callable[[Any], bool] | None = None) -> Ticket:
@@ -110,13 +122,42 @@ class WorkSignal:
         elif in_line:
             t.queued = True
             self._line.append(t)
+            self._enter(t)
         else:
             self._aside.add(t)
         return t
 
+    def _enter(self, t: Ticket) -> None:
+        group = getattr(t.accepts, "group", None) if hasattr(t.accepts, "group_may") else None
+        t.group = group
+        if group is None:
+            self._alone += 1
+            return
+        entry = self._groups.get(group)
+        if entry is None:
+            self._groups[group] = [1, t.accepts]
+        else:
+            entry[0] += 1
+
+    def _leave(self, t: Ticket) -> None:
+        """``t`` no longer waits in line (woken, or finished)."""
+        if t.group is None:
+            self._alone -= 1
+            return
+        entry = self._groups[t.group]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self._groups[t.group]
+
+    def _nobody_may(self, item: Any) -> bool:
+        """Whether no waiter in line may take ``item``, told by their groups alone."""
+        return not self._alone and not any(accepts.group_may(item) for _, accepts in self._groups.values())
+
     def _wake(self, budget: int, work: int, item: Any = None) -> bool:
         """Wake the first waiter in line that has not seen notify ``work``'s work and may take
         ``item`` (None: any work)."""
+        if item is not None and self._nobody_may(item):
+            return False
         line = self._line
         i = 0
         while i < len(line):
@@ -139,6 +180,7 @@ class WorkSignal:
             else:
                 del line[i]
             t.queued = False
+            self._leave(t)
             t.wake = budget
             t.wake_for = work
             t.wake_item = item
@@ -187,6 +229,7 @@ class WorkSignal:
         ticket.done = True
         self._aside.discard(ticket)
         if ticket.queued:
+            self._leave(ticket)
             self._dead += 1
             if self._dead > _SWEEP_AT and 2 * self._dead > len(self._line):
                 self._line = deque(t for t in self._line if not t.done)

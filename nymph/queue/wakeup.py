@@ -10,9 +10,10 @@ that could take the work; work of any other kind wakes any claim
 launch's kube namespace and the spec fields its needs come from (:meth:`LaunchWork.wire`), so
 there too it wakes only the claims that could take it.
 
-A wake for work nobody may take asks every waiting claim: a thousand checks. Nodes of one pool
-offer the same labels, taints and allocatable under different names, so each check is worked
-out once per such offer and needs (:data:`_JUDGED`), and the rest are a dictionary lookup.
+Nodes of one pool offer the same labels, taints and allocatable under different names, so each
+check is worked out once per such offer and needs (:data:`_JUDGED`), and the rest are a
+dictionary lookup; and a wake for work nobody may take asks each such group of claims once,
+not each claim (:meth:`ClaimAccepts.group_may`).
 Everything here runs on the event loop's thread.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nymph.launch.placement import Needs, NodeOffer, misfit
@@ -110,31 +111,58 @@ def _offer_key(offer: NodeOffer) -> tuple[object, ...]:
     return (tuple(sorted(offer.labels.items())), offer.taints, tuple(sorted(offer.allocatable.items())))
 
 
-def claim_accepts(*, namespaces: Sequence[str], offer: NodeOffer | None) -> Callable[[object], bool]:
+class ClaimAccepts:
     """Whether a claim serving ``namespaces`` (none: every one) from a node with ``offer``
-    (None: it sends none, and may take anything) may take a piece of work."""
-    served = frozenset(namespaces)
-    offer_number: int | None = None  # worked out at the first launch it is asked about
+    (None: it sends none, and may take anything) may take a piece of work (called with it).
 
-    def accepts(item: object) -> bool:
-        nonlocal offer_number
+    Claims of one :attr:`group` (the same namespaces, nodes offering the same but for their
+    names) answer alike for every launch that avoids no node: :meth:`group_may` answers for the
+    whole group, so a wake for a launch no group may take passes a line of a thousand claims
+    without asking each (:class:`nymph.queue.notify.WorkSignal`)."""
+
+    __slots__ = ("_offer_number", "group", "offer", "served")
+
+    def __init__(self, *, namespaces: Sequence[str], offer: NodeOffer | None) -> None:
+        self.served = frozenset(namespaces)
+        self.offer = offer
+        self.group: tuple[object, ...] = (self.served, None if offer is None else _offer_key(offer))
+        self._offer_number: int | None = None  # worked out at the first launch it is asked about
+
+    def __call__(self, item: object) -> bool:
         if not isinstance(item, LaunchWork):
             return True
-        if served and item.kube_namespace not in served:
+        if self.served and item.kube_namespace not in self.served:
             return False
-        if offer is None:
+        if self.offer is None:
             return True
         if item.needs.avoid:  # the node's name counts: judged for this node alone
-            return misfit(item.needs, offer) is None
-        if offer_number is None:
-            offer_number = _number("offer", _offer_key(offer))
-        key = (offer_number, item.number)
+            return misfit(item.needs, self.offer) is None
+        return self._fits(item)
+
+    def group_may(self, item: object) -> bool:
+        """False only when no claim of this group may take ``item``."""
+        if not isinstance(item, LaunchWork):
+            return True
+        if self.served and item.kube_namespace not in self.served:
+            return False
+        if self.offer is None or item.needs.avoid:  # avoided nodes: each claim answers for its own
+            return True
+        return self._fits(item)
+
+    def _fits(self, item: LaunchWork) -> bool:
+        if self._offer_number is None:
+            self._offer_number = _number("offer", self.group[1])
+        key = (self._offer_number, item.number)
         fits = _JUDGED.get(key)
         if fits is None:
-            fits = misfit(item.needs, offer) is None
+            assert self.offer is not None
+            fits = misfit(item.needs, self.offer) is None
             if len(_JUDGED) >= _MAX:
                 _JUDGED.clear()
             _JUDGED[key] = fits
         return fits
 
-    return accepts
+
+def claim_accepts(*, namespaces: Sequence[str], offer: NodeOffer | None) -> ClaimAccepts:
+    """The check a waiting claim's ticket carries (:class:`ClaimAccepts`)."""
+    return ClaimAccepts(namespaces=namespaces, offer=offer)

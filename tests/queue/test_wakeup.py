@@ -5,13 +5,14 @@ hold to run out), no for a namespace it does not serve or a node that could not 
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from nymph.launch.placement import Needs, NodeOffer, Taint, misfit
 from nymph.queue.notify import WorkSignal
-from nymph.queue.wakeup import LaunchWork, claim_accepts
+from nymph.queue.wakeup import ClaimAccepts, LaunchWork, claim_accepts
 
 GPU = NodeOffer(
     name="g1",
@@ -171,3 +172,90 @@ def test_a_wire_form_it_did_not_write_reads_as_no_work_in_particular() -> None:
     assert huge.wire() is None
     assert LaunchWork(kube_namespace="a", needs=Needs()).wire() is None  # no spec to send
     assert LaunchWork(kube_namespace="a", spec={"resources": {"requests": {"cpu": object()}}}).wire() is None
+
+
+class _Member:
+    """A waiter's check in a group: the group's items, less the ones this member avoids (as a
+    claim whose node a launch avoids)."""
+
+    def __init__(self, group: int, allowed: frozenset[int], avoids: frozenset[int], *, grouped: bool) -> None:
+        self.allowed, self.avoids, self.calls = allowed, avoids, 0
+        if grouped:
+            self.group = group
+            self.group_may = lambda item: item in allowed
+
+    def __call__(self, item: int) -> bool:
+        self.calls += 1
+        return item in self.allowed and item not in self.avoids
+
+
+_GROUPS = [frozenset({0, 1}), frozenset({2}), frozenset({1, 3}), frozenset()]
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("ticket"), st.integers(0, 4), st.frozensets(st.integers(0, 4), max_size=1)),
+        st.tuples(st.just("notify"), st.integers(1, 3), st.one_of(st.none(), st.integers(0, 4))),
+        st.tuples(st.just("finish"), st.integers(0, 40), st.booleans()),
+        st.tuples(st.just("all"), st.just(0), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@given(ops=_OPS)
+def test_waiters_counted_by_group_are_woken_exactly_as_when_each_is_asked(
+    ops: list[tuple[Any, Any, Any]],
+) -> None:
+    """A line whose waiters say their group wakes the same waiters, with the same work, as one
+    whose waiters are each asked, whatever comes: tickets of any group (or none: group 4 takes
+    anything), notifies for any work or none, waiters that finish and hand their wake on, wakes
+    of everyone. Its count of waiters by group always matches the line."""
+    signals = [WorkSignal(), WorkSignal()]  # grouped, then each asked
+    tickets: list[list[Any]] = [[], []]
+    for op, a, b in ops:
+        for k, s in enumerate(signals):
+            if op == "ticket":
+                accepts = None if a == 4 else _Member(a, _GROUPS[a], b, grouped=k == 0)
+                tickets[k].append(s.ticket(accepts=accepts))
+            elif op == "notify":
+                s.notify(a, item=b)
+            elif op == "finish" and tickets[k]:
+                t = tickets[k][a % len(tickets[k])]
+                budget = s.finish(t)
+                if b and budget is not None:  # it found nothing: the wake goes on
+                    s.pass_on(budget, t.wake_for, t.wake_item)
+            elif op == "all":
+                s.wake_all()
+        grouped, asked = signals
+        assert [t.event.is_set() for t in tickets[0]] == [t.event.is_set() for t in tickets[1]]
+        assert [t.wake_item for t in tickets[0]] == [t.wake_item for t in tickets[1]]
+        assert len(grouped) == len(asked)
+        assert grouped._alone + sum(n for n, _ in grouped._groups.values()) == len(grouped)
+
+
+def test_a_wake_for_work_no_group_may_take_asks_no_waiter() -> None:
+    """A thousand waiting claims of two pools: a launch neither pool's nodes can run is turned
+    away by asking each pool once, not each claim; a waiter that answers alone is still asked."""
+    s = WorkSignal()
+    offers = [CPU, NodeOffer(name="c2", labels={"pool": "cpu"}, allocatable={"cpu": Fraction(8)})]
+    checks = [claim_accepts(namespaces=("ml",), offer=offers[k % 2]) for k in range(1000)]
+    for check in checks:
+        s.ticket(accepts=check)
+    calls = [0]
+    real = ClaimAccepts.__call__
+
+    def counted(self: ClaimAccepts, item: object) -> bool:
+        calls[0] += 1
+        return real(self, item)
+
+    ClaimAccepts.__call__ = counted  # type: ignore[method-assign]
+    try:
+        s.notify(1, item=LaunchWork(kube_namespace="ml", needs=WANTS_GPU))
+        assert calls[0] == 0 and len(s) == 1000
+        s.ticket(accepts=lambda item: False)  # answers alone: the line is asked again
+        s.notify(1, item=LaunchWork(kube_namespace="ml", needs=WANTS_GPU))
+        assert calls[0] == 1000 and len(s) == 1001
+        fits = LaunchWork(kube_namespace="ml", needs=Needs(requests={"cpu": Fraction(1)}))
+        s.notify(1, item=fits)  # a launch the pool can run: the first in line
+        assert calls[0] == 1001 and len(s) == 1000
+    finally:
+        ClaimAccepts.__call__ = real  # type: ignore[method-assign]
