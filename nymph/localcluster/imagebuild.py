@@ -27,7 +27,7 @@ from nymph.localcluster.images import (
     cached_archive,
     ensure_python_image,
     progress,
-    prune,
+    prune_after_build,
     recipe_key,
     run_step,
 )
@@ -142,7 +142,7 @@ def ensure_nymph_image(*, root: Path | None = None, source: Path | None = None) 
         progress(f"built {NYMPH_IMAGE} in {time.monotonic() - started:.0f} s")
 
     archive = cached_archive(key, build, root=root)
-    prune("nymph-dev", keep=KEEP, root=root)
+    prune_after_build("nymph-dev", keep=KEEP, root=root)
     return LocalImage(NYMPH_IMAGE, archive)
 
 

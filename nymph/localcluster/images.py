@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -164,16 +165,54 @@ def cached_archive(key: str, build: Callable[[Path], None], *, root: Path | None
 
 
 def prune(prefix: str, *, keep: int, root: Path | None = None) -> list[Path]:
-    """Remove all but the ``keep`` most recent ``<prefix>-*`` images (older source versions)."""
+    """Remove all but the ``keep`` most recent ``<prefix>-*`` images (older source versions).
+
+    Processes that build at once (a test run's workers) prune at once: each old image is first
+    renamed out of the way, which only one of them can do, and removed by that one; an image
+    another one took meanwhile is left to it. What a killed prune left behind goes too."""
     base = root if root is not None else images_dir()
-    found = sorted(
-        (p for p in base.glob(f"{prefix}-*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    removed = found[keep:]
-    for old in removed:
-        remove_tree(old)
+    found: list[tuple[float, Path]] = []
+    for p in base.glob(f"{prefix}-*"):
+        with contextlib.suppress(FileNotFoundError):  # another process pruned it meanwhile
+            st = p.stat()
+            if stat.S_ISDIR(st.st_mode):
+                found.append((st.st_mtime, p))
+    found.sort(key=lambda item: item[0], reverse=True)
+    removed = []
+    for _, old in found[keep:]:
+        doomed = base / f".pruned-{old.name}-{os.getpid()}"
+        try:
+            os.rename(old, doomed)
+        except FileNotFoundError:
+            continue
+        remove_tree(doomed)
         (base / f".{old.name}.lock").unlink(missing_ok=True)
+        removed.append(old)
+    for left in base.glob(f".pruned-{prefix}-*"):
+        pid = left.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                remove_tree(left)
     return removed
+
+
+def prune_after_build(prefix: str, *, keep: int, root: Path | None = None) -> None:
+    """:func:`prune` once an image is built: an old image that cannot be removed now (still
+    mounted, a disk error) is said and left for the next build; the new image is ready anyway."""
+    try:
+        prune(prefix, keep=keep, root=root)
+    except (OSError, ImageBuildError) as exc:
+        progress(f"old {prefix} images not removed ({exc}); the next build tries again")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_step(

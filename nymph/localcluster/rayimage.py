@@ -29,7 +29,7 @@ from nymph.localcluster.images import (
     cached_archive,
     debootstrap_rootfs,
     progress,
-    prune,
+    prune_after_build,
     recipe_key,
     run_step,
 )
@@ -121,7 +121,7 @@ def ensure_ray_image(*, root: Path | None = None, mirror: str | None = None) -> 
 
     key = recipe_key("ray", PYTHON_SUITE, *DEBIAN_PACKAGES, *WHEELS, *STRIPPED, SITE, *ENV)
     archive = cached_archive(key, build, root=root)
-    prune("ray", keep=KEEP, root=root)
+    prune_after_build("ray", keep=KEEP, root=root)
     return LocalImage(RAY_IMAGE, archive)
 
 

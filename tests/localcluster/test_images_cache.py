@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nymph.localcluster import images as images_module
 from nymph.localcluster.images import (
     PAUSE_IMAGE,
     ImageBuildError,
@@ -22,6 +24,7 @@ from nymph.localcluster.images import (
     ensure_pause_image,
     parse_apt_sources,
     prune,
+    prune_after_build,
     recipe_key,
 )
 from nymph.localcluster.oci import blob_path
@@ -213,3 +216,68 @@ def test_prune_keeps_the_most_recent(tmp_path: Path) -> None:
     removed = prune("nymph-dev", keep=2, root=tmp_path)
     assert removed == [tmp_path / "nymph-dev-a"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nymph-dev-b", "nymph-dev-c", "python-3-x"]
+
+
+def _images(root: Path, count: int) -> list[Path]:
+    made = []
+    for i in range(count):
+        p = root / f"nymph-dev-{i:02d}"
+        (p / "sub").mkdir(parents=True)
+        (p / "image.tar").write_bytes(b"x")
+        os.utime(p, (1000 + i, 1000 + i))
+        made.append(p)
+    return made
+
+
+def test_prune_skips_an_image_another_process_took_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two builds that end together both prune: an old image the other one renamed away first
+    is left to it (no error), and the rest are still removed."""
+    made = _images(tmp_path, 4)
+    real = os.rename
+    taken = tmp_path / ".pruned-by-another"
+
+    def rename(src: Path, dst: Path) -> None:
+        if Path(src) == made[1]:
+            real(src, taken)  # the other process won this one
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    removed = prune("nymph-dev", keep=1, root=tmp_path)
+    assert removed == [made[2], made[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".pruned-by-another", "nymph-dev-03"]
+
+
+def test_concurrent_prunes_remove_each_old_image_once_and_never_fail(tmp_path: Path) -> None:
+    made = _images(tmp_path, 30)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: prune("nymph-dev", keep=3, root=tmp_path), range(4)))
+    removed = [p for r in results for p in r]
+    assert sorted(removed) == sorted(made[:27])  # each by one of them
+    assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in made[27:]]
+
+
+def test_prune_clears_what_a_killed_prune_left(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = tmp_path / f".pruned-nymph-dev-old-{dead.pid}"
+    (left / "sub").mkdir(parents=True)
+    mine = tmp_path / f".pruned-nymph-dev-busy-{os.getpid()}"  # a prune under way: left to it
+    mine.mkdir()
+    prune("nymph-dev", keep=3, root=tmp_path)
+    assert not left.exists() and mine.exists()
+
+
+def test_an_old_image_that_cannot_be_removed_is_said_and_the_build_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = _images(tmp_path, 3)
+
+    def stuck(path: Path) -> None:
+        raise ImageBuildError(f"cannot remove {path}: still mounted at {path}/proc")
+
+    monkeypatch.setattr(images_module, "remove_tree", stuck)
+    prune_after_build("nymph-dev", keep=1, root=tmp_path)  # no error: the new image is ready
+    assert "old nymph-dev images not removed" in capsys.readouterr().err
+    assert made[2].exists()
