@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nymph.localcluster.procs import pid_alive
+
 CGROUP = Path("/sys/fs/cgroup")
 PREFIX = "nymph-bench-"
 #: The CFS period: the quota is spent within each 10 ms (a tenth of the kubelet's default), so a
@@ -41,16 +43,6 @@ def _root() -> tuple[Path, bool]:
         if (CGROUP / name / "cpu.cfs_quota_us").exists():
             return CGROUP / name, False
     raise NoCpuLimit(f"no cpu controller under {CGROUP}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(group: Path, root: Path) -> None:
@@ -93,7 +85,7 @@ def _sweep(root: Path) -> None:
     """Remove the groups of benchmarks no longer running."""
     for group in root.glob(f"{PREFIX}*"):
         owner = group.name[len(PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not pid_alive(int(owner)):
             _remove(group, root)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from nymph.errors import NymphError
 from nymph.localcluster.assets import cache_root
 from nymph.localcluster.oci import ImageConfig, write_oci_archive
+from nymph.localcluster.procs import pid_alive
 
 PAUSE_IMAGE = "nymph.local/pause:3.10"
 PYTHON_IMAGE = "nymph.local/python:3-bookworm"
@@ -190,7 +191,7 @@ def prune(prefix: str, *, keep: int, root: Path | None = None) -> list[Path]:
         removed.append(old)
     for left in base.glob(f".pruned-{prefix}-*"):
         pid = left.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(FileNotFoundError):
                 remove_tree(left)
     return removed
@@ -203,16 +204,6 @@ def prune_after_build(prefix: str, *, keep: int, root: Path | None = None) -> No
         prune(prefix, keep=keep, root=root)
     except (OSError, ImageBuildError) as exc:
         progress(f"old {prefix} images not removed ({exc}); the next build tries again")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run_step(

@@ -23,6 +23,17 @@ _RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=512)
 _PORTS_LOCK = threading.Lock()
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port() -> int:
     """A free 127.0.0.1 TCP port, never one this process was given in its last 512 calls."""
     with _PORTS_LOCK:
