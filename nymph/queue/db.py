@@ -104,6 +104,10 @@ class Backend(Protocol):
     #: Whether :meth:`broadcast` reaches other replicas (what it costs to say is then worth it).
     relays: bool
 
+    #: Whether launch POSTs that arrive together are written together
+    #: (:mod:`nymph.queue.launchbatch`): where each write costs round trips to a server.
+    batches_launches: bool
+
     def broadcast(self, key: str) -> None: ...
 
     async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
@@ -227,6 +231,8 @@ class Database:
 
     #: One process owns the file: there are no other replicas to tell.
     relays = False
+    #: A write is a call on the database thread, with no round trip to save.
+    batches_launches = False
 
     def __init__(self, *, path: Path) -> None:
         self.path = path

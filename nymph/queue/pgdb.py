@@ -170,6 +170,8 @@ class PgDatabase:
 
     #: Every replica on the database hears :meth:`broadcast`.
     relays = True
+    #: Each write is round trips to the server and a commit: launches that come together share them.
+    batches_launches = True
 
     def __init__(self, *, url: str, pool_size: int = 16, timeout: float = 3.0) -> None:
         self.url = url

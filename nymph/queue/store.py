@@ -34,6 +34,7 @@ from nymph.queue.errors import ServiceError
 from nymph.queue.events import EventFeed
 from nymph.queue.expiry import InstanceExpiry
 from nymph.queue.groups import GroupBook
+from nymph.queue.launchbatch import Accepted, BatchKey, LaunchBatcher
 from nymph.queue.lists import PagedLists
 from nymph.queue.models import (
     ClaimRequest,
@@ -83,6 +84,9 @@ class Store:
         #: Daemons whose idle claims found their records due a refresh: id -> when (written in
         #: one batch by :meth:`flush_seen`, instead of a write transaction per claim).
         self._seen_due = DueWrites(lambda conn, due: dispatch.refresh_seen(conn, due))
+        #: Launches without an Idempotency-Key that arrive together, written together
+        #: (PostgreSQL: see :attr:`~nymph.queue.db.Backend.batches_launches`).
+        self._launch_batches = LaunchBatcher(write=self._write_launch_batch, alone=self._write_launch_alone)
         #: Launch groups.
         self.groups = GroupBook(
             db=db,
@@ -108,6 +112,10 @@ class Store:
         self.instance_changed.close()
         self.events.added.close()
         self.output.close_waiters()
+
+    async def drain_launches(self) -> None:
+        """Wait for the launch batches under way (a stopping queue)."""
+        await self._launch_batches.drain()
 
     def _changed(self, instance_ids: Iterable[str]) -> None:
         for instance_id in instance_ids:
@@ -172,18 +180,26 @@ class Store:
         idempotency_key: str | None,
         principal: Principal,
     ) -> LaunchAccepted:
-        accepted, spec = await self.db.write(
-            lambda conn: launches.launch(
-                conn,
-                ns=ns,
-                provider_name=provider,
-                body=body,
-                idempotency_key=idempotency_key,
-                requester=principal.requester,
-                guard=self.guard(principal),
-                image_pull_timeout=self.settings.launch.image_pull_timeout,
+        spec: dict[str, Any] | None
+        if idempotency_key is None and self.db.batches_launches:
+            # with the launches that come in the same turn (one write for them all)
+            accepted, spec = await self._launch_batches.launch(
+                BatchKey(ns=ns, provider=provider, mode=str(body["mode"])),
+                launches.BatchLaunch(body=body, requester=principal.requester, guard=self.guard(principal)),
             )
-        )
+        else:
+            accepted, spec = await self.db.write(
+                lambda conn: launches.launch(
+                    conn,
+                    ns=ns,
+                    provider_name=provider,
+                    body=body,
+                    idempotency_key=idempotency_key,
+                    requester=principal.requester,
+                    guard=self.guard(principal),
+                    image_pull_timeout=self.settings.launch.image_pull_timeout,
+                )
+            )
         if spec is not None:
             # it wakes only claims that may take it (their namespaces, their node's offer)
             work = LaunchWork(kube_namespace=str(spec.get("namespace") or ""), spec=spec)
@@ -196,6 +212,36 @@ class Store:
                 requester=principal.requester,
             )
         return accepted
+
+    async def _write_launch_batch(
+        self, key: BatchKey, items: Sequence[launches.BatchLaunch]
+    ) -> list[launches.BatchOutcome]:
+        return await self.db.write(
+            lambda conn: launches.launch_batch(
+                conn,
+                ns=key.ns,
+                provider_name=key.provider,
+                mode_name=key.mode,
+                items=items,
+                image_pull_timeout=self.settings.launch.image_pull_timeout,
+            )
+        )
+
+    async def _write_launch_alone(self, key: BatchKey, item: launches.BatchLaunch) -> Accepted:
+        accepted, spec = await self.db.write(
+            lambda conn: launches.launch(
+                conn,
+                ns=key.ns,
+                provider_name=key.provider,
+                body=item.body,
+                idempotency_key=None,
+                requester=item.requester,
+                guard=item.guard,
+                image_pull_timeout=self.settings.launch.image_pull_timeout,
+            )
+        )
+        assert spec is not None  # no Idempotency-Key: never a replay
+        return accepted, spec
 
     async def launch_dockyard(
         self,

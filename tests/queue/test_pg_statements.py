@@ -14,7 +14,18 @@ import pytest
 
 from nymph.queue.errors import Unavailable
 from nymph.queue.pgdb import PgDatabase
-from nymph.queue.sql.dialect import NAMESPACE_KEYS, Conn, _merged, _plain_read, _with, lock_key, send
+from nymph.queue.sql.dialect import (
+    NAMESPACE_KEYS,
+    PARSED_PARAMETERS,
+    Conn,
+    PgConn,
+    _merged,
+    _native,
+    _plain_read,
+    _with,
+    lock_key,
+    send,
+)
 from tests.support.latency_proxy import LatencyProxy, pg_url_through
 from tests.support.pg_server import PgServer
 
@@ -42,12 +53,12 @@ def test_plain_inserts_into_different_tables_go_as_one_statement_in_order() -> N
 
 
 def test_what_could_change_meaning_is_never_merged() -> None:
-    """A second insert into the same table (its rows' order), an update (it would not see the
-    inserts beside it), an insert that reads (the same) or has a conflict clause, and named
-    parameters: each ends the run and goes alone, in order."""
+    """An insert into a table already in the run with other columns, an update (it would not
+    see the inserts beside it), an insert that reads (the same) or has a conflict clause, and
+    named parameters: each ends the run and goes alone, in order."""
     queued = [
         ("INSERT INTO log (what) VALUES (?)", ("1",)),
-        ("INSERT INTO log (what) VALUES (?)", ("2",)),
+        ("INSERT INTO log (id, what) VALUES (?, ?)", (9, "2")),
         ("UPDATE parent SET v = ? WHERE k = ?", ("b", 1)),
         ("INSERT INTO child (k, parent, n) SELECT 11, k, 0 FROM parent", ()),
         ("INSERT INTO parent (k, v) VALUES (?, ?) ON CONFLICT DO NOTHING", (2, "c")),
@@ -58,6 +69,35 @@ def test_what_could_change_meaning_is_never_merged() -> None:
     assert [len(sqls) for sqls, _ in got] == [1] * 7
     assert [sqls[0] for sqls, _ in got] == [sql for sql, _ in queued]
     assert got[5][1] == {"k": 3, "v": "d"}
+
+
+def test_the_same_insert_sent_again_adds_rows_to_one_insert_in_the_order_sent() -> None:
+    """Launches of a batch each send the same inserts: each table's rows go as one insert of
+    many rows, in the order they were sent, all in one statement."""
+    queued = []
+    for k in (1, 2, 3):
+        queued.append(("INSERT INTO parent (k, v) VALUES (?, ?)", (k, f"p{k}")))
+        queued.append(("INSERT INTO child (k, parent, n) VALUES (?, ?, 0)", (10 * k, k)))
+        queued.append(("INSERT INTO log (what) VALUES (?)", (f"made {k}",)))
+    [(sqls, params)] = list(_merged(queued))
+    assert _with(sqls) == (
+        "WITH w0 AS (INSERT INTO parent (k, v) VALUES (%s, %s), (%s, %s), (%s, %s)), "
+        "w1 AS (INSERT INTO child (k, parent, n) VALUES (%s, %s, 0), (%s, %s, 0), (%s, %s, 0)) "
+        "INSERT INTO log (what) VALUES (%s), (%s), (%s)"
+    )
+    assert params == [1, "p1", 2, "p2", 3, "p3", 10, 1, 20, 2, 30, 3, "made 1", "made 2", "made 3"]
+
+
+def test_native_placeholders_are_numbered_in_order_and_leave_quoted_text_alone() -> None:
+    sqls = (
+        "INSERT INTO parent (k, v) VALUES (?, '?%'), (?, 'it''s ?')",
+        'INSERT INTO log (what) VALUES (?), ("?")',
+    )
+    assert _native(sqls) == (
+        "WITH w0 AS (INSERT INTO parent (k, v) VALUES ($1, '?%'), ($2, 'it''s ?')) "
+        'INSERT INTO log (what) VALUES ($3), ("?")'
+    )
+    assert _native(("INSERT INTO log (what) VALUES (?)",)) == "INSERT INTO log (what) VALUES ($1)"
 
 
 def test_a_run_is_cut_before_it_passes_the_parameter_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,6 +212,54 @@ async def test_rows_sent_as_one_statement_are_all_or_nothing(pg: PgDatabase) -> 
     with pytest.raises(psycopg.errors.CheckViolation):
         await pg.write(begun_then_broken)
     assert (await _count(pg, "parent"), await _count(pg, "child"), await _count(pg, "log")) == (0, 0, 0)
+
+
+async def test_many_rows_of_one_insert_land_in_order_with_their_own_values(
+    pg: PgDatabase, proxied: tuple[str, LatencyProxy]
+) -> None:
+    """A hundred launches' worth of rows (more parameters than psycopg keeps parsed: they go
+    with PostgreSQL's own placeholders): one statement, one round trip, every value as sent
+    (``%`` and ``?`` in them included), each table's rows in the order sent."""
+    _, proxy = proxied
+    rows = 100
+    assert rows * 3 > PARSED_PARAMETERS
+
+    def write(c: Conn) -> None:
+        for k in range(rows):
+            send(c, "INSERT INTO parent (k, v) VALUES (?, ?)", (k, f"{k}% ?"))
+            send(c, "INSERT INTO log (what) VALUES (?)", (f"made {k}",))
+            send(c, "INSERT INTO child (k, parent, n) VALUES (?, ?, 0)", (1000 + k, k))
+
+    await pg.write(lambda c: c.execute("SELECT 1").fetchone())  # warm: a connection is open
+    before = proxy.round_trips
+    await pg.write(write)
+    assert proxy.round_trips - before == 1
+    parents = await pg.read(lambda c: [tuple(r) for r in c.execute("SELECT k, v FROM parent ORDER BY k")])
+    assert parents == [(k, f"{k}% ?") for k in range(rows)]
+    logs = await pg.read(lambda c: [r[0] for r in c.execute("SELECT what FROM log ORDER BY id")])
+    assert logs == [f"made {k}" for k in range(rows)]
+    assert await _count(pg, "child") == rows
+
+
+async def test_statements_sent_since_a_mark_are_dropped_unless_they_ran(pg: PgDatabase) -> None:
+    """A launch refused inside a batch takes back the rows it sent, which are then never
+    written; once a statement ran (a read after them), they cannot be taken back."""
+
+    def write(c: Conn) -> tuple[bool, bool]:
+        assert isinstance(c, PgConn)
+        send(c, "INSERT INTO parent (k, v) VALUES (?, ?)", (1, "kept"))
+        mark = c.mark()
+        send(c, "INSERT INTO parent (k, v) VALUES (?, ?)", (2, "dropped"))
+        send(c, "INSERT INTO log (what) VALUES (?)", ("dropped",))
+        dropped = c.undo(mark)
+        mark = c.mark()
+        send(c, "INSERT INTO log (what) VALUES (?)", ("ran",))
+        c.execute("SELECT count(*) FROM log").fetchone()  # runs what was sent
+        return dropped, c.undo(mark)
+
+    assert await pg.write(write) == (True, False)
+    assert await pg.read(lambda c: [tuple(r) for r in c.execute("SELECT k, v FROM parent")]) == [(1, "kept")]
+    assert await pg.read(lambda c: [r[0] for r in c.execute("SELECT what FROM log")]) == ["ran"]
 
 
 async def test_a_read_after_a_write_sees_it_and_an_error_after_it_writes_nothing(pg: PgDatabase) -> None:

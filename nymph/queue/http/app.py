@@ -105,6 +105,9 @@ async def _database_ctx(app: web.Application) -> AsyncIterator[None]:
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await listener
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            await store.drain_launches()  # batches under way answer their launches first
     await store.db.close()
 
 

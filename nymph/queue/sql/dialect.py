@@ -196,6 +196,8 @@ class PgConn:
         self.commit_sent = False
         #: Statements whose results are not read, not sent yet (see :meth:`send`).
         self._queued: list[tuple[str, Any]] = []
+        #: How many times queued statements were sent (see :meth:`mark`).
+        self._flushes = 0
 
     def send(self, sql: str, parameters: Any = (), /) -> None:
         """Run ``sql``, whose result nobody reads, in the same round trip as the next statement
@@ -203,6 +205,19 @@ class PgConn:
         meets is raised by that next statement, in the same transaction."""
         self._in_transaction()
         self._queued.append((sql, parameters))
+
+    def mark(self) -> tuple[int, int]:
+        """Where what :meth:`send` queued ends now: :meth:`undo` drops what is queued after it."""
+        return len(self._queued), self._flushes
+
+    def undo(self, mark: tuple[int, int]) -> bool:
+        """Drop the statements :meth:`send` queued since ``mark``, if none of them was sent to
+        the server yet (no statement ran since): whether it could."""
+        queued, flushes = mark
+        if flushes != self._flushes or len(self._queued) < queued:
+            return False
+        del self._queued[queued:]
+        return True
 
     def commit(self) -> None:
         """``COMMIT``, in one round trip with the statements :meth:`send` queued. A write that has not begun its transaction (it only read, each
@@ -213,11 +228,12 @@ class PgConn:
             statements = list(_merged(self._queued))
             if len(statements) <= 1:
                 self._queued = []
+                self._flushes += 1
                 self._begin = None
                 if statements:
                     [(sqls, parameters)] = statements
                     self.commit_sent = True
-                    self.raw.execute(_with(sqls), parameters)
+                    self._execute_merged(sqls, parameters)
                 return
             self._begin_now()
         self.commit_sent = True
@@ -239,8 +255,21 @@ class PgConn:
 
     def _run_queued(self) -> None:
         queued, self._queued = self._queued, []
+        self._flushes += 1
         for sqls, parameters in _merged(queued):
+            self._execute_merged(sqls, parameters)
+
+    def _execute_merged(self, sqls: tuple[str, ...], parameters: Any) -> None:
+        """One statement of :func:`_merged`. One with many parameters (the rows of a batch) is
+        sent with PostgreSQL's own placeholders (:func:`_native`), which psycopg does not parse:
+        it parses a statement's ``%s`` again each time once it has more than a few dozen
+        parameters, and the rows of a batch have hundreds."""
+        if isinstance(parameters, Mapping) or len(parameters) <= PARSED_PARAMETERS:
             self.raw.execute(_with(sqls), parameters)
+        else:
+            from psycopg import RawCursor  # (PostgreSQL's driver: loaded with the connection)
+
+            RawCursor(self.raw).execute(_native(sqls), parameters)
 
     def _begin_if_needed(self, sql: str) -> None:
         """Begin the transaction before ``sql`` unless it is a plain read with nothing written
@@ -297,27 +326,49 @@ MAX_PARAMETERS = 65535
 
 def _merged(queued: Sequence[tuple[str, Any]]) -> Iterator[tuple[tuple[str, ...], Any]]:
     """The statements :meth:`PgConn.send` queued, in order, as few statements as they can be
-    without changing what they do: a run of plain ``INSERT ... VALUES`` into different tables
-    becomes one statement (:func:`_with`), which PostgreSQL runs at once, its foreign keys
-    checked at its end; what one statement writes is never read by another of its run, and each
-    table keeps its rows' order. Every other statement goes as it is."""
-    run: list[str] = []
-    values: list[Any] = []
-    tables: set[str] = set()
+    without changing what they do: a run of plain ``INSERT ... VALUES`` becomes one statement
+    (:func:`_with`), which PostgreSQL runs at once, its foreign keys checked at its end; what
+    one statement writes is never read by another of its run. Rows for one table go in one
+    ``INSERT`` of many rows, in the order they were sent (a table's rows keep their order, as
+    its serial ids do): the same ``INSERT`` sent for many launches of a batch is one part of one
+    statement, not a statement each. Another ``INSERT`` into a table already in the run (other
+    columns) ends the run. Every other statement goes as it is."""
+    parts: dict[str, tuple[str, list[int], list[Any]]] = {}  # table -> (its INSERT, [rows], values)
+    count = 0
     for sql, parameters in queued:
         table = _plain_insert(sql) if not isinstance(parameters, Mapping) else None
         own = _params(parameters)
-        if run and (table is None or table in tables or len(values) + len(own) > MAX_PARAMETERS):
-            yield tuple(run), values
-            run, values, tables = [], [], set()
+        if parts:
+            part = parts.get(table) if table is not None else None
+            other_columns = part is not None and part[0] != sql
+            if table is None or other_columns or count + len(own) > MAX_PARAMETERS:
+                yield _run(parts)
+                parts, count = {}, 0
         if table is None:
             yield (sql,), own
             continue
-        run.append(sql)
-        values.extend(own)
-        tables.add(table)
-    if run:
-        yield tuple(run), values
+        sql_rows_values = parts.setdefault(table, (sql, [0], []))
+        sql_rows_values[1][0] += 1
+        sql_rows_values[2].extend(own)
+        count += len(own)
+    if parts:
+        yield _run(parts)
+
+
+def _run(parts: Mapping[str, tuple[str, list[int], list[Any]]]) -> tuple[tuple[str, ...], list[Any]]:
+    sqls = tuple(_rows(sql, rows) for sql, (rows,), _ in parts.values())
+    return sqls, [v for _, _, values in parts.values() for v in values]
+
+
+@functools.lru_cache(maxsize=512)
+def _rows(sql: str, rows: int) -> str:
+    """The plain ``INSERT ... VALUES (...)`` ``sql`` for ``rows`` rows."""
+    if rows == 1:
+        return sql
+    m = _INSERT.match(sql)
+    assert m is not None  # a plain insert (see _plain_insert)
+    one = sql[m.end() - 1 :].strip()
+    return sql.rstrip() + (", " + one) * (rows - 1)
 
 
 _LOCKS = re.compile(
@@ -354,6 +405,29 @@ def _with(sqls: tuple[str, ...]) -> str:
         return translate(last)
     parts = ", ".join(f"w{i} AS ({translate(sql)})" for i, sql in enumerate(first))
     return f"WITH {parts} {translate(last)}"
+
+
+#: The most parameters a statement has for psycopg to keep its parsed form (psycopg's own
+#: limit); one with more goes with native placeholders (:meth:`PgConn._execute_merged`).
+PARSED_PARAMETERS = 50
+
+
+@functools.lru_cache(maxsize=512)
+def _native(sqls: tuple[str, ...]) -> str:
+    """:func:`_with`'s statement with PostgreSQL's placeholders (``$1``, ``$2``...) for the
+    ``?`` of ``sqls``, in order; quoted strings and identifiers left alone, ``%`` kept as it is."""
+    count = 0
+
+    def sub(m: re.Match[str]) -> str:
+        nonlocal count
+        if m.group(0) != "?":
+            return m.group(0)
+        count += 1
+        return f"${count}"
+
+    *first, last = sqls
+    parts = ", ".join(f"w{i} AS ({sql})" for i, sql in enumerate(first))
+    return _TOKEN.sub(sub, f"WITH {parts} {last}" if first else last)
 
 
 def _params(parameters: Any) -> Any:

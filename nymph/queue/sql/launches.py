@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nymph import fastjson
@@ -22,10 +22,10 @@ from nymph.launch.runlimits import apply_runtime_limits
 from nymph.launch.spec import LaunchSpec, build_launch_spec
 from nymph.launch.state import InstanceState
 from nymph.protocol import LaunchAccepted, TaskKind, iso, now
-from nymph.queue.errors import BadRequest, Conflict
+from nymph.queue.errors import BadRequest, Conflict, ServiceError
 from nymph.queue.scheduling import Quota
 from nymph.queue.sql import catalog, events, idempotency, retries
-from nymph.queue.sql.dialect import UNIQUE_CONFLICTS, Conn, is_postgres, send
+from nymph.queue.sql.dialect import UNIQUE_CONFLICTS, Conn, PgConn, is_postgres, send
 from nymph.queue.sql.quotas import get_quota, quota_of
 from nymph.queue.sql.tasks import insert_task
 
@@ -183,21 +183,61 @@ def accept(
         conn, ns=ns, provider_name=provider_name, mode_name=str(body["mode"])
     )
     _on_path(provider, direct)
+    return _accept_from(
+        conn,
+        Catalog(provider=provider, mode=mode, quota=quota),
+        ns=ns,
+        provider_name=provider_name,
+        body=body,
+        idempotency_key=idempotency_key,
+        digest=digest,
+        requester=requester,
+        ts=ts,
+        guard=guard,
+        image_pull_timeout=image_pull_timeout,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    """What a launch is built from (:func:`launch_catalog`)."""
+
+    provider: Provider
+    mode: Mode
+    quota: Quota
+
+
+def _accept_from(
+    conn: Conn,
+    cat: Catalog,
+    *,
+    ns: str,
+    provider_name: str,
+    body: Mapping[str, Any],
+    idempotency_key: str | None,
+    digest: str,
+    requester: str,
+    ts: float,
+    guard: Guard | None,
+    image_pull_timeout: int | None,
+) -> Acceptance:
+    """A launch's spec built and checked in full from ``cat``, its instance inserted and its key
+    remembered (see :func:`accept`)."""
     spec = build_spec(
-        provider=provider,
-        mode=mode,
+        provider=cat.provider,
+        mode=cat.mode,
         body={k: v for k, v in body.items() if k != "mode"},
         ns=ns,
         guard=guard,
     )
-    spec = runtime_limited(conn, spec, ns=ns, quota=quota)
+    spec = runtime_limited(conn, spec, ns=ns, quota=cat.quota)
     if spec.image_pull_timeout is None and image_pull_timeout is not None:
         spec = dataclasses.replace(spec, image_pull_timeout=image_pull_timeout)
     accepted = _new_instance(
         conn,
         first_id=spec.instance_id,
         ns=ns,
-        provider=provider.name,
+        provider=cat.provider.name,
         kube_ns=spec.namespace,
         requester=requester,
         ts=ts,
@@ -208,7 +248,7 @@ def accept(
     idempotency.remember(
         conn, ns=ns, provider=provider_name, key=idempotency_key, digest=digest, accepted=accepted, ts=ts
     )
-    return Acceptance(accepted=accepted, spec=spec, provider=provider, mode=mode)
+    return Acceptance(accepted=accepted, spec=spec, provider=cat.provider, mode=cat.mode)
 
 
 def launch(
@@ -240,19 +280,93 @@ def launch(
     )
     if got.spec is None or got.provider is None:
         return got.accepted, None
-    spec = got.spec.to_json()
+    return got.accepted, _queue_task(conn, got.spec, ns=ns, provider=got.provider, requester=requester, ts=ts)
+
+
+def _queue_task(
+    conn: Conn, spec: LaunchSpec, *, ns: str, provider: Provider, requester: str, ts: float
+) -> dict[str, Any]:
+    """The launch's task for a daemon, queued: its spec as the task holds it."""
+    task_spec = spec.to_json()
     insert_task(
         conn,
         kind=TaskKind.LAUNCH.value,
         ns=ns,
-        kube_ns=got.spec.namespace,
-        provider=got.provider.name,
-        instance_id=got.spec.instance_id,
-        spec=spec,
+        kube_ns=spec.namespace,
+        provider=provider.name,
+        instance_id=spec.instance_id,
+        spec=task_spec,
         requester=requester,
         ts=ts,
     )
-    return got.accepted, spec
+    return task_spec
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLaunch:
+    """One launch of a batch (:func:`launch_batch`): its body, who sent it and their tenancy
+    check; no Idempotency-Key (a keyed launch reads its key first and goes alone)."""
+
+    body: Mapping[str, Any]
+    requester: str
+    guard: Guard | None = None
+
+
+#: A batch launch's outcome: its 202 body and its task's spec, or the error that is its answer.
+BatchOutcome = tuple[LaunchAccepted, dict[str, Any]] | ServiceError
+
+
+def launch_batch(
+    conn: Conn,
+    *,
+    ns: str,
+    provider_name: str,
+    mode_name: str,
+    items: Sequence[BatchLaunch],
+    image_pull_timeout: int | None = None,
+) -> list[BatchOutcome]:
+    """Launches for daemons of one namespace, provider and mode, accepted in one transaction:
+    the catalog read once (a provider or mode that is missing, or dispatches directly, raises:
+    that is every launch's answer), then each launch built, checked and queued as
+    :func:`launch` does. The rows of them all go with the commit, each table's rows as one
+    insert (:func:`~nymph.queue.sql.dialect._merged`): a batch costs the round trips of one
+    launch. A launch refused (its spec: a 400, its team's tenancy: a 403) has its error as its
+    outcome and leaves nothing written; the others go on. Its outcomes are in ``items``' order.
+
+    A launch that raises anything else, or that is refused after a statement of its own ran,
+    ends the batch (the exception is raised, nothing is committed): the caller then sends each
+    launch alone."""
+    provider, mode, quota = launch_catalog(conn, ns=ns, provider_name=provider_name, mode_name=mode_name)
+    _on_path(provider, False)
+    cat = Catalog(provider=provider, mode=mode, quota=quota)
+    out: list[BatchOutcome] = []
+    pg = conn if isinstance(conn, PgConn) else None  # on SQLite a statement runs when sent
+    for item in items:
+        ts = now()
+        mark = pg.mark() if pg is not None else None
+        try:
+            got = _accept_from(
+                conn,
+                cat,
+                ns=ns,
+                provider_name=provider_name,
+                body=item.body,
+                idempotency_key=None,
+                digest="",
+                requester=item.requester,
+                ts=ts,
+                guard=item.guard,
+                image_pull_timeout=image_pull_timeout,
+            )
+        except ServiceError as exc:
+            if pg is None or mark is None or not pg.undo(mark):
+                raise
+            out.append(exc)
+            continue
+        assert got.spec is not None
+        task_spec = _queue_task(conn, got.spec, ns=ns, provider=provider, requester=item.requester, ts=ts)
+        out.append((got.accepted, task_spec))
+    return out
 
 
 def launch_dockyard(
