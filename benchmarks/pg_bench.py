@@ -9,7 +9,9 @@ a process of its own), as a database in another machine of the zone would:
 * ``pg_concurrency``: one replica. The time of one launch POST (the median of ``rounds``, one at
   a time), and of 16 POSTs of different launches sent at once (the median of ``rounds``
   bursts); ``ratio_16_to_1`` is the second over the first (target <= 2.0: with writes waiting
-  for each other 16 would take about 16 times one). The POSTs come from a lean load generator
+  for each other 16 would take about 16 times one). POSTs that reach the replica together are
+  written together (:mod:`nymph.queue.launchbatch`): a burst is a few writes, and
+  ``launch_batches`` says how many launches each took on average. The POSTs come from a lean load generator
   (:mod:`benchmarks.rawpost`), whose CPU takes little from the two cores the replica,
   PostgreSQL and the proxy share; the same run with nymph's own client as the load is kept
   beside it (``queue_client``). The tests' server does not flush commits to
@@ -69,7 +71,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -192,6 +196,7 @@ class Replicas:
     db: str
     user_token: str = ""
     daemon_token: str = ""
+    admin_token: str = ""
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
 
@@ -206,11 +211,14 @@ async def replicas(
     """``count`` replicas on ``db`` (a URL through the proxy) with a user and a daemon token;
     with ``limits``, each held to ``cores`` CPUs."""
 
-    def tokens(conn: Conn) -> tuple[str, str]:
-        return create_token(conn, role=Role.USER).token, create_token(conn, role=Role.DAEMON).token
+    def tokens(conn: Conn) -> tuple[str, str, str]:
+        user, daemon, admin = (
+            create_token(conn, role=role).token for role in (Role.USER, Role.DAEMON, Role.ADMIN)
+        )
+        return user, daemon, admin
 
     r = Replicas(db=db)
-    r.user_token, r.daemon_token = await asyncio.to_thread(write_once, db, tokens)
+    r.user_token, r.daemon_token, r.admin_token = await asyncio.to_thread(write_once, db, tokens)
     serve = [sys.executable, "-m", "nymph.cli", "--log-level", "warning", "queue", "serve", "--db", db]
     try:
         for _ in range(count):
@@ -235,6 +243,22 @@ async def _teams(r: Replicas, teams: int) -> None:
                 name="bench", kwargs={"namespace": f"bench-{t}"}, dispatch="daemon", namespace=ns
             )
             await user.create_mode(name="tiny", provider="bench", fields={"image": "busybox"}, namespace=ns)
+
+
+async def _batches(url: str, admin_token: str) -> tuple[float, float]:
+    """The replica's launch batches so far: (launches they wrote, batches)."""
+    got = {"sum": 0.0, "count": 0.0}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"{url}/metrics", headers={"Authorization": f"Bearer {admin_token}"}) as resp,
+    ):
+        resp.raise_for_status()
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("nymph_queue_launch_batch_launches_"):
+                got[sample.name.rsplit("_", 1)[1]] = sample.value
+    return got["sum"], got["count"]
 
 
 async def _launch(user: QueueClient, team: int) -> str:
@@ -332,6 +356,7 @@ async def concurrency(
                 }
 
             switches = context_switches(r.procs[0].pid)
+            batched = await _batches(r.urls[0], r.admin_token)
             for _ in range(p.rounds):
                 t0 = time.perf_counter()
                 await launch(0)
@@ -343,6 +368,9 @@ async def concurrency(
                 spent["load"] += _own_cpu() - load0
                 spent.update({k: v - c0[k] for k, v in cpus().items()})
             switches = context_switches(r.procs[0].pid) - switches
+            launches, batches = (
+                b - a for a, b in zip(batched, await _batches(r.urls[0], r.admin_token), strict=True)
+            )
             # The lock sampler queries the server every millisecond or so: it runs in bursts of
             # its own, after the timed ones, so that its queries (and its thread in this
             # process) take nothing from the bursts that are timed.
@@ -365,6 +393,9 @@ async def concurrency(
         # the replica's thread switches per POST (one at a time and in bursts alike): threads
         # handing the interpreter's lock to each other show here
         "replica_context_switches_per_post": round(switches / (p.rounds * (BURST + 1)), 1),
+        # launches per write (POSTs that reach the replica together are written together; the
+        # single POSTs count, each a write of its own)
+        "launches_per_batch": round(launches / batches, 2) if batches else None,
         # of the database's busy backends sampled during as many bursts again (untimed), the
         # share waiting on a lock
         "lock_wait_share": sampler.share,
@@ -498,7 +529,14 @@ DURABLE_KEYS = (
 
 
 #: What the run with nymph's own client as the load reports.
-CLIENT_KEYS = ("one_post_ms", "burst_16_ms", "ratio_16_to_1", "cpu_ms_per_burst", "cpu_floor_ms")
+CLIENT_KEYS = (
+    "one_post_ms",
+    "burst_16_ms",
+    "ratio_16_to_1",
+    "cpu_ms_per_burst",
+    "cpu_floor_ms",
+    "launches_per_batch",
+)
 
 
 async def durable_concurrency(p: Params) -> dict[str, Any]:

@@ -94,6 +94,13 @@ def pg_writes(r: dict[str, Any]) -> str:
                     else ""
                 )
                 + (
+                    f" POSTs that reach the replica together are written together (`nymph/queue/launchbatch.py`): "
+                    f"{c['launches_per_batch']} launches per write, on average over the timed POSTs (each "
+                    "single POST a write of its own)."
+                    if c.get("launches_per_batch") is not None
+                    else ""
+                )
+                + (
                     f" The replica switched threads {c['replica_context_switches_per_post']} times per POST "
                     "(its transactions run on its event loop's thread, so no thread hands the "
                     "interpreter's lock to another at each wait for the server)."

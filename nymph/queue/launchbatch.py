@@ -40,6 +40,8 @@ log = structlog.get_logger(__name__, component="queue.launchbatch")
 #: parameters, far below PostgreSQL's limit; the replica builds a batch's specs in one go).
 MAX_BATCH = 64
 
+#: The name of a batch's task.
+BATCH_TASK = "nymph-queue-launch-batch"
 #: A launch accepted: its 202 body and its task's spec.
 Accepted = tuple[LaunchAccepted, dict[str, Any]]
 
@@ -75,6 +77,8 @@ class LaunchBatcher:
         self._write = write
         self._alone = alone
         self.max_batch = max_batch
+        #: Told the launches of each batch written (the replica's metrics).
+        self.written: Callable[[int], None] = lambda launches: None
         #: Launches waiting for the end of this turn, per key.
         self._open: dict[BatchKey, list[_Waiting]] = {}
         #: Batches being written (kept so that none is collected while it runs).
@@ -106,7 +110,7 @@ class LaunchBatcher:
         if self._open.get(key) is not batch:
             return
         del self._open[key]
-        task = asyncio.get_running_loop().create_task(self._run(key, batch), name="nymph-queue-launch-batch")
+        task = asyncio.get_running_loop().create_task(self._run(key, batch), name=BATCH_TASK)
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -145,6 +149,7 @@ class LaunchBatcher:
             return
         self.batches += 1
         self.launches += len(live)
+        self.written(len(live))
         for w, outcome in zip(live, outcomes, strict=True):
             if isinstance(outcome, ServiceError):
                 _answer_error(w, outcome)

@@ -10,7 +10,7 @@ called; nothing here renders one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -112,6 +112,10 @@ class Store:
         self.instance_changed.close()
         self.events.added.close()
         self.output.close_waiters()
+
+    def count_launch_batches(self, written: Callable[[int], None]) -> None:
+        """Tell ``written`` the launches of each launch batch written (the metrics)."""
+        self._launch_batches.written = written
 
     async def drain_launches(self) -> None:
         """Wait for the launch batches under way (a stopping queue)."""

@@ -79,6 +79,10 @@ async def test_launches_sent_together_share_one_write_and_each_has_its_own_insta
     # a daemon claims every one of them
     got = await pg_kind.daemon().claim(daemon_id="d1", node="n1", capacity=16, wait=0)
     assert sorted(t["instanceId"] for t in got) == sorted(ids)
+    # the replica's metrics count the batch and its launches
+    metrics = (await pg_kind.call("GET", "/metrics", token=pg_kind.admin_token)).text
+    assert "nymph_queue_launch_batch_launches_count 1.0" in metrics
+    assert "nymph_queue_launch_batch_launches_sum 16.0" in metrics
 
 
 async def test_launches_posted_at_once_over_http_are_all_accepted_in_fewer_writes(pg_kind: Queue) -> None:

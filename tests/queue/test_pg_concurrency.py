@@ -60,8 +60,8 @@ async def replicas(tmp_path: Path, url: str, count: int) -> AsyncIterator[list[Q
             await runner.cleanup()
 
 
-async def _launch(q: Queue, ns: str = "default") -> str:
-    got = await q.user(ns).launch(provider="kind", mode="small", script="true")
+async def _launch(q: Queue, ns: str = "default", *, key: str | None = None) -> str:
+    got = await q.user(ns).launch(provider="kind", mode="small", script="true", idempotency_key=key)
     return got["instanceId"]
 
 
@@ -71,11 +71,13 @@ async def test_launches_of_different_instances_are_written_at_once(
     """16 launch POSTs sent at once are written at once: several of their round trips to the
     database are under way at the same moment, and the 16 at once take well under half the time
     of the same 16 one after another (each write waits for its round trips, not for the
-    others), measured in one run."""
+    others), measured in one run. Each is sent with an Idempotency-Key, so each is a write of
+    its own (launches without one that arrive together are written together)."""
     db, proxy = far_proxied
+    keys = (f"k{n}" for n in range(4 * BURST))
     async with replicas(tmp_path, pg_url_through(db, proxy.port), 1) as [q]:
         await add_kind(q)
-        await asyncio.gather(*(_launch(q) for _ in range(BURST)))  # warm: connections, caches
+        await asyncio.gather(*(_launch(q, key=next(keys)) for _ in range(BURST)))  # warm: connections, caches
         # No collection of this long-lived test process's heap inside what is timed (one took
         # half a second once, late in a full run).
         gc.collect()
@@ -83,11 +85,11 @@ async def test_launches_of_different_instances_are_written_at_once(
         try:
             t0 = time.perf_counter()
             for _ in range(BURST):
-                await _launch(q)
+                await _launch(q, key=next(keys))
             serial = time.perf_counter() - t0
             proxy.most_in_flight = proxy.in_flight
             t0 = time.perf_counter()
-            ids = await asyncio.gather(*(_launch(q) for _ in range(BURST)))
+            ids = await asyncio.gather(*(_launch(q, key=next(keys)) for _ in range(BURST)))
             burst = time.perf_counter() - t0
         finally:
             gc.enable()

@@ -178,6 +178,7 @@ def create_app(*, db_path: Path | str, settings: QueueSettings | None = None) ->
     app[METRICS] = QueueMetrics()
     app[OFFERS] = OfferCache()
     app[METRICS].watch_waiting(lambda: len(app[STORE].tasks_changed))
+    app[STORE].count_launch_batches(app[METRICS].batch_written)
     app.cleanup_ctx.append(_database_ctx)
     app.cleanup_ctx.append(_sweeper_ctx)
     direct.install(app, store=app[STORE], db_path=sqlite_path)
