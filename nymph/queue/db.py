@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import sqlite3
 import urllib.parse
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -109,6 +109,12 @@ class Backend(Protocol):
     batches_launches: bool
 
     def broadcast(self, key: str) -> None: ...
+
+    def broadcast_with(self, conn: Conn, keys: Sequence[str]) -> None:
+        """Tell the other replicas ``keys`` when ``conn``'s write commits (inside the write, in
+        its last statement: never told of a write that did not commit, nor left untold of one
+        that did)."""
+        ...
 
     async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None: ...
 
@@ -354,6 +360,9 @@ class Database:
         return True, await self.write(fn)
 
     def broadcast(self, key: str) -> None:
+        """No other replicas to tell."""
+
+    def broadcast_with(self, conn: Conn, keys: Sequence[str]) -> None:
         """No other replicas to tell."""
 
     async def exclusive(self, key: int, run: Callable[[], Coroutine[Any, Any, None]]) -> None:

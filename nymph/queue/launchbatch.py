@@ -5,12 +5,14 @@ trips to the server, each a statement the replica prepares, sends and reads, and
 parses, runs and commits. When many come at once (a team's sweep, a retry storm, a CI fan-out)
 those per-write costs, not the launches, fill the replica's core and the server's.
 
-:class:`LaunchBatcher` takes the launches without an Idempotency-Key that reach the store in
-one turn of the event loop, per namespace, provider and mode, and writes them as one
-transaction (:func:`nymph.queue.sql.launches.launch_batch`): one catalog read, and every
-launch's rows as one statement with the commit. A batch is written as soon as the turn ends: a
-launch that comes alone waits for nothing. Batches of different keys, and a batch and the
-launches that arrive while it is written, are separate writes that run side by side.
+:class:`LaunchBatcher` takes the launches without an Idempotency-Key that reach the store
+together, per namespace, provider and mode, and writes them as one transaction
+(:func:`nymph.queue.sql.launches.launch_batch`): one catalog read, and every launch's rows as
+one statement with the commit. A batch stays open while the turns of the event loop keep
+bringing it launches (a burst's requests are read over a few turns) and is written after the
+first turn that brings none, or once it is full: a launch that comes alone waits one turn of
+the loop, nothing more. Batches of different keys, and a batch and the launches that arrive
+while it is written, are separate writes that run side by side.
 
 Each launch keeps its own answer: a launch refused (its spec, its team's tenancy) is answered
 with its error and the others of its batch go on; a catalog error (no such provider or mode)
@@ -94,11 +96,19 @@ class LaunchBatcher:
         batch = self._open.get(key)
         if batch is None:
             batch = self._open[key] = []
-            loop.call_soon(self._close, key, batch)
+            loop.call_soon(self._close_if_quiet, key, batch, 1)
         batch.append(waiting)
         if len(batch) >= self.max_batch:
             self._close(key, batch)
         return await waiting.answer
+
+    def _close_if_quiet(self, key: BatchKey, batch: list[_Waiting], seen: int) -> None:
+        """Close ``batch`` at the end of a turn in which no launch joined it (the launches of a
+        burst reach the replica over a few turns, as their requests are read)."""
+        if len(batch) > seen and self._open.get(key) is batch:
+            asyncio.get_running_loop().call_soon(self._close_if_quiet, key, batch, len(batch))
+            return
+        self._close(key, batch)
 
     async def drain(self) -> None:
         """Wait for the batches under way (a stopping queue)."""

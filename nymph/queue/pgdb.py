@@ -42,7 +42,7 @@ import functools
 import random
 import secrets
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -57,7 +57,7 @@ from nymph.queue.db import DatabaseError
 from nymph.queue.errors import Conflict, Unavailable
 from nymph.queue.loopconn import LoopConnection, await_only
 from nymph.queue.sql import events
-from nymph.queue.sql.dialect import UNIQUE_CONFLICTS, PgConn, pg_row_factory
+from nymph.queue.sql.dialect import UNIQUE_CONFLICTS, Conn, PgConn, pg_row_factory
 from nymph.queue.sql.pg_migrations import PG_MIGRATIONS
 
 T = TypeVar("T")
@@ -391,6 +391,15 @@ class PgDatabase:
             self._sender = asyncio.get_running_loop().create_task(
                 self._send(), name="nymph-queue-pg-broadcast"
             )
+
+    def broadcast_with(self, conn: Conn, keys: Sequence[str]) -> None:
+        """Tell the other replicas ``keys`` (:func:`~nymph.queue.broadcast.coalesce`d) with the
+        commit of ``conn``'s write, in its last statement (:meth:`PgConn.tell`): no statement
+        or round trip of its own."""
+        if not isinstance(conn, PgConn):
+            raise TypeError("broadcast_with needs a connection of this database's write")
+        for key in coalesce(list(keys)):
+            conn.tell(CHANNEL, f"{self.replica}:{key}")
 
     async def _send(self) -> None:
         while self._outbox:

@@ -50,6 +50,7 @@ from nymph.queue.output import OutputStore
 from nymph.queue.quotabook import QuotaBook
 from nymph.queue.sql import catalog, completions, dispatch, instances, launches, leases
 from nymph.queue.sql import reports as sql_reports
+from nymph.queue.sql.dialect import Conn
 from nymph.queue.wakeup import LaunchWork
 
 log = structlog.get_logger(__name__, component="queue.store")
@@ -185,8 +186,10 @@ class Store:
         principal: Principal,
     ) -> LaunchAccepted:
         spec: dict[str, Any] | None
-        if idempotency_key is None and self.db.batches_launches:
-            # with the launches that come in the same turn (one write for them all)
+        told = idempotency_key is None and self.db.batches_launches
+        if told:
+            # with the launches that come in the same turn (one write for them all, which tells
+            # the other replicas itself)
             accepted, spec = await self._launch_batches.launch(
                 BatchKey(ns=ns, provider=provider, mode=str(body["mode"])),
                 launches.BatchLaunch(body=body, requester=principal.requester, guard=self.guard(principal)),
@@ -205,9 +208,11 @@ class Store:
                 )
             )
         if spec is not None:
-            # it wakes only claims that may take it (their namespaces, their node's offer)
-            work = LaunchWork(kube_namespace=str(spec.get("namespace") or ""), spec=spec)
-            self.tasks_changed.notify(1, item=work)
+            work = _work(spec)
+            if told:
+                self.tasks_changed.wake(1, item=work)
+            else:
+                self.tasks_changed.notify(1, item=work)
             log.info(
                 "launch accepted",
                 instance=accepted["instanceId"],
@@ -217,11 +222,15 @@ class Store:
             )
         return accepted
 
+    # A batch's launches (and a launch of a batch sent again alone) tell the other replicas of
+    # their tasks inside their write, with its commit (Backend.broadcast_with); the store then
+    # wakes this replica's claims only (see launch).
+
     async def _write_launch_batch(
         self, key: BatchKey, items: Sequence[launches.BatchLaunch]
     ) -> list[launches.BatchOutcome]:
-        return await self.db.write(
-            lambda conn: launches.launch_batch(
+        def write(conn: Conn) -> list[launches.BatchOutcome]:
+            outcomes = launches.launch_batch(
                 conn,
                 ns=key.ns,
                 provider_name=key.provider,
@@ -229,11 +238,16 @@ class Store:
                 items=items,
                 image_pull_timeout=self.settings.launch.image_pull_timeout,
             )
-        )
+            self.db.broadcast_with(
+                conn, [_work_key(o[1]) for o in outcomes if not isinstance(o, ServiceError)]
+            )
+            return outcomes
+
+        return await self.db.write(write)
 
     async def _write_launch_alone(self, key: BatchKey, item: launches.BatchLaunch) -> Accepted:
-        accepted, spec = await self.db.write(
-            lambda conn: launches.launch(
+        def write(conn: Conn) -> Accepted:
+            accepted, spec = launches.launch(
                 conn,
                 ns=key.ns,
                 provider_name=key.provider,
@@ -243,9 +257,11 @@ class Store:
                 guard=item.guard,
                 image_pull_timeout=self.settings.launch.image_pull_timeout,
             )
-        )
-        assert spec is not None  # no Idempotency-Key: never a replay
-        return accepted, spec
+            assert spec is not None  # no Idempotency-Key: never a replay
+            self.db.broadcast_with(conn, [_work_key(spec)])
+            return accepted, spec
+
+        return await self.db.write(write)
 
     async def launch_dockyard(
         self,
@@ -458,3 +474,14 @@ class Store:
         # replica died before it woke their followers: no follower waits longer than a sweep
         await self.db.seal_events(wake=True)
         return count
+
+
+def _work(spec: Mapping[str, Any]) -> LaunchWork:
+    """A launch's wake-up: it wakes only claims that may take it (their namespaces, their node's
+    offer)."""
+    return LaunchWork(kube_namespace=str(spec.get("namespace") or ""), spec=spec)
+
+
+def _work_key(spec: Mapping[str, Any]) -> str:
+    """What the other replicas are told of a launch's task."""
+    return work_key(1, _work(spec))

@@ -201,17 +201,21 @@ def _item(script: str) -> BatchLaunch:
     return BatchLaunch(body={"mode": "small", "script": script}, requester="alice")
 
 
-async def test_the_batcher_writes_one_batch_per_turn_of_the_loop_and_closes_a_full_one() -> None:
+async def test_a_batch_takes_launches_until_a_turn_of_the_loop_brings_none_or_it_is_full() -> None:
     w = _Writes()
     b = LaunchBatcher(write=w.write, alone=w.write_alone, max_batch=4)
     first = [asyncio.ensure_future(b.launch(KEY, _item(f"a{k}"))) for k in range(6)]
-    await asyncio.sleep(0)  # the six reach the batcher in one turn: four close the first batch
+    await asyncio.sleep(0)  # the six reach the batcher in one turn: four fill the first batch
+    # the next turn brings one more of the same key (it joins the open batch) and one of another
     later = asyncio.ensure_future(b.launch(KEY, _item("b0")))
     other = asyncio.ensure_future(b.launch(BatchKey(ns="team-b", provider="kind", mode="small"), _item("c0")))
     got = await asyncio.gather(*first, later, other)
     assert [g[0]["instanceId"] for g in got] == [f"id-a{k}" for k in range(6)] + ["id-b0", "id-c0"]
-    assert sorted(w.batches) == sorted([["a0", "a1", "a2", "a3"], ["a4", "a5"], ["b0"], ["c0"]])
-    assert (b.batches, b.launches, w.alone) == (4, 8, [])
+    assert sorted(w.batches) == sorted([["a0", "a1", "a2", "a3"], ["a4", "a5", "b0"], ["c0"]])
+    # once written, a batch takes no more: the next launch is a batch of its own
+    assert await b.launch(KEY, _item("d0")) == _accepted("d0")
+    assert w.batches[-1] == ["d0"]
+    assert (b.batches, b.launches, w.alone) == (4, 9, [])
 
 
 async def test_each_launch_of_a_batch_gets_its_own_outcome() -> None:

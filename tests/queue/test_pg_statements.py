@@ -262,6 +262,56 @@ async def test_statements_sent_since_a_mark_are_dropped_unless_they_ran(pg: PgDa
     assert await pg.read(lambda c: [r[0] for r in c.execute("SELECT what FROM log")]) == ["ran"]
 
 
+async def test_a_notify_told_with_a_write_is_heard_once_it_commits_in_the_statement_of_its_rows(
+    pg: PgDatabase, proxied: tuple[str, LatencyProxy]
+) -> None:
+    """A launch batch tells the other replicas of its tasks inside its write: with rows that make
+    one statement, the notify is that statement's own query (no round trip of its own); it is
+    heard after the commit, never for a write that failed, and a write that began its
+    transaction sends it before its COMMIT."""
+    db, proxy = proxied
+    listener = await psycopg.AsyncConnection.connect(db, autocommit=True)
+    try:
+        await listener.execute("LISTEN told")
+
+        async def heard() -> list[str]:
+            return [n.payload async for n in listener.notifies(timeout=0.5)]
+
+        def rows(c: Conn) -> None:
+            send(c, "INSERT INTO parent (k, v) VALUES (?, ?)", (1, "p"))
+            send(c, "INSERT INTO log (what) VALUES (?)", ("x",))
+            assert isinstance(c, PgConn)
+            c.tell("told", "one")
+            c.tell("told", "two")
+
+        await pg.write(lambda c: c.execute("SELECT 1").fetchone())  # warm
+        before = proxy.round_trips
+        await pg.write(rows)
+        assert proxy.round_trips - before == 1
+        assert await heard() == ["one", "two"]
+
+        def broken(c: Conn) -> None:
+            send(c, "INSERT INTO child (k, parent, n) VALUES (?, ?, ?)", (10, 99, 0))  # no parent 99
+            assert isinstance(c, PgConn)
+            c.tell("told", "never")
+
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            await pg.write(broken)
+        assert await heard() == []
+
+        def begun(c: Conn) -> None:
+            c.execute("UPDATE parent SET v = 'q' WHERE k = 1")  # begins the transaction
+            send(c, "INSERT INTO log (what) VALUES (?)", ("y",))
+            assert isinstance(c, PgConn)
+            c.tell("told", "three")
+
+        await pg.write(begun)
+        assert await heard() == ["three"]
+        assert await _count(pg, "log") == 2
+    finally:
+        await listener.close()
+
+
 async def test_a_read_after_a_write_sees_it_and_an_error_after_it_writes_nothing(pg: PgDatabase) -> None:
     """A read that follows rows sent without reading back runs in the write's transaction (it
     sees them); an error after that read rolls the rows back."""

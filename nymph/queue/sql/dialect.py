@@ -198,6 +198,8 @@ class PgConn:
         self._queued: list[tuple[str, Any]] = []
         #: How many times queued statements were sent (see :meth:`mark`).
         self._flushes = 0
+        #: ``pg_notify`` arguments to send with the commit (see :meth:`tell`).
+        self._told: list[str] = []
 
     def send(self, sql: str, parameters: Any = (), /) -> None:
         """Run ``sql``, whose result nobody reads, in the same round trip as the next statement
@@ -205,6 +207,17 @@ class PgConn:
         meets is raised by that next statement, in the same transaction."""
         self._in_transaction()
         self._queued.append((sql, parameters))
+
+    def tell(self, channel: str, payload: str) -> None:
+        """``pg_notify(channel, payload)`` with the commit: in the statement that carries the
+        write's rows when it is one (no statement of its own), heard by the listeners once the
+        write is committed and never if it is not."""
+        self._in_transaction()
+        self._told += (channel, payload)
+
+    def _notify_sql(self) -> tuple[str, list[str]]:
+        told, self._told = self._told, []
+        return "SELECT " + ", ".join(["pg_notify(?, ?)"] * (len(told) // 2)), told
 
     def mark(self) -> tuple[int, int]:
         """Where what :meth:`send` queued ends now: :meth:`undo` drops what is queued after it."""
@@ -226,16 +239,24 @@ class PgConn:
         needed; nothing at all when it wrote nothing."""
         if self._begin is not None:
             statements = list(_merged(self._queued))
-            if len(statements) <= 1:
+            # (notifies join only rows: another statement in a WITH may not run at all)
+            joins = not self._told or all(_plain_insert(sqls[0]) is not None for sqls, _ in statements)
+            if len(statements) <= 1 and joins:
                 self._queued = []
                 self._flushes += 1
                 self._begin = None
-                if statements:
-                    [(sqls, parameters)] = statements
+                sqls, parameters = statements[0] if statements else ((), [])
+                if self._told:
+                    # the notifies as the statement's own query, its rows as its WITH parts
+                    notify, told = self._notify_sql()
+                    sqls, parameters = (*sqls, notify), [*parameters, *told]
+                if sqls:
                     self.commit_sent = True
                     self._execute_merged(sqls, parameters)
                 return
             self._begin_now()
+        if self._told:
+            self._queued.append(self._notify_sql())
         self.commit_sent = True
         if not self._queued:
             self.raw.execute("COMMIT")
