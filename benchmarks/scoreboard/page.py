@@ -354,7 +354,17 @@ the runs that made each change, not of the run above):
   came (7.0% and 7.3% without them). And waiting claims are counted by group (the namespaces
   they serve, their node's offer but for its name): a wake for a launch no group in line may
   take ends after asking each group once, not each claim (1,000 claims of one pool waiting:
-  1,012 -> 9.5 us per such notify, a script outside the repository)."""
+  1,012 -> 9.5 us per such notify, a script outside the repository).
+- PostgreSQL: launch POSTs that arrive together are written together (`nymph/queue/launchbatch.py`):
+  one catalog read and one statement for the batch, each table's rows one insert of many rows
+  (sent with PostgreSQL's own placeholders: psycopg parses a statement of more than 50
+  parameters again each time), and the wake-up for the other replicas as that statement's own
+  query, not a statement of its own. Each launch keeps its own answer (a refused one takes back
+  its rows; a batch whose write fails is sent again launch by launch). The same machine, the
+  concurrency section's setup in a script outside the repository (60 rounds of one POST then
+  16 at once, through the proxy), the code before and after in turn, three times: 16 at once
+  over one 2.13-2.22 -> 1.77-1.85; per round of 17 POSTs, replica CPU 13.8-17.0 -> 8.2-11.2 ms,
+  PostgreSQL 8.0-9.7 -> 2.3-3.8 ms, proxy 3.5-4.0 -> 1.2-2.0 ms."""
 
 
 def _n(x: int) -> str:
