@@ -40,8 +40,14 @@ if str(REPO) not in sys.path:
 
 from benchmarks import sigterm  # noqa: E402
 from benchmarks.scoreboard import footprint, page, procstat, queue_load, report  # noqa: E402
-from benchmarks.scoreboard.kube import make_namespace, raw_create, raw_latency, server_version  # noqa: E402
-from benchmarks.scoreboard.nymph_run import configs, run_config  # noqa: E402
+from benchmarks.scoreboard.kube import (  # noqa: E402
+    drop_namespace,
+    make_namespace,
+    raw_create,
+    raw_latency,
+    server_version,
+)
+from benchmarks.scoreboard.nymph_run import configs, namespace_of, run_config  # noqa: E402
 from nymph.kube.binaries import kubectl_path  # noqa: E402
 from nymph.localcluster import LocalCluster  # noqa: E402
 from tests.support.harness import NODE  # noqa: E402
@@ -123,6 +129,8 @@ async def run(kube: LocalCluster, tmp: Path, p: Params) -> dict[str, Any]:
         ),
         "latency": await raw_latency(kube, namespace=ns, n=p.latency_n, node=NODE, run=p.run),
     }
+    # every path starts on the cluster the raw run found: no Pods of the runs before it
+    results["namespace_dropped_s"] = {"raw": round(await drop_namespace(kube, ns), 1)}
     results["nymph"] = {}
     for config in configs(concurrency=p.concurrency):
         if p.only and config.name not in p.only:
@@ -139,6 +147,9 @@ async def run(kube: LocalCluster, tmp: Path, p: Params) -> dict[str, Any]:
             reap_after=p.reap_after,
             settle_seconds=p.settle_seconds,
         )
+        dropped = await drop_namespace(kube, namespace_of(config.name))
+        results["namespace_dropped_s"][config.name] = round(dropped, 1)
+        say(f"  its namespace and Pods deleted in {dropped:.1f} s")
     say("kubectl invocations")
     results["kubectl_invocation"] = await asyncio.to_thread(
         footprint.kubectl_invocations, kube, tmp, n=p.kubectl_n

@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 
 from benchmarks.scoreboard import procstat
+from nymph.errors import NymphError
 from nymph.launch.render import render_pod
 from nymph.launch.spec import LaunchSpec
 from nymph.localcluster import LocalCluster
@@ -219,6 +220,25 @@ def make_namespace(kube: LocalCluster, name: str) -> str:
     kube.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
     kube.wait_default_sa(name)
     return name
+
+
+async def drop_namespace(kube: LocalCluster, name: str, *, timeout: float = 300.0) -> float:
+    """Delete namespace ``name`` and wait until it and its Pods are gone: the seconds it took.
+    Each path of the benchmark then starts on the cluster the raw run measured, not on the
+    thousands of finished Pods the paths before it left (on a node that keeps them, each Pod
+    event costs the API server and the node more the more Pods there are)."""
+    t0 = time.monotonic()
+    with contextlib.suppress(NymphError):  # already gone
+        await asyncio.to_thread(kube.api, "DELETE", f"/api/v1/namespaces/{name}")
+    while time.monotonic() - t0 < timeout:
+        try:
+            await asyncio.to_thread(kube.api, "GET", f"/api/v1/namespaces/{name}")
+        except NymphError as exc:
+            if "HTTP 404" in str(exc):
+                return time.monotonic() - t0
+            raise
+        await asyncio.sleep(1.0)
+    raise NymphError(f"namespace {name} was not gone {timeout:.0f} s after its deletion")
 
 
 def new_queue(db: Path, *, extra: tuple[str, ...] = ()) -> QueueProc:

@@ -70,7 +70,7 @@ class Stack:
 
     async def _start(self) -> None:
         name = self.config.name
-        self.namespace = make_namespace(self.kube, f"bench-{name.replace('_', '-')}")
+        self.namespace = make_namespace(self.kube, namespace_of(name))
         home = self.tmp / name
         home.mkdir(parents=True, exist_ok=True)
         # the local cluster's API server is on this host: a user kubeconfig reaches it when allowed
@@ -187,6 +187,11 @@ class Stack:
 
     def daemon_memory(self) -> dict[str, int]:
         return procstat.memory_kb(self.pids["daemon"]) if "daemon" in self.pids else {}
+
+
+def namespace_of(config: str) -> str:
+    """The namespace a configuration's launches run in."""
+    return f"bench-{config.replace('_', '-')}"
 
 
 async def run_config(

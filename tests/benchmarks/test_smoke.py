@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import daemon_bench
 from benchmarks.scoreboard import report
+from benchmarks.scoreboard.nymph_run import namespace_of
 from nymph.localcluster import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -41,6 +42,10 @@ async def test_smoke_run_writes_every_section(kube: LocalCluster, tmp_path: Path
     assert doc["raw"]["concurrent"]["per_s"] > 0 and doc["raw"]["serial"]["per_s"] > 0
     assert doc["raw"]["latency"]["create"]["p50_ms"] > 0
     assert set(doc["nymph"]) == CONFIGS
+    # each path ran on a cluster without the Pods of the runs before it: their namespaces are gone
+    assert set(doc["namespace_dropped_s"]) == {"raw", *CONFIGS}
+    names = {ns["metadata"]["name"] for ns in kube.api("GET", "/api/v1/namespaces")["items"]}
+    assert not names & {"bench-raw", *(namespace_of(c) for c in CONFIGS)}
     for name, res in doc["nymph"].items():
         assert set(res["throughput"]) == {"1", "3"}
         for t in res["throughput"].values():
