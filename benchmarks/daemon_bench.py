@@ -8,7 +8,10 @@ same machine state serves every figure:
 2. nymph end to end for direct dispatch and, on the daemon path, kubectl batched, kubectl one
    per invocation and api mode: N launches posted as fast as the queue takes them, launches/s
    from the first POST to the last Pod ADDED, and the CPU each process spent per launch
-   (queue, daemon, its kubectl children, kube-apiserver, etcd, kwok) from /proc;
+   (queue, daemon, its kubectl children, kube-apiserver, etcd, kwok) from /proc. After raw and
+   after each path its namespace is deleted and its Pods gone (``namespace_dropped_s``), so
+   every path runs on the cluster raw found, not among the thousands of finished Pods the runs
+   before it left;
 3. latency at low load: one launch at a time, POST returned -> Pod ADDED;
 4. one kubectl invocation as the deployed daemon runs it (read-only root: no cache);
 5. the idle daemon: RSS, CPU and queue requests per minute; with --soak, RSS over many launches;
