@@ -184,8 +184,6 @@ def _answer_error(w: _Waiting, exc: BaseException) -> None:
 def _own(exc: BaseException) -> BaseException:
     """A copy of ``exc`` for one waiter: one exception raised in many tasks would share (and
     grow) one traceback. One that cannot be copied is shared."""
-    if isinstance(exc, WrongPath):
-        return WrongPath(direct=exc.direct)
     try:
         return copy.copy(exc)
     except Exception:  # an exception whose arguments do not rebuild it

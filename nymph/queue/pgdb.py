@@ -398,13 +398,18 @@ class PgDatabase:
         or round trip of its own."""
         if not isinstance(conn, PgConn):
             raise TypeError("broadcast_with needs a connection of this database's write")
-        for key in coalesce(list(keys)):
-            conn.tell(CHANNEL, f"{self.replica}:{key}")
+        for payload in self._payloads(keys):
+            conn.tell(CHANNEL, payload)
+
+    def _payloads(self, keys: Sequence[str]) -> list[str]:
+        """The ``NOTIFY`` payloads of ``keys`` (coalesced), each naming this replica (the
+        listener ignores its own)."""
+        return [f"{self.replica}:{key}" for key in coalesce(list(keys))]
 
     async def _send(self) -> None:
         while self._outbox:
             keys, self._outbox = self._outbox, []
-            payloads = [f"{self.replica}:{key}" for key in coalesce(keys)]
+            payloads = self._payloads(keys)
             for start in range(0, len(payloads), _NOTIFY_BATCH):
                 # one statement on its own (autocommit), run as the transactions are
                 notify = functools.partial(_notify, payloads[start : start + _NOTIFY_BATCH])

@@ -195,17 +195,9 @@ class Store:
                 launches.BatchLaunch(body=body, requester=principal.requester, guard=self.guard(principal)),
             )
         else:
+            one = launches.BatchLaunch(body=body, requester=principal.requester, guard=self.guard(principal))
             accepted, spec = await self.db.write(
-                lambda conn: launches.launch(
-                    conn,
-                    ns=ns,
-                    provider_name=provider,
-                    body=body,
-                    idempotency_key=idempotency_key,
-                    requester=principal.requester,
-                    guard=self.guard(principal),
-                    image_pull_timeout=self.settings.launch.image_pull_timeout,
-                )
+                lambda conn: self._launch_one(conn, ns, provider, one, idempotency_key=idempotency_key)
             )
         if spec is not None:
             work = _work(spec)
@@ -247,21 +239,27 @@ class Store:
 
     async def _write_launch_alone(self, key: BatchKey, item: launches.BatchLaunch) -> Accepted:
         def write(conn: Conn) -> Accepted:
-            accepted, spec = launches.launch(
-                conn,
-                ns=key.ns,
-                provider_name=key.provider,
-                body=item.body,
-                idempotency_key=None,
-                requester=item.requester,
-                guard=item.guard,
-                image_pull_timeout=self.settings.launch.image_pull_timeout,
-            )
+            accepted, spec = self._launch_one(conn, key.ns, key.provider, item, idempotency_key=None)
             assert spec is not None  # no Idempotency-Key: never a replay
             self.db.broadcast_with(conn, [_work_key(spec)])
             return accepted, spec
 
         return await self.db.write(write)
+
+    def _launch_one(
+        self, conn: Conn, ns: str, provider: str, item: launches.BatchLaunch, *, idempotency_key: str | None
+    ) -> tuple[LaunchAccepted, dict[str, Any] | None]:
+        """One launch in its own write (:func:`nymph.queue.sql.launches.launch`)."""
+        return launches.launch(
+            conn,
+            ns=ns,
+            provider_name=provider,
+            body=item.body,
+            idempotency_key=idempotency_key,
+            requester=item.requester,
+            guard=item.guard,
+            image_pull_timeout=self.settings.launch.image_pull_timeout,
+        )
 
     async def launch_dockyard(
         self,

@@ -5,8 +5,7 @@ launch by launch when the batch's write fails; never a launch written twice or l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,25 +17,10 @@ from nymph.queue.pgdb import OUTCOME_UNKNOWN
 from nymph.queue.sql import launches
 from nymph.queue.sql.launches import BatchLaunch, BatchOutcome
 from nymph.queue.store import Store
-from tests.support.pg_server import PgServer
-from tests.support.queue_helpers import FAST, Queue, add_kind, open_queue
+from tests.support.queue_helpers import Queue
 
 ALICE = Principal(token_id="t-alice", role=Role.USER, name="alice")
 KEY = BatchKey(ns="default", provider="kind", mode="small")
-
-
-@pytest.fixture
-async def pg_kind(tmp_path: Path, pg_server: PgServer) -> AsyncIterator[Queue]:
-    """A queue on a fresh PostgreSQL database, with provider ``kind`` and mode ``small``."""
-    url = pg_server.fresh_database()
-    q, runner = await open_queue(tmp_path, FAST, db=url)
-    try:
-        await add_kind(q)
-        yield q
-    finally:
-        await q.close()
-        await runner.cleanup()
-        pg_server.drop_database(url)
 
 
 def _store(q: Queue) -> Store:
@@ -54,10 +38,11 @@ async def _rows(store: Store, sql: str) -> list[Any]:
     return await store.db.read(lambda conn: [tuple(r) for r in conn.execute(sql).fetchall()])
 
 
+@pytest.mark.postgresql_only
 async def test_launches_sent_together_share_one_write_and_each_has_its_own_instance_and_task(
-    pg_kind: Queue,
+    kind: Queue,
 ) -> None:
-    store = _store(pg_kind)
+    store = _store(kind)
     batcher = store._launch_batches
     answers = await asyncio.gather(*(_launch(store, k) for k in range(16)))
     assert (batcher.batches, batcher.launches) == (1, 16)
@@ -77,19 +62,20 @@ async def test_launches_sent_together_share_one_write_and_each_has_its_own_insta
     history = await _rows(store, "SELECT instance_id FROM instance_events")
     assert sorted(h[0] for h in history) == sorted(ids)
     # a daemon claims every one of them
-    got = await pg_kind.daemon().claim(daemon_id="d1", node="n1", capacity=16, wait=0)
+    got = await kind.daemon().claim(daemon_id="d1", node="n1", capacity=16, wait=0)
     assert sorted(t["instanceId"] for t in got) == sorted(ids)
     # the replica's metrics count the batch and its launches
-    metrics = (await pg_kind.call("GET", "/metrics", token=pg_kind.admin_token)).text
+    metrics = (await kind.call("GET", "/metrics", token=kind.admin_token)).text
     assert "nymph_queue_launch_batch_launches_count 1.0" in metrics
     assert "nymph_queue_launch_batch_launches_sum 16.0" in metrics
 
 
-async def test_launches_posted_at_once_over_http_are_all_accepted_in_fewer_writes(pg_kind: Queue) -> None:
+@pytest.mark.postgresql_only
+async def test_launches_posted_at_once_over_http_are_all_accepted_in_fewer_writes(kind: Queue) -> None:
     """Sixteen POSTs at once: sixteen 202s, sixteen instances, fewer writes than launches."""
-    store = _store(pg_kind)
+    store = _store(kind)
     before = store._launch_batches.batches
-    user = pg_kind.user()
+    user = kind.user()
     answers = await asyncio.gather(
         *(user.launch(provider="kind", mode="small", script=f"print({k})") for k in range(16))
     )
@@ -100,10 +86,11 @@ async def test_launches_posted_at_once_over_http_are_all_accepted_in_fewer_write
     assert {i["instanceId"] for i in listed} == {a["instanceId"] for a in answers}
 
 
+@pytest.mark.postgresql_only
 async def test_a_refused_launch_is_answered_alone_and_the_rest_of_its_batch_is_written(
-    pg_kind: Queue,
+    kind: Queue,
 ) -> None:
-    store = _store(pg_kind)
+    store = _store(kind)
     bad = {"fields": {"gpu": 1}}  # no such launch field
     got = await asyncio.gather(
         *(_launch(store, k, **(bad if k == 3 else {})) for k in range(8)), return_exceptions=True
@@ -117,20 +104,22 @@ async def test_a_refused_launch_is_answered_alone_and_the_rest_of_its_batch_is_w
     assert len(await _rows(store, "SELECT task_id FROM tasks")) == 7
 
 
-async def test_a_missing_mode_is_every_launch_s_answer_and_nothing_is_written(pg_kind: Queue) -> None:
-    store = _store(pg_kind)
+@pytest.mark.postgresql_only
+async def test_a_missing_mode_is_every_launch_s_answer_and_nothing_is_written(kind: Queue) -> None:
+    store = _store(kind)
     got = await asyncio.gather(*(_launch(store, k, mode="nope") for k in range(4)), return_exceptions=True)
     assert all(isinstance(g, NotFound) for g in got)
     assert len({id(g) for g in got}) == 4  # each caller raises its own
     assert await _rows(store, "SELECT instance_id FROM instances") == []
 
 
+@pytest.mark.postgresql_only
 async def test_a_batch_whose_write_fails_is_sent_again_launch_by_launch(
-    pg_kind: Queue, monkeypatch: pytest.MonkeyPatch
+    kind: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write that fails for a reason of no launch in particular is not every launch's
     failure: each is written alone, once."""
-    store = _store(pg_kind)
+    store = _store(kind)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the batch write broke")
@@ -143,8 +132,9 @@ async def test_a_batch_whose_write_fails_is_sent_again_launch_by_launch(
     assert len(await _rows(store, "SELECT task_id FROM tasks")) == 5
 
 
-async def test_a_keyed_launch_is_not_batched_and_replays_its_first_answer(pg_kind: Queue) -> None:
-    store = _store(pg_kind)
+@pytest.mark.postgresql_only
+async def test_a_keyed_launch_is_not_batched_and_replays_its_first_answer(kind: Queue) -> None:
+    store = _store(kind)
     body = {"mode": "small", "script": "print(1)"}
     first = await store.launch(
         ns="default", provider="kind", body=body, idempotency_key="k1", principal=ALICE

@@ -6,7 +6,9 @@ a background thread with its own loop (for the CLI and other synchronous callers
 on a free 127.0.0.1 port and keep their state in the backend the test is parametrized with
 (``backend``): a SQLite file under ``tmp_path``, or a fresh database on the session's real
 PostgreSQL server (:mod:`tests.support.pg_server`). A test marked ``sqlite_only`` runs on SQLite
-alone (it inspects the database file itself), and so do the CLI's tests (``tests/cli``): the CLI
+alone (it inspects the database file itself), one marked ``postgresql_only`` on PostgreSQL alone
+(what only that backend does, such as launch batches), and the CLI's tests (``tests/cli``) run on
+SQLite alone: the CLI
 speaks HTTP to the queue, and what differs between the backends behind the same answers is the
 business of the queue's own tests, which run on both.
 """
@@ -35,6 +37,7 @@ TESTS = Path(__file__).resolve().parents[1]
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: runs on the SQLite backend only")
+    config.addinivalue_line("markers", "postgresql_only: runs on the PostgreSQL backend only")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -43,7 +46,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         only = (
             metafunc.definition.get_closest_marker("sqlite_only") is not None or folder in SQLITE_ONLY_FOLDERS
         )
-        metafunc.parametrize("backend", ["sqlite"] if only else list(BACKENDS), indirect=True)
+        pg_only = metafunc.definition.get_closest_marker("postgresql_only") is not None
+        backends = ["sqlite"] if only else ["postgresql"] if pg_only else list(BACKENDS)
+        metafunc.parametrize("backend", backends, indirect=True)
 
 
 @pytest.fixture(scope="session")

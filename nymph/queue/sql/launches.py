@@ -8,6 +8,7 @@ Idempotency-Key remembers the 202 body so a retried launch with the same body ge
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -123,6 +124,10 @@ class WrongPath(Exception):
     def __init__(self, *, direct: bool) -> None:
         super().__init__("the provider dispatches " + ("directly" if direct else "through daemons"))
         self.direct = direct
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its keyword (a copy for each launch of a batch, see launchbatch)
+        return functools.partial(WrongPath, direct=self.direct), ()
 
 
 def _on_path(provider: Provider, direct: bool | None) -> None:
