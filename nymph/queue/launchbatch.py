@@ -70,8 +70,7 @@ class _Waiting:
 
 
 class LaunchBatcher:
-    """Batches of the launches that reach :meth:`launch` in one turn of the loop (see the
-    module doc)."""
+    """Batches of the launches that reach :meth:`launch` together (see the module doc)."""
 
     def __init__(self, *, write: WriteBatch, alone: WriteAlone, max_batch: int = MAX_BATCH) -> None:
         if max_batch < 1:
@@ -81,7 +80,7 @@ class LaunchBatcher:
         self.max_batch = max_batch
         #: Told the launches of each batch written (the replica's metrics).
         self.written: Callable[[int], None] = lambda launches: None
-        #: Launches waiting for the end of this turn, per key.
+        #: Launches waiting for their batch to close (a quiet turn, or full), per key.
         self._open: dict[BatchKey, list[_Waiting]] = {}
         #: Batches being written (kept so that none is collected while it runs).
         self._running: set[asyncio.Task[None]] = set()
@@ -116,7 +115,7 @@ class LaunchBatcher:
             await asyncio.wait(set(self._running))
 
     def _close(self, key: BatchKey, batch: list[_Waiting]) -> None:
-        """Start writing ``batch`` (once: the turn's end or the batch's size closes it)."""
+        """Start writing ``batch`` (once: a quiet turn or the batch's size closes it)."""
         if self._open.get(key) is not batch:
             return
         del self._open[key]
