@@ -156,7 +156,8 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-async def _scrape(url: str, token: str) -> dict[str, Any]:
+async def scrape(url: str, token: str) -> dict[str, Any]:
+    """What a replica's ``GET /metrics`` says of its claims and launch batches."""
     async with (
         aiohttp.ClientSession() as s,
         s.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}) as resp,
@@ -173,6 +174,10 @@ async def _scrape(url: str, token: str) -> dict[str, Any]:
                 out["count"] = int(sample.value)
             elif sample.name == "nymph_queue_claims_waiting":
                 out["waiting"] = int(sample.value)
+            elif sample.name == "nymph_queue_launch_batch_launches_sum":
+                out["batched_launches"] = sample.value
+            elif sample.name == "nymph_queue_launch_batch_launches_count":
+                out["batches"] = sample.value
     buckets.sort()
     return out
 
@@ -217,10 +222,10 @@ class Fleet:
         await _paced(total, rate, lambda: schedule_bench.launch(self.user))
         want = total * (len(self.per_round) + 1)
         deadline = time.monotonic() + 120
-        got = await _scrape(self.url, self.admin)
+        got = await scrape(self.url, self.admin)
         while got.get("count", 0) < want and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-            got = await _scrape(self.url, self.admin)
+            got = await scrape(self.url, self.admin)
         await asyncio.sleep(settle)  # the last completions and reports
         self.per_round.append(1000 * (_cpu_seconds(self.pid) - c1) / total)
         return self.per_round[-1]
@@ -241,7 +246,7 @@ class Fleet:
         return self.backlog_ms, self.backlog_pct
 
     async def row(self, *, launches: int) -> dict[str, Any]:
-        got = await _scrape(self.url, self.admin)
+        got = await scrape(self.url, self.admin)
         p50, p95 = quantile(got["buckets"], 0.5), quantile(got["buckets"], 0.95)
         return {
             "daemons": self.n,
@@ -303,9 +308,9 @@ async def wait_parked(url: str, admin: str, daemons: int, *, timeout: float = 60
     """How many claims wait on ``url`` once ``daemons`` do, or ``timeout`` seconds passed."""
     deadline = time.monotonic() + timeout
     # polling another process's metrics: there is no event to wait on
-    while (await _scrape(url, admin)).get("waiting", 0) < daemons and time.monotonic() < deadline:  # noqa: ASYNC110
+    while (await scrape(url, admin)).get("waiting", 0) < daemons and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.2)
-    return int((await _scrape(url, admin)).get("waiting", 0))
+    return int((await scrape(url, admin)).get("waiting", 0))
 
 
 def stop_workers(workers: list[subprocess.Popen[str]]) -> None:

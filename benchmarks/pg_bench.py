@@ -11,7 +11,7 @@ a process of its own), as a database in another machine of the zone would:
   bursts); ``ratio_16_to_1`` is the second over the first (target <= 2.0: with writes waiting
   for each other 16 would take about 16 times one). POSTs that reach the replica together are
   written together (:mod:`nymph.queue.launchbatch`): a burst is a few writes, and
-  ``launch_batches`` says how many launches each took on average. The POSTs come from a lean load generator
+  ``launches_per_batch`` says how many launches each took on average. The POSTs come from a lean load generator
   (:mod:`benchmarks.rawpost`), whose CPU takes little from the two cores the replica,
   PostgreSQL and the proxy share; the same run with nymph's own client as the load is kept
   beside it (``queue_client``). The tests' server does not flush commits to
@@ -71,9 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psycopg
-from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -247,18 +245,8 @@ async def _teams(r: Replicas, teams: int) -> None:
 
 async def _batches(url: str, admin_token: str) -> tuple[float, float]:
     """The replica's launch batches so far: (launches they wrote, batches)."""
-    got = {"sum": 0.0, "count": 0.0}
-    async with (
-        aiohttp.ClientSession() as s,
-        s.get(f"{url}/metrics", headers={"Authorization": f"Bearer {admin_token}"}) as resp,
-    ):
-        resp.raise_for_status()
-        text = await resp.text()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("nymph_queue_launch_batch_launches_"):
-                got[sample.name.rsplit("_", 1)[1]] = sample.value
-    return got["sum"], got["count"]
+    got = await daemons_bench.scrape(url, admin_token)
+    return got.get("batched_launches", 0.0), got.get("batches", 0.0)
 
 
 async def _launch(user: QueueClient, team: int) -> str:
@@ -501,7 +489,7 @@ async def relay(db: str, p: Params) -> dict[str, Any]:
                 await asyncio.sleep(max(0.0, t0 + window - time.monotonic()))
                 s1, c1, t1 = cpu(sender).own, cpu(receiver).own, time.monotonic()
             busy_pct = 100 * (c1 - c0) / (t1 - t0)
-            waiting = (await daemons_bench._scrape(r.urls[1], admin)).get("waiting", 0)
+            waiting = (await daemons_bench.scrape(r.urls[1], admin)).get("waiting", 0)
         finally:
             await asyncio.to_thread(daemons_bench.stop_workers, workers)
     return {
