@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from benchmarks.scoreboard import apicalls, procstat
 from benchmarks.scoreboard.kube import (
     RUN_LABEL,
@@ -139,6 +141,7 @@ class Stack:
         try:
             async with AddedWatch(api, self.namespace) as watcher:
                 calls_before = await asyncio.to_thread(apicalls.request_counts, self.kube)
+                applies_before = await self.applies()
                 before = procstat.snapshot(self.pids)
                 t0 = time.monotonic()
                 posted = await self.post(n, posters=posters)
@@ -147,9 +150,11 @@ class Stack:
                 await self.settle()
                 spent = procstat.cpu_delta(before, procstat.snapshot(self.pids))
                 calls = await asyncio.to_thread(apicalls.request_counts, self.kube)
+                applies = await self.applies()
         finally:
             await api.close()
         lat = [(watcher.seen[i] - posted[i]) * 1000 for i in posted]
+        runs, manifests = (a - b for a, b in zip(applies, applies_before, strict=True))
         return {
             "launches": n,
             "per_s": round(n / (t_end - t0), 2),
@@ -158,7 +163,22 @@ class Stack:
             "cpu_ms_per_launch": {k: round(v * 1000 / n, 2) for k, v in spent.items()},
             # every client's requests (nymph's, the scheduler's, kwok's, this benchmark's watch)
             "api_requests_per_launch": apicalls.per_launch(calls_before, calls, n),
+            # the daemon's apply calls (kubectl runs, or rounds of creates) and their sizes
+            **({"apply_calls": int(runs), "manifests_per_apply": round(manifests / runs, 1)} if runs else {}),
         }
+
+    async def applies(self) -> tuple[float, float]:
+        """The daemon's apply calls so far and the manifests they carried ((0, 0): no daemon)."""
+        if self.daemon is None:
+            return 0.0, 0.0
+        text = await asyncio.to_thread(self.daemon.metrics)
+        found = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name.startswith("nymph_apply_batch_size_")
+        }
+        return found.get("nymph_apply_batch_size_count", 0.0), found.get("nymph_apply_batch_size_sum", 0.0)
 
     async def latency(self, n: int) -> dict[str, Any]:
         """One launch at a time: POST returned -> Pod ADDED (and POST sent -> ADDED)."""

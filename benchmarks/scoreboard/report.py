@@ -71,6 +71,16 @@ def cpu_vs_apiserver_in_run(results: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def _applies(results: dict[str, Any]) -> list[tuple[str, int, float]]:
+    """(path, apply calls, manifests per call) of each daemon path's largest run that says."""
+    out: list[tuple[str, int, float]] = []
+    for name, res in results["nymph"].items():
+        top = res["throughput"][max(res["throughput"], key=int)]
+        if top.get("apply_calls"):
+            out.append((name, int(top["apply_calls"]), float(top["manifests_per_apply"])))
+    return out
+
+
 def lifecycle_limit(results: dict[str, Any]) -> float | None:
     """Launches/s the machine's cores could sustain if they did nothing but the control plane's
     share of each Pod's life (create, schedule, kwok's status updates, the watches), as the raw
@@ -181,6 +191,8 @@ def table(results: dict[str, Any]) -> str:
     for name, res in results["nymph"].items():
         top = res["throughput"][max(res["throughput"], key=int)]["cpu_ms_per_launch"]
         lines.append(f"{name:<26} " + " ".join(f"{top.get(p, '-')!s:>14}" for p in procs))
+    for name, calls, per in _applies(results):
+        lines.append(f"{name:<26} {calls} apply calls, {per} manifests each")
     limit = lifecycle_limit(results)
     if limit:
         lines.append(
@@ -281,6 +293,14 @@ def markdown(results: dict[str, Any]) -> str:
     for name, res in results["nymph"].items():
         top = res["throughput"][max(res["throughput"], key=int)]["cpu_ms_per_launch"]
         out.append(f"| {name} | " + " | ".join(str(top.get(p, "-")) for p in procs) + " |")
+    applies = _applies(results)
+    if applies:
+        out += [
+            "",
+            "| the daemon's apply calls (n = largest) | calls | manifests per call |",
+            "|---|---:|---:|",
+        ]
+        out += [f"| {name} | {calls} | {per} |" for name, calls, per in applies]
     limit = lifecycle_limit(results)
     if limit:
         out += [

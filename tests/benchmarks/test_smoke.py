@@ -48,8 +48,14 @@ async def test_smoke_run_writes_every_section(kube: LocalCluster, tmp_path: Path
     assert not names & {"bench-raw", *(namespace_of(c) for c in CONFIGS)}
     for name, res in doc["nymph"].items():
         assert set(res["throughput"]) == {"1", "3"}
-        for t in res["throughput"].values():
+        for n, t in res["throughput"].items():
             assert t["per_s"] > 0 and t["cpu_ms_per_launch"]["kube-apiserver"] >= 0
+            # the daemon's apply calls in this run alone carried its launches; direct has none
+            if name == "direct":
+                assert "apply_calls" not in t
+            else:
+                assert 1 <= t["apply_calls"] <= int(n)
+                assert t["manifests_per_apply"] * t["apply_calls"] == pytest.approx(int(n), abs=0.5)
         assert res["latency"]["post_returned_to_added"]["samples"] == params.latency_n
         assert (name == "direct") == ("daemon_rss_mb_after" not in res)
     # Every ratio is under a key ending in _ratio; the headline ones are there and positive.
@@ -64,6 +70,9 @@ async def test_smoke_run_writes_every_section(kube: LocalCluster, tmp_path: Path
     assert set(doc["queue"]) == {"1", "3"} and all(q["claims_per_s"] > 0 for q in doc["queue"].values())
     assert doc["targets"] is None and doc["soak"] is None
     assert "raw concurrent" in report.table(doc)
+    applies = [x for x in report.table(doc).splitlines() if "apply calls" in x]
+    assert sorted(x.split()[0] for x in applies) == sorted(CONFIGS - {"direct"})
+    assert "| the daemon's apply calls (n = largest) |" in report.markdown(doc)
     in_run = doc["cpu_per_launch_vs_apiserver_in_run"]
     assert set(in_run) == {"api", "direct", "kubectl_batched"}
     # /proc counts CPU in clock ticks (10 ms): nymph's CPU for 3 launches may be under one, so 0
