@@ -17,6 +17,7 @@ from nymph.errors import NymphError
 from nymph.launch.render import render_pod
 from nymph.launch.spec import LaunchSpec
 from nymph.localcluster import LocalCluster
+from nymph.localcluster.apierror import ApiAnswerError
 from nymph.queue.auth import create_token
 from nymph.queue.db import connect, transaction
 from nymph.queue.models import Role
@@ -228,13 +229,16 @@ async def drop_namespace(kube: LocalCluster, name: str, *, timeout: float = 300.
     thousands of finished Pods the paths before it left (on a node that keeps them, each Pod
     event costs the API server and the node more the more Pods there are)."""
     t0 = time.monotonic()
-    with contextlib.suppress(NymphError):  # already gone
+    try:
         await asyncio.to_thread(kube.api, "DELETE", f"/api/v1/namespaces/{name}")
+    except ApiAnswerError as exc:
+        if exc.status != 404:  # 404: already gone
+            raise
     while time.monotonic() - t0 < timeout:
         try:
             await asyncio.to_thread(kube.api, "GET", f"/api/v1/namespaces/{name}")
-        except NymphError as exc:
-            if "HTTP 404" in str(exc):
+        except ApiAnswerError as exc:
+            if exc.status == 404:
                 return time.monotonic() - t0
             raise
         await asyncio.sleep(1.0)

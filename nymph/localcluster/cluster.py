@@ -36,6 +36,7 @@ from typing import Any
 from nymph.errors import NymphError
 from nymph.kube.binaries import kubectl_path
 from nymph.localcluster import flags
+from nymph.localcluster.apierror import ApiAnswerError
 from nymph.localcluster.assets import find_assets
 from nymph.localcluster.certs import PKI, make_pki
 from nymph.localcluster.clusterdns import ClusterDNS, endpoints_lookup
@@ -331,7 +332,8 @@ class LocalCluster:
         )
 
     def api(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
-        """A small admin request helper (JSON in, JSON out) for set-up code."""
+        """A small admin request helper (JSON in, JSON out) for set-up code; an HTTP error
+        answer raises :class:`ApiAnswerError`."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.server + path, data=data, method=method)  # noqa: S310
         req.add_header("Content-Type", content_type)
@@ -341,7 +343,7 @@ class LocalCluster:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
-            raise NymphError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
+            raise ApiAnswerError(f"{method} {path}: HTTP {exc.code}: {detail}", status=exc.code) from None
         return json.loads(raw) if raw else None
 
     def kubectl(

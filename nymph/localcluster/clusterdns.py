@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nymph.errors import NymphError
+from nymph.localcluster.apierror import ApiAnswerError
 
 TYPE_A = 1
 CLASS_IN = 1
@@ -184,8 +185,8 @@ def endpoints_lookup(api: Callable[[str, str], object]) -> Lookup:
     def lookup(namespace: str, service: str) -> list[str]:
         try:
             return ready_addresses(api("GET", f"/api/v1/namespaces/{namespace}/endpoints/{service}"))
-        except NymphError as exc:
-            if "HTTP 404" in str(exc):
+        except ApiAnswerError as exc:
+            if exc.status == 404:
                 return []
             raise
 

@@ -27,6 +27,7 @@ from nymph.dockyard.spec.enums import PortForwardMode
 from nymph.dockyard.spec.parse import parse_infra
 from nymph.errors import NymphError
 from nymph.localcluster import LocalCluster
+from nymph.localcluster.apierror import ApiAnswerError
 from nymph.localcluster.cluster import kubectl_path
 from tests.support.kube_fixtures import SaKubeconfig, kuberay_crd_dir
 from tests.support.live_helpers import live_infra
@@ -72,8 +73,8 @@ def recipe_args(pair: tuple[Path, Path], namespace: str, *overrides: str) -> lis
 def exists(kube: LocalCluster, path: str) -> bool:
     try:
         kube.api("GET", path)
-    except NymphError as exc:
-        if "HTTP 404" in str(exc):
+    except ApiAnswerError as exc:
+        if exc.status == 404:
             return False
         raise
     return True

@@ -9,10 +9,12 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from nymph.localcluster.apierror import ApiAnswerError
 from nymph.localcluster.clusterdns import (
     NXDOMAIN,
     SERVFAIL,
     ClusterDNS,
+    endpoints_lookup,
     parse_query,
     ready_addresses,
     service_of,
@@ -92,3 +94,18 @@ def test_names_and_endpoints_parse() -> None:
     }
     assert ready_addresses(eps) == ["10.0.0.1", "10.0.0.2"]
     assert ready_addresses({}) == []
+
+
+def test_a_service_without_endpoints_has_no_address_and_other_api_errors_are_raised() -> None:
+    """The API server's 404 for a Service's Endpoints is "no address"; any other error answer
+    (or a down server) is not taken for one."""
+
+    def answer(status: int) -> object:
+        def api(method: str, path: str) -> object:
+            raise ApiAnswerError(f"{method} {path}: HTTP {status}: no", status=status)
+
+        return api
+
+    assert endpoints_lookup(answer(404))("default", "web") == []
+    with pytest.raises(ApiAnswerError, match="HTTP 403"):
+        endpoints_lookup(answer(403))("default", "web")

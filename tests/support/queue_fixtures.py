@@ -7,10 +7,9 @@ on a free 127.0.0.1 port and keep their state in the backend the test is paramet
 (``backend``): a SQLite file under ``tmp_path``, or a fresh database on the session's real
 PostgreSQL server (:mod:`tests.support.pg_server`). A test marked ``sqlite_only`` runs on SQLite
 alone (it inspects the database file itself), one marked ``postgresql_only`` on PostgreSQL alone
-(what only that backend does, such as launch batches), and the CLI's tests (``tests/cli``) run on
-SQLite alone: the CLI
-speaks HTTP to the queue, and what differs between the backends behind the same answers is the
-business of the queue's own tests, which run on both.
+(what only that backend does, such as launch batches). The CLI's tests (``tests/cli``) run on
+SQLite alone: the CLI speaks HTTP to the queue, and what differs between the backends behind the
+same answers is the business of the queue's own tests, which run on both.
 """
 
 from __future__ import annotations
