@@ -41,10 +41,12 @@ from nymph.queue.sql import sessions as sql
 from nymph.queue.sql.dialect import DAEMON_KEYS, Conn, lock_key
 
 SESSION_PREFIX = "nyd_"
-#: How long this process trusts the sessions it knows without reading them again (a session
+#: How long this process trusts the sessions it knows without confirming them (a session
 #: replaced or removed through another replica is refused here at most this much later). They
-#: are read again together, in one statement (:meth:`SessionStore.authenticate`): a thousand
-#: daemons each calling every few seconds cost one read every ``CACHE_SECONDS``, not one per call.
+#: are confirmed together (:meth:`SessionStore.authenticate`): a thousand daemons each calling
+#: every few seconds cost one read every ``CACHE_SECONDS``, not one per call, and that read is of
+#: one row (the database's count of sessions removed or cut short, kept by triggers) unless
+#: that count moved, when the known sessions are read again in one statement.
 CACHE_SECONDS = 2.0
 #: A known session unused for this long is forgotten (read again at its next call), so the
 #: reads that confirm the known sessions hold only those of daemons that are calling (a daemon
@@ -103,6 +105,9 @@ class SessionStore:
         #: since then, on its own, is newer still)
         self._confirmed_at = 0.0
         self._confirming: asyncio.Task[None] | None = None
+        #: the database's count of sessions removed or cut short at the last confirmation
+        #: (:func:`nymph.queue.sql.sessions.removed`); None before the first
+        self._removed_seen: int | None = None
         #: credential hash -> the expiry it was extended to here, not written yet: a daemon's
         #: calls extend its session, and a thousand daemons would otherwise each cost a write
         #: transaction (an fsync on SQLite) every ``ttl * EXTEND_FRACTION``.
@@ -217,8 +222,8 @@ class SessionStore:
         return expires
 
     async def _confirm(self) -> None:
-        """Read every known session again, in one statement shared by the calls that wait for
-        it; a call cancelled meanwhile leaves it to the others."""
+        """Confirm every known session, in one read shared by the calls that wait for it; a
+        call cancelled meanwhile leaves it to the others."""
         task = self._confirming
         if task is None:
             task = asyncio.create_task(self._confirm_known(), name="nymph-sessions-confirm")
@@ -239,6 +244,15 @@ class SessionStore:
         if not digests:
             self._confirmed_at = max(self._confirmed_at, started)
             return
+        # The count first: a session removed after it is read is counted at the next one.
+        removed = await self._db.read_one(sql.removed)
+        if removed == self._removed_seen:
+            # None was removed or cut short since the last read: each known session is there,
+            # with the expiry known here or a later one (another replica's extension, read on
+            # its own once the one known here has passed).
+            self._removed_seen = removed
+            self._confirmed_at = max(self._confirmed_at, started)
+            return
         found = await self._db.read_one(lambda conn: sql.expiries(conn, digests=digests))
         for digest in digests:
             known = self._cache.get(digest)
@@ -251,6 +265,7 @@ class SessionStore:
                 continue
             # Another replica may have moved it forward; this one's extension may be unwritten.
             known.expires = max(expires, self._extended.get(digest) or 0.0)
+        self._removed_seen = removed
         self._confirmed_at = max(self._confirmed_at, started)
 
 

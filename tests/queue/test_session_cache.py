@@ -1,6 +1,7 @@
-"""The per-process cache of daemon sessions: known sessions are read again together, in one
-statement every ``CACHE_SECONDS``, and a session replaced or removed through another replica is
-still refused here within that time (on SQLite and on PostgreSQL)."""
+"""The per-process cache of daemon sessions: known sessions are confirmed together, in one read
+every ``CACHE_SECONDS`` (of one row while no session was removed or cut short), and a session
+replaced or removed through another replica is still refused here within that time (on SQLite
+and on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -71,8 +72,9 @@ async def _known(queue: Queue, clock: Clock, n: int) -> tuple[SessionStore, Coun
 
 
 async def test_known_sessions_are_read_again_together_once_per_window(queue: Queue) -> None:
-    """Fifty daemons calling again after the cache window cost one read between them, not one
-    each; within the window, none."""
+    """Fifty daemons calling again after the cache window cost one confirmation between them,
+    not a read each (the first time: the count of removed sessions and their rows; then the
+    count alone); within the window, none."""
     clock = Clock()
     store, db = _store(queue, clock)
     creds = await _registered(store, 50)
@@ -86,7 +88,11 @@ async def test_known_sessions_are_read_again_together_once_per_window(queue: Que
     clock.now += CACHE_SECONDS
     for cred in creds:
         assert (await store.authenticate(cred))[0] is not None
-    assert db.reads == first + 1
+    assert db.reads == first + 2
+    clock.now += CACHE_SECONDS
+    for cred in creds:
+        assert (await store.authenticate(cred))[0] is not None
+    assert db.reads == first + 3
 
 
 async def test_calls_waiting_for_the_same_confirmation_share_its_read(queue: Queue) -> None:
@@ -96,7 +102,7 @@ async def test_calls_waiting_for_the_same_confirmation_share_its_read(queue: Que
     before = db.reads
     got = await asyncio.gather(*(store.authenticate(c) for c in creds))
     assert all(s is not None and not lapsed for s, lapsed in got)
-    assert db.reads == before + 1
+    assert db.reads == before + 2  # the count of removed sessions, then (the first time) the rows
 
 
 async def test_a_session_replaced_through_another_replica_is_refused_within_the_window(queue: Queue) -> None:
@@ -127,24 +133,58 @@ async def test_a_session_removed_from_the_database_is_refused_within_the_window(
     assert (await store.authenticate(keep))[0] is not None
 
 
-async def test_an_expiry_moved_forward_by_another_replica_is_taken_from_the_shared_read(
-    queue: Queue,
+async def test_while_no_session_is_removed_the_confirmation_reads_one_row_not_the_sessions(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A session another replica has extended is known here by its new expiry from the shared
-    reads alone, so calls here queue no extension of their own to write."""
+    """Fifty known sessions are confirmed window after window by reading the database's count
+    of sessions removed or cut short, not their rows; once one is removed (by whatever
+    statement: the count is kept by triggers), the next confirmation reads them all again."""
     clock = Clock()
-    store, db, [cred] = await _known(queue, clock, 1)
+    store, db, creds = await _known(queue, clock, 50)
+    asked: list[int] = []
+    real = sql.expiries
+
+    def counting(conn: Any, *, digests: Any) -> dict[str, float]:
+        asked.append(len(digests))
+        return real(conn, digests=digests)
+
+    monkeypatch.setattr(sessions.sql, "expiries", counting)
+    clock.now += CACHE_SECONDS  # the first confirmation here reads them all
+    await store.authenticate(creds[0])
+    assert asked == [50]
+    reads = db.reads
+    for _ in range(3):
+        clock.now += CACHE_SECONDS
+        for cred in creds:
+            assert (await store.authenticate(cred))[0] is not None
+    assert db.reads - reads == 3, "one read per window"
+    assert asked == [50], "the sessions were read again though none was removed"
+    await queue.store.db.write(lambda c: c.execute("DELETE FROM daemon_sessions WHERE daemon_id = 'd7'"))
+    clock.now += CACHE_SECONDS
+    assert await store.authenticate(creds[7]) == (None, False)
+    assert asked == [50, 50]
+    assert (await store.authenticate(creds[8]))[0] is not None
+
+
+async def test_an_expiry_moved_forward_by_another_replica_never_moves_back(queue: Queue) -> None:
+    """A session another replica has extended is still accepted here on the expiry known here;
+    the extension this replica then writes leaves the database's later expiry as it is."""
+    clock = Clock()
+    store, _, [cred] = await _known(queue, clock, 1)
     ttl = SessionSettings().ttl_seconds
     later = clock.now + 2 * ttl
     await queue.store.db.write(lambda c: c.execute("UPDATE daemon_sessions SET expires_at = ?", (later,)))
-    reads = db.reads
-    # A call every window until an extension of the expiry known before would be due.
-    while clock.now < later - 2 * ttl + ttl * sessions.EXTEND_FRACTION + CACHE_SECONDS:
+    # A call every window until this replica's own extension is due, and past it.
+    start = clock.now
+    while clock.now < start + ttl * sessions.EXTEND_FRACTION + 2 * CACHE_SECONDS:
         clock.now += CACHE_SECONDS
         session, lapsed = await store.authenticate(cred)
         assert session is not None and not lapsed
-    assert db.reads - reads == round((ttl * sessions.EXTEND_FRACTION + CACHE_SECONDS) / CACHE_SECONDS)
-    assert await store.flush_extended() == 0
+    await store.flush_extended()
+    got = await queue.store.db.read_one(
+        lambda c: c.execute("SELECT expires_at FROM daemon_sessions").fetchone()
+    )
+    assert float(got[0]) == later
 
 
 async def test_a_session_that_lapsed_in_the_database_is_refused_as_lapsed(queue: Queue) -> None:
@@ -171,8 +211,18 @@ async def test_the_shared_read_holds_only_the_sessions_still_calling(
         return real(conn, digests=digests)
 
     monkeypatch.setattr(sessions.sql, "expiries", counting)
+
+    async def removed_elsewhere() -> None:
+        """A session none of these is removed: the next confirmation reads the known ones."""
+        await store.register(bootstrap=BOOTSTRAP, daemon_id="other", node="n-other", namespaces=())
+        await queue.store.db.write(
+            lambda c: c.execute("DELETE FROM daemon_sessions WHERE daemon_id = 'other'")
+        )
+
+    await removed_elsewhere()
     clock.now += IDLE_FORGET_SECONDS - 1
     await store.authenticate(creds[0])  # the only one still calling
+    await removed_elsewhere()
     clock.now += CACHE_SECONDS
     await store.authenticate(creds[0])
     assert asked == [5, 1]
@@ -187,10 +237,10 @@ async def test_a_failed_shared_read_fails_its_calls_and_the_next_call_reads_agai
     store, _, [cred] = await _known(queue, clock, 1)
     clock.now += CACHE_SECONDS
 
-    def broken(conn: Any, *, digests: Any) -> dict[str, float]:
+    def broken(conn: Any) -> int:
         raise RuntimeError("the database is away")
 
-    monkeypatch.setattr(sessions.sql, "expiries", broken)
+    monkeypatch.setattr(sessions.sql, "removed", broken)
     with pytest.raises(RuntimeError):
         await store.authenticate(cred)
     monkeypatch.undo()

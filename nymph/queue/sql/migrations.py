@@ -397,4 +397,23 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE instances ADD COLUMN waiting_told TEXT;
     """,
+    # 16: a count of the daemon sessions removed or cut short (see nymph.queue.sessions), kept by
+    # triggers whatever statement does it, so that a replica confirms the sessions it knows by
+    # reading one row while none was, instead of every known session's row.
+    """
+    CREATE TABLE session_marks (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        removed INTEGER NOT NULL
+    );
+    INSERT INTO session_marks (id, removed) VALUES (1, 0);
+    CREATE TRIGGER daemon_sessions_removed AFTER DELETE ON daemon_sessions
+    BEGIN
+        UPDATE session_marks SET removed = removed + 1 WHERE id = 1;
+    END;
+    CREATE TRIGGER daemon_sessions_cut_short AFTER UPDATE OF expires_at ON daemon_sessions
+    WHEN NEW.expires_at < OLD.expires_at
+    BEGIN
+        UPDATE session_marks SET removed = removed + 1 WHERE id = 1;
+    END;
+    """,
 )

@@ -315,4 +315,24 @@ PG_MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE instances ADD COLUMN waiting_told TEXT COLLATE "C";
     """,
+    # 12: the count of daemon sessions removed or cut short (SQLite migration 16; see there).
+    """
+    CREATE TABLE session_marks (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        removed BIGINT NOT NULL
+    );
+    INSERT INTO session_marks (id, removed) VALUES (1, 0);
+    CREATE FUNCTION nymph_session_removed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE session_marks SET removed = removed + 1 WHERE id = 1;
+        RETURN NULL;
+    END;
+    $$;
+    CREATE TRIGGER daemon_sessions_removed AFTER DELETE ON daemon_sessions
+        FOR EACH ROW EXECUTE FUNCTION nymph_session_removed();
+    CREATE TRIGGER daemon_sessions_cut_short AFTER UPDATE OF expires_at ON daemon_sessions
+        FOR EACH ROW WHEN (NEW.expires_at < OLD.expires_at) EXECUTE FUNCTION nymph_session_removed();
+    CREATE TRIGGER daemon_sessions_truncated AFTER TRUNCATE ON daemon_sessions
+        FOR EACH STATEMENT EXECUTE FUNCTION nymph_session_removed();
+    """,
 )

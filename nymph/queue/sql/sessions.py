@@ -44,6 +44,13 @@ def expiries(conn: Conn, *, digests: Sequence[str]) -> dict[str, float]:
     return {str(r["digest"]): float(r["expires_at"]) for r in rows}
 
 
+def removed(conn: Conn) -> int:
+    """How many times a session was removed or cut short (a count kept by the database's own
+    triggers, whatever statement did it): while it stays the same, every session read before
+    is still there, with the expiry it had or a later one."""
+    return int(conn.execute("SELECT removed FROM session_marks WHERE id = 1").fetchone()[0])
+
+
 def live_of_daemon(conn: Conn, *, daemon_id: str) -> list[Row]:
     return list(
         conn.execute(
