@@ -14,9 +14,11 @@ the queue's own histogram (``nymph_queue_launch_claim_seconds`` from ``GET /metr
 POST to the claim answer carrying it), so the generator's delays do not count; the queue's CPU
 (``/proc``) over the stream, the long-polls timing out meanwhile included, is divided by the
 launches. Every count's queue and daemons are up together, and the stream runs ``rounds`` times
-(5) on each, the counts taking turns (1, 100, 1,000, then again), so that a slow spell of the
-machine falls on every count alike; the CPU per launch is the median of a count's rounds (each
-round's is kept beside it). Last, 500 launches that no daemon's node can run are POSTed to each
+(5) on each, every count's stream of a round at the same time (``--take-turns``: one count after
+the other), so that a slow spell of the machine falls on every count alike; the CPU per launch
+is the median of a count's rounds (each round's is kept beside it), and the ratio of the
+largest count's to one daemon's is the median of the rounds' own ratios (the ratio of the two
+medians is kept beside it). Last, 500 launches that no daemon's node can run are POSTed to each
 count's queue at the same rate: its CPU per such launch (``backlog_cpu_ms_per_launch``: their
 wake-ups included), then its CPU while they wait (``backlog_cpu_pct``: the sweeps that give each
 its reason, against every live daemon's offer). Writes ``daemons_1000`` into ``bench-results.json``
@@ -368,11 +370,18 @@ def summarize(
         a, b = top.get(key), one.get(key)
         return round(a / b, 2) if a is not None and b else None
 
+    of_medians = ratio("cpu_ms_per_launch")
+    paired = paired_ratios(one.get("cpu_ms_per_launch_rounds"), top.get("cpu_ms_per_launch_rounds"))
     return {
         "p50_ms": top["p50_ms"],
         "p95_ms": top["p95_ms"],
         "p95_ratio": ratio("p95_ms"),
-        "cpu_ms_per_launch_ratio": ratio("cpu_ms_per_launch"),
+        # The median of the rounds' own ratios: the two streams of a round ran at the same time
+        # (or one after the other), so they met the same pace of the machine, which a ratio of
+        # the two counts' medians (of rounds that met different paces) does not cancel out.
+        "cpu_ms_per_launch_ratio": round(statistics.median(paired), 2) if paired else of_medians,
+        "cpu_ms_per_launch_round_ratios": paired,
+        "cpu_ms_per_launch_ratio_of_medians": of_medians,
         "idle_cpu_pct": top["idle_cpu_pct"],
         "backlog_cpu_ms_per_launch": top.get("backlog_cpu_ms_per_launch"),
         "backlog_cpu_pct": top.get("backlog_cpu_pct"),
@@ -384,6 +393,14 @@ def summarize(
         "cpus": os.cpu_count(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def paired_ratios(one: list[float] | None, top: list[float] | None) -> list[float]:
+    """The largest count's CPU per launch over one daemon's, round by round; empty unless both
+    kept the same number of rounds, each above zero."""
+    if not one or not top or len(one) != len(top) or not all(one):
+        return []
+    return [round(t / o, 4) for t, o in zip(top, one, strict=True)]
 
 
 def _raise_fd_limit() -> None:
@@ -403,16 +420,24 @@ async def run(
     rounds: int = ROUNDS,
     backlog_s: float = BACKLOG_SECONDS,
     backlog: int = BACKLOG,
+    together: bool = True,
 ) -> dict[str, Any]:
     say = functools.partial(print, flush=True)
     async with contextlib.AsyncExitStack() as stack:
-        # Every count's queue and daemons stay up together and the rounds take turns (1, 100,
-        # 1,000, then again): a spell of this machine's (another process, the page cache, the
-        # CPU's clock) falls on every count alike, not on one count's rounds.
+        # Every count's queue and daemons stay up together, and each round's streams run at
+        # the same time (or, with ``together`` off, take turns: 1, 100, 1,000, then again): a
+        # spell of this machine's (another process, the page cache, the CPU's clock) falls on
+        # every count alike, not on one count's rounds.
         fleets = [await stack.enter_async_context(fleet(n, idle_s=idle_s, say=say)) for n in counts]
+        settle = min(1.0, idle_s)
         for r in range(rounds):
-            for f in fleets:
-                cpu = await f.stream(rate=rate, seconds=seconds, settle=min(1.0, idle_s))
+            if together:
+                cpus = await asyncio.gather(
+                    *(f.stream(rate=rate, seconds=seconds, settle=settle) for f in fleets)
+                )
+            else:
+                cpus = [await f.stream(rate=rate, seconds=seconds, settle=settle) for f in fleets]
+            for f, cpu in zip(fleets, cpus, strict=True):
                 say(f"  round {r + 1}: {f.n} daemons, queue CPU {cpu:.2f} ms/launch")
         if backlog_s > 0 and backlog > 0:
             for f in fleets:
@@ -432,7 +457,8 @@ async def run(
     return {
         **summarize(rows, rate=rate, seconds=seconds, backlog=backlog),
         "rounds": rounds,
-        "counts_take_turns": True,
+        "counts_together": together,
+        "counts_take_turns": not together,
     }
 
 
@@ -474,6 +500,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the queue's CPU is read this long while the launches no node fits wait "
         f"(default {BACKLOG_SECONDS:g}; 0: neither is measured)",
     )
+    parser.add_argument(
+        "--take-turns",
+        action="store_true",
+        help="run each round's streams one count after the other, not all at the same time",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results.json")
     parser.add_argument("--no-write", action="store_true", help="print the figures only")
     args = parser.parse_args(argv)
@@ -492,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                 rounds=args.rounds,
                 backlog_s=args.backlog_seconds,
                 backlog=args.backlog,
+                together=not args.take_turns,
             )
         )
     finally:

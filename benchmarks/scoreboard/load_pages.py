@@ -138,10 +138,15 @@ def daemons(r: dict[str, Any]) -> str:
             f"of {d.get('rate_per_s')} launches/s for {d.get('seconds')} s"
             + (f", {d['rounds']} times on the same daemons" if d.get("rounds") else "")
             + (
-                " (every count's queue and daemons up together, the counts taking turns, so a "
-                "slow spell of the machine falls on each count alike)"
-                if d.get("counts_take_turns")
-                else ""
+                " (every count's queue and daemons up together, each round's streams at the same "
+                "time, so a slow spell of the machine falls on each count alike)"
+                if d.get("counts_together")
+                else (
+                    " (every count's queue and daemons up together, the counts taking turns, so a "
+                    "slow spell of the machine falls on each count alike)"
+                    if d.get("counts_take_turns")
+                    else ""
+                )
             )
             + ". POST -> claim is the queue's "
             "own histogram (`nymph_queue_launch_claim_seconds`), so the generator's delays do not count; "
@@ -185,19 +190,27 @@ def daemons(r: dict[str, Any]) -> str:
             f"{row['idle_cpu_pct']} |"
             + (f" {row.get('backlog_cpu_ms_per_launch')} | {row.get('backlog_cpu_pct')} |" if backlog else "")
         )
+    paired = round_ratios(d)
+    of_medians = d.get("cpu_ms_per_launch_ratio_of_medians")
+    how = " (the median of the rounds' ratios below)" if paired and of_medians is not None else ""
     out += [
         "",
         f"p95 ratio {d.get('p95_ratio')} (target <= 2.0), CPU per launch ratio "
-        f"{d.get('cpu_ms_per_launch_ratio')} (target <= 1.2), idle {d.get('idle_cpu_pct')}% (target < 5).",
+        f"{d.get('cpu_ms_per_launch_ratio')}{how} (target <= 1.2), idle {d.get('idle_cpu_pct')}% (target < 5).",
     ]
-    paired = round_ratios(d)
     if paired:
         out += [
             "",
             textwrap.fill(
-                f"Round by round (each pair from one turn of the counts), {_n(max(int(n) for n in runs))} "
+                f"Round by round (each pair from one {'round' if d.get('counts_together') else 'turn of the counts'}), "
+                f"{_n(max(int(n) for n in runs))} "
                 f"daemons' CPU per launch over one daemon's: {', '.join(f'{p:.2f}' for p in paired)}. "
-                "How far these lie apart shows how much the ratio moves with the machine's pace.",
+                "How far these lie apart shows how much the ratio moves with the machine's pace"
+                + (
+                    f"; the ratio of the two counts' medians, whose rounds met different paces, is {of_medians}."
+                    if of_medians is not None
+                    else "."
+                ),
                 width=96,
                 break_on_hyphens=False,
                 break_long_words=False,
@@ -207,11 +220,11 @@ def daemons(r: dict[str, Any]) -> str:
 
 
 def round_ratios(d: dict[str, Any]) -> list[float]:
-    """The largest count's CPU per launch over one daemon's, round by round: the counts take
-    turns, so the rounds of one turn met the same pace of the machine. Empty when the run did
-    not take turns or its counts kept different numbers of rounds."""
+    """The largest count's CPU per launch over one daemon's, round by round: the counts' streams
+    of one round ran at the same time (or took turns), so they met the same pace of the
+    machine. Empty when the run did neither or its counts kept different numbers of rounds."""
     runs = d.get("runs") or {}
-    if not d.get("counts_take_turns") or len(runs) < 2:
+    if not (d.get("counts_take_turns") or d.get("counts_together")) or len(runs) < 2:
         return []
     one = runs[min(runs, key=int)].get("cpu_ms_per_launch_rounds") or []
     top = runs[max(runs, key=int)].get("cpu_ms_per_launch_rounds") or []
