@@ -207,7 +207,7 @@ def daemons(r: dict[str, Any]) -> str:
                 f"daemons' CPU per launch over one daemon's: {', '.join(f'{p:.2f}' for p in paired)}. "
                 "How far these lie apart shows how much the ratio moves with the machine's pace"
                 + (
-                    f"; the ratio of the two counts' medians, whose rounds met different paces, is {of_medians}."
+                    f"; the ratio of the two counts' medians is {of_medians}."
                     if of_medians is not None
                     else "."
                 ),
