@@ -71,6 +71,19 @@ async def _known(queue: Queue, clock: Clock, n: int) -> tuple[SessionStore, Coun
     return store, db, creds
 
 
+def _count_shared_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets the number of sessions of each shared read of their rows from now on."""
+    asked: list[int] = []
+    real = sql.expiries
+
+    def counting(conn: Any, *, digests: Any) -> dict[str, float]:
+        asked.append(len(digests))
+        return real(conn, digests=digests)
+
+    monkeypatch.setattr(sessions.sql, "expiries", counting)
+    return asked
+
+
 async def test_known_sessions_are_read_again_together_once_per_window(queue: Queue) -> None:
     """Fifty daemons calling again after the cache window cost one confirmation between them,
     not a read each (the first time: the count of removed sessions and their rows; then the
@@ -141,14 +154,7 @@ async def test_while_no_session_is_removed_the_confirmation_reads_one_row_not_th
     statement: the count is kept by triggers), the next confirmation reads them all again."""
     clock = Clock()
     store, db, creds = await _known(queue, clock, 50)
-    asked: list[int] = []
-    real = sql.expiries
-
-    def counting(conn: Any, *, digests: Any) -> dict[str, float]:
-        asked.append(len(digests))
-        return real(conn, digests=digests)
-
-    monkeypatch.setattr(sessions.sql, "expiries", counting)
+    asked = _count_shared_reads(monkeypatch)
     clock.now += CACHE_SECONDS  # the first confirmation here reads them all
     await store.authenticate(creds[0])
     assert asked == [50]
@@ -203,14 +209,7 @@ async def test_the_shared_read_holds_only_the_sessions_still_calling(
     on its own, once, if it calls again)."""
     clock = Clock()
     store, _, creds = await _known(queue, clock, 5)
-    asked: list[int] = []
-    real = sql.expiries
-
-    def counting(conn: Any, *, digests: Any) -> dict[str, float]:
-        asked.append(len(digests))
-        return real(conn, digests=digests)
-
-    monkeypatch.setattr(sessions.sql, "expiries", counting)
+    asked = _count_shared_reads(monkeypatch)
 
     async def removed_elsewhere() -> None:
         """A session none of these is removed: the next confirmation reads the known ones."""
