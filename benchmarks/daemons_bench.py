@@ -57,6 +57,7 @@ import aiohttp  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from benchmarks import schedule_bench, sigterm  # noqa: E402
+from benchmarks.scoreboard.load_pages import paired_ratios  # noqa: E402
 from nymph.client import DaemonIdentity, DispatchClient  # noqa: E402
 from nymph.daemon.settings import DaemonQueueSettings  # noqa: E402
 from nymph.logsetup import configure_logging  # noqa: E402
@@ -393,14 +394,6 @@ def summarize(
         "cpus": os.cpu_count(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def paired_ratios(one: list[float] | None, top: list[float] | None) -> list[float]:
-    """The largest count's CPU per launch over one daemon's, round by round; empty unless both
-    kept the same number of rounds, each above zero."""
-    if not one or not top or len(one) != len(top) or not all(one):
-        return []
-    return [round(t / o, 4) for t, o in zip(top, one, strict=True)]
 
 
 def _raise_fd_limit() -> None:

@@ -226,8 +226,14 @@ def round_ratios(d: dict[str, Any]) -> list[float]:
     runs = d.get("runs") or {}
     if not (d.get("counts_take_turns") or d.get("counts_together")) or len(runs) < 2:
         return []
-    one = runs[min(runs, key=int)].get("cpu_ms_per_launch_rounds") or []
-    top = runs[max(runs, key=int)].get("cpu_ms_per_launch_rounds") or []
-    if not one or len(one) != len(top) or not all(one):
+    one = runs[min(runs, key=int)].get("cpu_ms_per_launch_rounds")
+    top = runs[max(runs, key=int)].get("cpu_ms_per_launch_rounds")
+    return [round(p, 2) for p in paired_ratios(one, top)]
+
+
+def paired_ratios(one: list[float] | None, top: list[float] | None) -> list[float]:
+    """``top``'s CPU per launch over ``one``'s, round by round (to 4 places); empty unless both
+    kept the same number of rounds, ``one``'s each above zero."""
+    if not one or not top or len(one) != len(top) or not all(one):
         return []
-    return [round(t / o, 2) for t, o in zip(top, one, strict=True)]
+    return [round(t / o, 4) for t, o in zip(top, one, strict=True)]

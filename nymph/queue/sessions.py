@@ -250,7 +250,6 @@ class SessionStore:
             # None was removed or cut short since the last read: each known session is there,
             # with the expiry known here or a later one (another replica's extension, read on
             # its own once the one known here has passed).
-            self._removed_seen = removed
             self._confirmed_at = max(self._confirmed_at, started)
             return
         found = await self._db.read_one(lambda conn: sql.expiries(conn, digests=digests))
