@@ -135,6 +135,9 @@ def connect(path: Path) -> sqlite3.Connection:
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
+        # Statement journals (a savepoint per write of a group commit) and sorts stay in
+        # memory: a temp file each is an open, writes and an unlink, on every other launch.
+        conn.execute("PRAGMA temp_store=MEMORY")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=10000")
         migrate(conn)

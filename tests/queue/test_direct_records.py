@@ -1,7 +1,8 @@
 """The direct path's records on a real SQLite database: a version of a Pod applied once (by the
 create's answer or by the watch) is not written again when the watch delivers it again (the
 ADDED that repeats a create's answer, the unchanged Pods of a relist); a new version, a
-deletion, and a Pod after its deletion or reaping are written."""
+deletion, and a Pod after its deletion or reaping are written. A launch recorded here is known
+to be direct without a read."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from nymph.launch.config import Mode, Provider
 from nymph.protocol import LaunchAccepted
 from nymph.queue.db import Database
 from nymph.queue.direct import records as records_module
 from nymph.queue.direct.records import DirectRecords
+from nymph.queue.sql import catalog
 
 
 def _pod(name: str, version: str, phase: str = "Pending") -> dict[str, Any]:
@@ -163,3 +166,49 @@ async def test_a_watch_batch_whose_write_fails_applies_and_remembers_none_of_it(
     # delivered again (the watch relists): nothing was taken for applied, so all of it lands
     assert await _writes(db, records.apply_pods(ns="team-a", changes=batch, ts=3.0)) == 1
     assert await _states(db) == {"i-1": "running", "i-2": "running"}
+
+
+async def _catalog(db: Database) -> None:
+    def write(conn: Any) -> None:
+        provider = Provider(name="p", kwargs={"namespace": "jobs"}, dispatch="direct")
+        catalog.put_provider(conn, ns="team-a", provider=provider, replace=False)
+        catalog.put_mode(
+            conn, ns="team-a", mode=Mode(name="m", provider="p", fields={"image": "busybox"}), replace=False
+        )
+
+    await db.write(write)
+
+
+async def test_a_launch_recorded_here_is_known_direct_without_a_read(
+    opened: tuple[Database, DirectRecords], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log followers ask at every Pod that starts whether it is a direct launch: for one
+    this replica recorded, the answer needs no read; one it forgot (its Pod was refused) is no
+    longer known, and one it never recorded is read from the database."""
+    db, records = opened
+    await _catalog(db)
+    launch = {"mode": "m", "script": "x"}
+    kept = await records.record_launch(
+        ns="team-a", provider="p", body=launch, idempotency_key=None, requester="t", guard=None
+    )
+    refused = await records.record_launch(
+        ns="team-a", provider="p", body=launch, idempotency_key=None, requester="t", guard=None
+    )
+    reads: list[object] = []
+    real = db.read_one
+
+    async def counted(fn: Any) -> Any:
+        reads.append(fn)
+        return await real(fn)
+
+    monkeypatch.setattr(db, "read_one", counted)
+    assert await records.is_direct(instance_id=kept.accepted["instanceId"]) is True
+    assert reads == []
+    await records.forget(instance_id=refused.accepted["instanceId"])
+    assert await records.is_direct(instance_id=refused.accepted["instanceId"]) is False
+    assert len(reads) == 1
+
+    # another replica's record (or this one's before a restart) is read
+    fresh = DirectRecords(db=db)
+    assert await fresh.is_direct(instance_id=kept.accepted["instanceId"]) is True
+    assert len(reads) == 2

@@ -33,6 +33,15 @@ class DirectRecords:
         #: ADDED that repeats a create's answer, and every unchanged Pod a relist delivers after
         #: a watch reconnects, cost no write transaction.
         self._applied: dict[str, str] = {}
+        #: The direct launches recorded here (and not forgotten since). An instance's dispatch
+        #: never changes, so the log followers' question (:meth:`is_direct`), asked at every Pod
+        #: that starts, is answered without a read for the launches this replica made.
+        self._direct: set[str] = set()
+
+    def _known_direct(self, instance_id: str) -> None:
+        if len(self._direct) >= MAX_APPLIED:
+            self._direct.clear()
+        self._direct.add(instance_id)
 
     def _remember(self, pod: Mapping[str, Any]) -> None:
         name, version = _name_and_version(pod)
@@ -60,7 +69,7 @@ class DirectRecords:
         guard: launches.Guard | None,
         image_pull_timeout: int | None = None,
     ) -> sql.DirectLaunch:
-        return await self.db.write(
+        rec = await self.db.write(
             lambda c: sql.record_launch(
                 c,
                 ns=ns,
@@ -72,6 +81,8 @@ class DirectRecords:
                 image_pull_timeout=image_pull_timeout,
             )
         )
+        self._known_direct(rec.accepted["instanceId"])
+        return rec
 
     async def take_held(self) -> list[sql.DirectLaunch]:
         """Held launches whose turn has come, now counted towards their quota."""
@@ -84,6 +95,7 @@ class DirectRecords:
 
     async def forget(self, *, instance_id: str) -> None:
         """The Pod could not be created: no trace of the launch is kept."""
+        self._direct.discard(instance_id)
         await self.db.write(lambda c: sql.forget(c, instance_id=instance_id))
 
     async def created(
@@ -147,6 +159,9 @@ class DirectRecords:
         return await self.db.write(lambda c: sql.request_stop(c, instance_id=instance_id, ts=ts))
 
     async def is_direct(self, *, instance_id: str) -> bool:
+        """Whether the instance is a direct launch (a Pod with the same labels may be a daemon's)."""
+        if instance_id in self._direct:
+            return True
         return await self.db.read_one(lambda c: sql.is_direct(c, instance_id=instance_id))
 
     async def is_reaped(self, *, instance_id: str) -> bool:
@@ -154,6 +169,7 @@ class DirectRecords:
 
     async def mark_reaped(self, *, instance_id: str, ts: float) -> None:
         self._applied.pop(instance_id, None)
+        self._direct.discard(instance_id)
         await self.db.write(lambda c: sql.mark_reaped(c, instance_id=instance_id, ts=ts))
 
     async def failing_pulls(self) -> list[pulls.FailingPull]:
