@@ -45,8 +45,9 @@ SESSION_PREFIX = "nyd_"
 #: replaced or removed through another replica is refused here at most this much later). They
 #: are confirmed together (:meth:`SessionStore.authenticate`): a thousand daemons each calling
 #: every few seconds cost one read every ``CACHE_SECONDS``, not one per call, and that read is of
-#: one row (the database's count of sessions removed or cut short, kept by triggers) unless
-#: that count moved, when the known sessions are read again in one statement.
+#: the database's count of sessions removed or cut short (kept by triggers: one row on SQLite,
+#: 16 summed on PostgreSQL) unless that count moved, when the known sessions are read again in
+#: one statement.
 CACHE_SECONDS = 2.0
 #: A known session unused for this long is forgotten (read again at its next call), so the
 #: reads that confirm the known sessions hold only those of daemons that are calling (a daemon

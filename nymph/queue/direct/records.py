@@ -15,8 +15,9 @@ from nymph.queue.sql import catalog, instances, launches, pages, pulls
 from nymph.queue.sql import direct as sql
 from nymph.queue.sql.dialect import Row
 
-#: Pods whose last applied version is remembered (live direct Pods of one replica; past that
-#: the memory starts again, which costs only writes that change nothing).
+#: Pods whose last applied version is remembered, and direct launches known as such (live
+#: direct Pods of one replica; past that the memory starts again, which costs only writes that
+#: change nothing and reads).
 MAX_APPLIED = 100_000
 
 
